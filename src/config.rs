@@ -1,0 +1,1 @@
+//! Typed configuration: TOML file plus environment overrides.

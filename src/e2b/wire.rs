@@ -1,0 +1,526 @@
+//! Wire types of the E2B-compatible API, shared by the provider client
+//! (`e2b`) and the embedded local provider (`local`): control-plane JSON
+//! (camelCase, `templateID`-style names) and the envd Connect JSON messages
+//! (proto3 canonical JSON: lowerCamelCase, int64 as strings, bytes as base64,
+//! defaults omitted). Decoders are lenient the way the SDK's are: snake_case
+//! aliases, numbers or strings for int64, unknown fields ignored.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+/// envd version we advertise (CONTRACT.md §6: unlocks every SDK feature).
+pub const ENVD_VERSION: &str = "0.6.13";
+/// Port the SDK puts in `E2b-Sandbox-Port`.
+pub const ENVD_PORT: u16 = 49983;
+/// Header that routes a request to a sandbox's envd.
+pub const HEADER_SANDBOX_ID: &str = "e2b-sandbox-id";
+/// Header carrying the envd port.
+pub const HEADER_SANDBOX_PORT: &str = "e2b-sandbox-port";
+/// Header carrying the per-sandbox envd access token.
+pub const HEADER_ACCESS_TOKEN: &str = "x-access-token";
+/// Header carrying the control-plane API key.
+pub const HEADER_API_KEY: &str = "x-api-key";
+
+// ---------------------------------------------------------------- control plane
+
+/// Body of `POST /sandboxes` and `POST /v2/sandboxes`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NewSandbox {
+    #[serde(rename = "templateID", alias = "templateId", alias = "template_id")]
+    pub template_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_pause: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secure: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none", alias = "allow_internet_access")]
+    pub allow_internet_access: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<HashMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env_vars: Option<HashMap<String, String>>,
+}
+
+/// Response of create / connect.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Sandbox {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
+    #[serde(rename = "clientID")]
+    pub client_id: String,
+    pub envd_version: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envd_access_token: Option<String>,
+    #[serde(default)]
+    pub traffic_access_token: Option<String>,
+    #[serde(default)]
+    pub domain: Option<String>,
+}
+
+/// Lifecycle state of a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxState {
+    Running,
+    Paused,
+}
+
+impl SandboxState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Running => "running",
+            SandboxState::Paused => "paused",
+        }
+    }
+}
+
+/// Response of `GET /sandboxes/{id}`, and (a superset of) the items of `GET /v2/sandboxes`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxDetail {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
+    #[serde(rename = "clientID")]
+    pub client_id: String,
+    /// RFC 3339.
+    pub started_at: String,
+    /// RFC 3339: the deadline.
+    pub end_at: String,
+    pub envd_version: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envd_access_token: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+    #[serde(rename = "cpuCount")]
+    pub cpu_count: u32,
+    #[serde(rename = "memoryMB")]
+    pub memory_mb: u64,
+    #[serde(rename = "diskSizeMB")]
+    pub disk_size_mb: u64,
+    #[serde(default)]
+    pub metadata: HashMap<String, String>,
+    pub state: SandboxState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_internet_access: Option<bool>,
+}
+
+/// Body of `POST /v2/sandboxes/{id}/connect` (and the v1 path).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ConnectSandbox {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<bool>,
+}
+
+/// Body of `POST /sandboxes/{id}/timeout`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SetTimeout {
+    pub timeout: u64,
+}
+
+/// Control-plane error body: both members are required by the SDK.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ApiError {
+    pub code: i32,
+    pub message: String,
+}
+
+/// Query of `GET /v2/sandboxes` (the client builds it; the provider parses it).
+#[derive(Debug, Clone, Default)]
+pub struct ListQuery {
+    /// `key=value` pairs that must all match.
+    pub metadata: Vec<(String, String)>,
+    /// States to include; empty = running and paused.
+    pub states: Vec<SandboxState>,
+    pub limit: Option<u32>,
+    pub next_token: Option<String>,
+}
+
+/// Header that tells the client there is another page.
+pub const HEADER_NEXT_TOKEN: &str = "x-next-token";
+
+// ---------------------------------------------------------------- envd: process
+
+/// `process.ProcessConfig`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ProcessConfig {
+    pub cmd: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    #[serde(default, skip_serializing_if = "HashMap::is_empty")]
+    pub envs: HashMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+}
+
+/// `process.StartRequest`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct StartRequest {
+    pub process: ProcessConfig,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pty: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    /// Absent means true (old clients); the SDK always sends it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<bool>,
+}
+
+/// `process.ProcessSelector` (oneof pid | tag).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ProcessSelector {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+}
+
+impl ProcessSelector {
+    pub fn pid(pid: u32) -> Self {
+        Self { pid: Some(pid), tag: None }
+    }
+}
+
+/// `process.ConnectRequest`, `CloseStdinRequest`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ProcessRequest {
+    pub process: ProcessSelector,
+}
+
+/// `process.SendSignalRequest`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SendSignalRequest {
+    pub process: ProcessSelector,
+    /// `SIGNAL_SIGKILL` / `SIGNAL_SIGTERM` (numbers accepted too).
+    pub signal: serde_json::Value,
+}
+
+/// `process.ProcessInput` (oneof stdin | pty), bytes as base64.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ProcessInput {
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_b64")]
+    pub stdin: Option<Vec<u8>>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_b64")]
+    pub pty: Option<Vec<u8>>,
+}
+
+/// `process.SendInputRequest`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SendInputRequest {
+    pub process: ProcessSelector,
+    pub input: ProcessInput,
+}
+
+/// `process.ProcessInfo`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProcessInfo {
+    pub config: ProcessConfig,
+    pub pid: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+}
+
+/// `process.ListResponse`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ListProcessesResponse {
+    #[serde(default)]
+    pub processes: Vec<ProcessInfo>,
+}
+
+/// Empty message (`{}`), for unary responses without fields.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Empty {}
+
+/// `StartResponse` / `ConnectResponse`: `{"event": {...}}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProcessEventMessage {
+    pub event: ProcessEvent,
+}
+
+/// `process.ProcessEvent` (oneof).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ProcessEvent {
+    Start(StartEvent),
+    Data(DataEvent),
+    End(EndEvent),
+    Keepalive(Empty2),
+}
+
+/// `{}` that compares equal (keepalive payload).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Empty2 {}
+
+/// `ProcessEvent.StartEvent`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartEvent {
+    pub pid: u32,
+}
+
+/// `ProcessEvent.DataEvent` (oneof stdout | stderr | pty).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataEvent {
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_b64")]
+    pub stdout: Option<Vec<u8>>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_b64")]
+    pub stderr: Option<Vec<u8>>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_b64")]
+    pub pty: Option<Vec<u8>>,
+}
+
+/// `ProcessEvent.EndEvent` (proto3 JSON: zero / false omitted).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndEvent {
+    #[serde(default, skip_serializing_if = "is_zero_i32", alias = "exit_code")]
+    pub exit_code: i32,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub exited: bool,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+// ---------------------------------------------------------------- envd: filesystem
+
+/// `filesystem.FileType` names.
+pub const FILE_TYPE_FILE: &str = "FILE_TYPE_FILE";
+pub const FILE_TYPE_DIRECTORY: &str = "FILE_TYPE_DIRECTORY";
+pub const FILE_TYPE_SYMLINK: &str = "FILE_TYPE_SYMLINK";
+pub const FILE_TYPE_UNSPECIFIED: &str = "FILE_TYPE_UNSPECIFIED";
+
+/// `filesystem.EntryInfo`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EntryInfo {
+    pub name: String,
+    /// `FILE_TYPE_*` name.
+    #[serde(rename = "type")]
+    pub file_type: String,
+    pub path: String,
+    #[serde(default, with = "int64", skip_serializing_if = "is_zero_i64")]
+    pub size: i64,
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub mode: u32,
+    #[serde(default)]
+    pub permissions: String,
+    #[serde(default)]
+    pub owner: String,
+    #[serde(default)]
+    pub group: String,
+    /// RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none", alias = "modified_time")]
+    pub modified_time: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none", alias = "symlink_target")]
+    pub symlink_target: Option<String>,
+    #[serde(default, skip_serializing_if = "is_false", alias = "is_symlink")]
+    pub is_symlink: bool,
+}
+
+/// `StatRequest`, `MakeDirRequest`, `RemoveRequest`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PathRequest {
+    pub path: String,
+}
+
+/// `ListDirRequest`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ListDirRequest {
+    pub path: String,
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub depth: u32,
+}
+
+/// `MoveRequest`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct MoveRequest {
+    pub source: String,
+    pub destination: String,
+}
+
+/// `StatResponse`, `MakeDirResponse`, `MoveResponse`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct EntryResponse {
+    pub entry: EntryInfo,
+}
+
+/// `ListDirResponse`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ListDirResponse {
+    #[serde(default)]
+    pub entries: Vec<EntryInfo>,
+}
+
+/// One item of the `POST /files` response.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UploadedEntry {
+    pub path: String,
+    pub name: String,
+    #[serde(rename = "type")]
+    pub entry_type: String,
+}
+
+/// envd plain-HTTP error body: `{"code": <http status>, "message": "..."}`.
+pub type EnvdHttpError = ApiError;
+
+// ---------------------------------------------------------------- serde helpers
+
+fn is_false(v: &bool) -> bool {
+    !*v
+}
+fn is_zero_i32(v: &i32) -> bool {
+    *v == 0
+}
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
+}
+fn is_zero_i64(v: &i64) -> bool {
+    *v == 0
+}
+
+/// proto3 JSON int64: written as a string, read from a string or a number.
+pub mod int64 {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &i64, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&v.to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Num(i64),
+            Str(String),
+        }
+        match Either::deserialize(d)? {
+            Either::Num(n) => Ok(n),
+            Either::Str(s) => s.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// proto3 JSON `bytes` in an optional oneof member: standard base64 (URL-safe accepted).
+pub mod opt_b64 {
+    use base64::Engine;
+    use base64::engine::general_purpose::{STANDARD, URL_SAFE};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(bytes) => s.serialize_str(&STANDARD.encode(bytes)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+        let Some(text) = Option::<String>::deserialize(d)? else {
+            return Ok(None);
+        };
+        STANDARD
+            .decode(&text)
+            .or_else(|_| URL_SAFE.decode(&text))
+            .or_else(|_| base64::engine::general_purpose::STANDARD_NO_PAD.decode(text.trim_end_matches('=')))
+            .map(Some)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// Maps a `Signal` enum value (name or number) to a POSIX signal number.
+pub fn signal_number(value: &serde_json::Value) -> Option<i32> {
+    match value {
+        serde_json::Value::String(name) => match name.as_str() {
+            "SIGNAL_SIGKILL" => Some(9),
+            "SIGNAL_SIGTERM" => Some(15),
+            _ => None,
+        },
+        serde_json::Value::Number(n) => match n.as_i64() {
+            Some(9) => Some(9),
+            Some(15) => Some(15),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn process_events_use_proto3_json() {
+        let start = ProcessEventMessage { event: ProcessEvent::Start(StartEvent { pid: 42 }) };
+        assert_eq!(serde_json::to_string(&start).unwrap(), r#"{"event":{"start":{"pid":42}}}"#);
+        let data = ProcessEventMessage {
+            event: ProcessEvent::Data(DataEvent { stdout: Some(b"hi\n".to_vec()), ..Default::default() }),
+        };
+        assert_eq!(serde_json::to_string(&data).unwrap(), r#"{"event":{"data":{"stdout":"aGkK"}}}"#);
+        let end = ProcessEventMessage {
+            event: ProcessEvent::End(EndEvent { exited: true, status: "exit status 0".into(), ..Default::default() }),
+        };
+        assert_eq!(
+            serde_json::to_string(&end).unwrap(),
+            r#"{"event":{"end":{"exited":true,"status":"exit status 0"}}}"#
+        );
+        let ka: ProcessEventMessage = serde_json::from_str(r#"{"event":{"keepalive":{}}}"#).unwrap();
+        assert_eq!(ka.event, ProcessEvent::Keepalive(Empty2 {}));
+        let end: ProcessEventMessage = serde_json::from_str(
+            r#"{"event":{"end":{"exit_code":3,"status":"exit status 3","error":"exit status 3"}}}"#,
+        )
+        .unwrap();
+        assert!(matches!(end.event, ProcessEvent::End(EndEvent { exit_code: 3, .. })));
+    }
+
+    #[test]
+    fn entry_info_int64_as_string_and_number() {
+        let e: EntryInfo =
+            serde_json::from_str(r#"{"name":"a","type":"FILE_TYPE_FILE","path":"/a","size":"5"}"#).unwrap();
+        assert_eq!(e.size, 5);
+        let e2: EntryInfo =
+            serde_json::from_str(r#"{"name":"a","type":"FILE_TYPE_FILE","path":"/a","size":5}"#).unwrap();
+        assert_eq!(e2.size, 5);
+        assert!(serde_json::to_string(&e).unwrap().contains(r#""size":"5""#));
+    }
+
+    #[test]
+    fn sandbox_uses_e2b_names() {
+        let s = Sandbox {
+            template_id: "base".into(),
+            sandbox_id: "abc".into(),
+            client_id: "local".into(),
+            envd_version: ENVD_VERSION.into(),
+            ..Default::default()
+        };
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["templateID"], "base");
+        assert_eq!(v["sandboxID"], "abc");
+        assert_eq!(v["envdVersion"], ENVD_VERSION);
+        let n: NewSandbox = serde_json::from_str(
+            r#"{"templateID":"base","timeout":5,"envVars":{"A":"1"},"allow_internet_access":false}"#,
+        )
+        .unwrap();
+        assert_eq!(n.allow_internet_access, Some(false));
+        assert_eq!(n.env_vars.unwrap()["A"], "1");
+    }
+
+    #[test]
+    fn signals_by_name_or_number() {
+        assert_eq!(signal_number(&serde_json::json!("SIGNAL_SIGKILL")), Some(9));
+        assert_eq!(signal_number(&serde_json::json!(15)), Some(15));
+        assert_eq!(signal_number(&serde_json::json!("SIGNAL_SIGHUP")), None);
+    }
+}

@@ -1,0 +1,1 @@
+//! The MCP gateway: axum app, auth, sessions and MCP tools.

@@ -1,0 +1,10 @@
+//! sandbox-mcp: an MCP gateway that gives remote AI agents Linux sandboxes,
+//! an E2B-compatible provider client, and an embedded E2B-compatible local
+//! provider. See DESIGN.md for the architecture.
+
+pub mod config;
+pub mod connect_rpc;
+pub mod e2b;
+pub mod gateway;
+pub mod local;
+pub mod tasks;

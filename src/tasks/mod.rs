@@ -1,0 +1,1 @@
+//! Host side of reconnectable tasks: ids, launch encoding, paging, states.
