@@ -7,4 +7,5 @@ pub mod connect_rpc;
 pub mod e2b;
 pub mod gateway;
 pub mod local;
+pub mod logging;
 pub mod tasks;

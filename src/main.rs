@@ -2,7 +2,41 @@
 //! embedded E2B-compatible local provider alone) and `envd` (the in-sandbox
 //! agent, internal).
 
-fn main() {
-    eprintln!("sandbox-mcp: not yet wired");
-    std::process::exit(2);
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "sandbox-mcp", version, about = "Linux sandboxes for AI agents over MCP")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the MCP gateway (streamable HTTP on /mcp).
+    Serve(sandbox_mcp::gateway::ServeArgs),
+    /// Run the embedded E2B-compatible local provider alone.
+    Provider(sandbox_mcp::local::ProviderArgs),
+    /// Internal: the in-sandbox agent started by the local provider.
+    #[command(hide = true)]
+    Envd(sandbox_mcp::local::EnvdArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => sandbox_mcp::gateway::run_serve(args),
+        Command::Provider(args) => sandbox_mcp::local::run_provider(args),
+        // envd sets up its namespaces before any thread exists, so it owns its runtime.
+        Command::Envd(args) => sandbox_mcp::local::run_envd(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("sandbox-mcp: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
