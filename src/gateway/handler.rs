@@ -365,7 +365,7 @@ impl Gateway {
     }
 
     /// Keeps `sandbox_id` alive past the end of `session_id` (used by `start_task`).
-    pub(crate) fn retain(&self, session_id: &str, sandbox_id: &str) -> Result<(), SessionError> {
+    pub fn retain(&self, session_id: &str, sandbox_id: &str) -> Result<(), SessionError> {
         self.core.sessions.retain(session_id, sandbox_id)
     }
 
