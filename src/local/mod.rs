@@ -8,8 +8,6 @@
 pub mod api;
 pub mod cgroups;
 pub mod config;
-#[path = "envd_stub.rs"]
-pub mod envd;
 pub mod list_query;
 pub mod process;
 pub mod provider;
