@@ -275,7 +275,7 @@ impl Gateway {
         let _in_flight = self.core.in_flight.enter();
         let started = Instant::now();
         let result = body.await.map_err(|e| self.core.masker.mask(&e).into_owned());
-        let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+        let duration_ms = (started.elapsed().as_secs_f64() * 10_000.0).round() / 10.0;
         match &result {
             Ok(_) => tracing::info!(tool, session = %call.session_id, tenant = %call.tenant,
                 sandbox = %call.sandbox(), duration_ms, outcome = "ok", "tool call"),
