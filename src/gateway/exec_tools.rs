@@ -6,12 +6,12 @@ use std::time::{Duration, Instant};
 use http::request::Parts;
 use rmcp::handler::server::tool::Extension;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::{tool, tool_router};
+use rmcp::{Json, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::args::{MAX_COMMAND_BYTES, RunAs, validate_envs, validate_path, validate_range};
-use super::handler::{CallContext, Gateway, ToolResult};
+use super::handler::{CallContext, Gateway, };
 use crate::e2b::{CallOptions, E2bError, OutputLimits, wire};
 
 /// Default and longest foreground timeout, seconds.
@@ -77,7 +77,7 @@ impl Gateway {
         &self,
         Parameters(args): Parameters<RunCommandArgs>,
         Extension(parts): Extension<Parts>,
-    ) -> ToolResult<RunCommandResult> {
+    ) -> Result<Json<RunCommandResult>, String> {
         let call = self.call_context("run_command", &parts)?;
         self.logged("run_command", &call, self.run_command_impl(&call, args)).await
     }

@@ -6,12 +6,12 @@ use bytes::Bytes;
 use http::request::Parts;
 use rmcp::handler::server::tool::Extension;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::{tool, tool_router};
+use rmcp::{Json, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::args::{RunAs, validate_path, validate_range};
-use super::handler::{CallContext, Gateway, ToolResult};
+use super::handler::{CallContext, Gateway, };
 use crate::e2b::{CallOptions, E2bError, wire};
 
 /// Largest file `read_file` returns / `write_file` accepts, bytes (decoded).
@@ -138,7 +138,7 @@ impl Gateway {
         &self,
         Parameters(args): Parameters<ReadFileArgs>,
         Extension(parts): Extension<Parts>,
-    ) -> ToolResult<ReadFileResult> {
+    ) -> Result<Json<ReadFileResult>, String> {
         let call = self.call_context("read_file", &parts)?;
         self.logged("read_file", &call, self.read_file_impl(&call, args)).await
     }
@@ -152,7 +152,7 @@ impl Gateway {
         &self,
         Parameters(args): Parameters<WriteFileArgs>,
         Extension(parts): Extension<Parts>,
-    ) -> ToolResult<WriteFileResult> {
+    ) -> Result<Json<WriteFileResult>, String> {
         let call = self.call_context("write_file", &parts)?;
         self.logged("write_file", &call, self.write_file_impl(&call, args)).await
     }
@@ -165,7 +165,7 @@ impl Gateway {
         &self,
         Parameters(args): Parameters<ListFilesArgs>,
         Extension(parts): Extension<Parts>,
-    ) -> ToolResult<ListFilesResult> {
+    ) -> Result<Json<ListFilesResult>, String> {
         let call = self.call_context("list_files", &parts)?;
         self.logged("list_files", &call, self.list_files_impl(&call, args)).await
     }

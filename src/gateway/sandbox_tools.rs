@@ -7,13 +7,13 @@ use std::time::{Duration, SystemTime};
 use http::request::Parts;
 use rmcp::handler::server::tool::Extension;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::{tool, tool_router};
+use rmcp::{Json, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::args::{validate_envs, validate_metadata, validate_range, validate_template};
 use super::handler::{
-    CallContext, Gateway, META_DEPLOYMENT, META_RESERVED_PREFIX, META_SESSION, META_TENANT, ToolResult,
+    CallContext, Gateway, META_DEPLOYMENT, META_RESERVED_PREFIX, META_SESSION, META_TENANT,
     not_found_message, validate_sandbox_id,
 };
 use crate::e2b::wire;
@@ -115,7 +115,7 @@ impl Gateway {
         &self,
         Parameters(args): Parameters<CreateSandboxArgs>,
         Extension(parts): Extension<Parts>,
-    ) -> ToolResult<CreateSandboxResult> {
+    ) -> Result<Json<CreateSandboxResult>, String> {
         let call = self.call_context("create_sandbox", &parts)?;
         self.logged("create_sandbox", &call, self.create_sandbox_impl(&call, args)).await
     }
@@ -128,7 +128,7 @@ impl Gateway {
         &self,
         Parameters(args): Parameters<SandboxIdArgs>,
         Extension(parts): Extension<Parts>,
-    ) -> ToolResult<ConnectSandboxResult> {
+    ) -> Result<Json<ConnectSandboxResult>, String> {
         let call = self.call_context("connect_sandbox", &parts)?;
         self.logged("connect_sandbox", &call, self.connect_sandbox_impl(&call, args)).await
     }
@@ -139,7 +139,7 @@ impl Gateway {
         &self,
         Parameters(args): Parameters<SandboxIdArgs>,
         Extension(parts): Extension<Parts>,
-    ) -> ToolResult<KillSandboxResult> {
+    ) -> Result<Json<KillSandboxResult>, String> {
         let call = self.call_context("kill_sandbox", &parts)?;
         self.logged("kill_sandbox", &call, self.kill_sandbox_impl(&call, args)).await
     }
@@ -152,7 +152,7 @@ impl Gateway {
         &self,
         Parameters(_args): Parameters<ListSandboxesArgs>,
         Extension(parts): Extension<Parts>,
-    ) -> ToolResult<ListSandboxesResult> {
+    ) -> Result<Json<ListSandboxesResult>, String> {
         let call = self.call_context("list_sandboxes", &parts)?;
         self.logged("list_sandboxes", &call, self.list_sandboxes_impl(&call)).await
     }
