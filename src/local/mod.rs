@@ -28,6 +28,8 @@ use anyhow::Context;
 
 pub use config::LocalProviderConfig;
 
+pub mod envd;
+
 /// Arguments of `sandbox-mcp provider`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProviderArgs {
