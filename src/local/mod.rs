@@ -8,6 +8,7 @@
 pub mod api;
 pub mod cgroups;
 pub mod config;
+pub mod envd;
 pub mod list_query;
 pub mod process;
 pub mod provider;
@@ -26,7 +27,6 @@ use anyhow::Context;
 
 pub use config::LocalProviderConfig;
 
-pub mod envd;
 
 /// Arguments of `sandbox-mcp provider`.
 #[derive(Debug, Clone, clap::Args)]
