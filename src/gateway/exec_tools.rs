@@ -11,7 +11,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::args::{MAX_COMMAND_BYTES, RunAs, validate_envs, validate_path, validate_range};
-use super::handler::{CallContext, Gateway, };
+use super::handler::{CallContext, Gateway};
 use crate::e2b::{CallOptions, E2bError, OutputLimits, wire};
 
 /// Default and longest foreground timeout, seconds.
@@ -67,12 +67,10 @@ pub struct RunCommandResult {
 
 #[tool_router(router = exec_router, vis = "pub(crate)")]
 impl Gateway {
-    #[tool(
-        description = "Run a shell command in a sandbox and wait for it (bash -l -c). Returns exit_code, \
+    #[tool(description = "Run a shell command in a sandbox and wait for it (bash -l -c). Returns exit_code, \
         stdout and stderr (each capped at 64 KiB, with a truncation flag). A non-zero exit code is a normal \
         result. Timeout 1-600 s (default 60); for longer work use start_task. Runs as user 'user' unless \
-        user is 'root'. Omit sandbox_id to use the session's default sandbox."
-    )]
+        user is 'root'. Omit sandbox_id to use the session's default sandbox.")]
     pub async fn run_command(
         &self,
         Parameters(args): Parameters<RunCommandArgs>,
