@@ -158,7 +158,7 @@ impl SessionEndHook for GatewayCore {
     }
 }
 
-/// Counts tool calls in progress (graceful shutdown waits for zero).
+/// Counts `/mcp` POST requests in progress, responses included (graceful shutdown waits for zero).
 #[derive(Default)]
 pub struct InFlight {
     count: AtomicUsize,
@@ -166,12 +166,13 @@ pub struct InFlight {
 }
 
 /// Decrements the in-flight count when dropped.
-pub struct InFlightGuard<'a>(&'a InFlight);
+pub struct InFlightGuard(Arc<GatewayCore>);
 
 impl InFlight {
-    pub fn enter(&self) -> InFlightGuard<'_> {
+    /// Counts one request in flight until the guard is dropped.
+    pub fn enter_owned(&self, core: &Arc<GatewayCore>) -> InFlightGuard {
         self.count.fetch_add(1, Ordering::SeqCst);
-        InFlightGuard(self)
+        InFlightGuard(Arc::clone(core))
     }
 
     pub fn current(&self) -> usize {
@@ -193,10 +194,11 @@ impl InFlight {
     }
 }
 
-impl Drop for InFlightGuard<'_> {
+impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.idle.notify_waiters();
+        let in_flight = &self.0.in_flight;
+        if in_flight.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            in_flight.idle.notify_waiters();
         }
     }
 }
@@ -266,14 +268,13 @@ impl Gateway {
         result
     }
 
-    /// Runs a tool body, counting it in flight and logging one line with its outcome.
+    /// Runs a tool body and logs one line with its outcome.
     pub(crate) async fn logged<T>(
         &self,
         tool: &'static str,
         call: &CallContext,
         body: impl Future<Output = Result<T, String>>,
     ) -> ToolResult<T> {
-        let _in_flight = self.core.in_flight.enter();
         let started = Instant::now();
         let result = body.await.map_err(|e| self.core.masker.mask(&e).into_owned());
         let duration_ms = (started.elapsed().as_secs_f64() * 10_000.0).round() / 10.0;

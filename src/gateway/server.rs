@@ -19,6 +19,7 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use tokio_util::sync::CancellationToken;
 
 use super::auth::{AuthState, TokenSet, require_tenant};
+use super::drain::track_in_flight;
 use super::handler::{Gateway, GatewayCore};
 use super::masking::SecretMasker;
 use super::provider;
@@ -102,7 +103,10 @@ pub async fn serve_on(
     );
     let auth = AuthState { tokens: TokenSet::new(&config.auth.tokens), sessions: Arc::clone(&sessions) };
     let mcp =
-        Router::new().nest_service("/mcp", service).layer(axum::middleware::from_fn_with_state(auth, require_tenant));
+        Router::new()
+            .nest_service("/mcp", service)
+            .layer(axum::middleware::from_fn_with_state(auth, require_tenant))
+            .layer(axum::middleware::from_fn_with_state(Arc::clone(&core), track_in_flight));
     let app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
