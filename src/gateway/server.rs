@@ -82,7 +82,7 @@ pub async fn serve_on(
 
     let sessions_stop = CancellationToken::new();
     let mut http_config = StreamableHttpServerConfig::default()
-        .with_allowed_origins(config.server.allowed_origins.clone())
+        .with_allowed_origins(effective_origins(&config.server.allowed_origins))
         .enforce_origin_validation()
         .with_sse_keep_alive(Some(Duration::from_secs(config.server.sse_keep_alive_secs.max(1))))
         .with_max_request_body_bytes(config.server.max_body_bytes)
@@ -162,6 +162,26 @@ pub async fn serve_on(
     }
     tracing::info!("sandbox-mcp gateway stopped");
     Ok(())
+}
+
+/// Origins of browsers on this machine (local tools such as MCP Inspector).
+pub const LOOPBACK_ORIGINS: [&str; 6] = [
+    "http://localhost:*",
+    "http://127.0.0.1:*",
+    "http://[::1]:*",
+    "https://localhost:*",
+    "https://127.0.0.1:*",
+    "https://[::1]:*",
+];
+
+/// The Origin allow-list: the configured one, or loopback origins only when none is configured
+/// (so a page from any other site, e.g. after DNS rebinding, gets 403).
+fn effective_origins(configured: &[String]) -> Vec<String> {
+    if configured.is_empty() {
+        LOOPBACK_ORIGINS.iter().map(|o| o.to_string()).collect()
+    } else {
+        configured.to_vec()
+    }
 }
 
 async fn healthz() -> impl IntoResponse {
