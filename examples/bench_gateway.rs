@@ -73,13 +73,18 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 async fn mcp_client(url: &str) -> anyhow::Result<RunningService<RoleClient, ClientConfig>> {
-    let transport = StreamableHttpClientTransport::from_config(StreamableHttpClientTransportConfig::with_uri(url.to_string()));
+    let transport =
+        StreamableHttpClientTransport::from_config(StreamableHttpClientTransportConfig::with_uri(url.to_string()));
     let info = ClientConfig::new(ClientCapabilities::default(), Implementation::new("bench", "0"))
         .with_protocol_version(ProtocolVersion::V_2025_11_25);
     Ok(info.serve(transport).await?)
 }
 
-async fn tool(client: &rmcp::Peer<RoleClient>, name: &str, args: serde_json::Value) -> anyhow::Result<serde_json::Value> {
+async fn tool(
+    client: &rmcp::Peer<RoleClient>,
+    name: &str,
+    args: serde_json::Value,
+) -> anyhow::Result<serde_json::Value> {
     let serde_json::Value::Object(map) = args else { bail!("args") };
     let result = client.call_tool(CallToolRequestParams::new(name.to_string()).with_arguments(map)).await?;
     if result.is_error == Some(true) {
@@ -106,7 +111,8 @@ async fn main() -> anyhow::Result<()> {
     let mut line = String::new();
     BufReader::new(provider.stdout.take().context("stdout")?).read_line(&mut line)?;
     let provider = Proc(provider);
-    let provider_url = line.trim().rsplit("http://").next().map(|a| format!("http://{a}")).context("provider address")?;
+    let provider_url =
+        line.trim().rsplit("http://").next().map(|a| format!("http://{a}")).context("provider address")?;
 
     // The gateway, pointed at it (the E2B code path).
     let config = tmp.path().join("gateway.toml");
@@ -145,7 +151,9 @@ async fn main() -> anyhow::Result<()> {
         api_key: Some(API_KEY.into()),
         request_timeout: Duration::from_secs(30),
     })?;
-    let sandbox = direct.create_sandbox(&wire::NewSandbox { template_id: "base".into(), timeout: Some(600), ..Default::default() }).await?;
+    let sandbox = direct
+        .create_sandbox(&wire::NewSandbox { template_id: "base".into(), timeout: Some(600), ..Default::default() })
+        .await?;
     let envd = direct.envd(&sandbox);
     let request = wire::StartRequest {
         process: wire::ProcessConfig {

@@ -61,9 +61,11 @@ async fn auth_tenants_and_dns_rebinding_protection() {
     let bearer = format!("Bearer {TOKEN_ACME}");
     let bad_host = post_initialize(&gateway, &[("authorization", &bearer), ("host", "evil.example.com")]).await;
     assert_eq!(bad_host.status(), 403);
-    let bad_origin = post_initialize(&gateway, &[("authorization", &bearer), ("origin", "https://evil.example.com")]).await;
+    let bad_origin =
+        post_initialize(&gateway, &[("authorization", &bearer), ("origin", "https://evil.example.com")]).await;
     assert_eq!(bad_origin.status(), 403);
-    let good_origin = post_initialize(&gateway, &[("authorization", &bearer), ("origin", "https://app.example.com")]).await;
+    let good_origin =
+        post_initialize(&gateway, &[("authorization", &bearer), ("origin", "https://app.example.com")]).await;
     assert_eq!(good_origin.status(), 200);
     assert_eq!(post_initialize(&gateway, &[("authorization", &bearer), ("host", "localhost")]).await.status(), 200);
 

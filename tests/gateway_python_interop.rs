@@ -21,12 +21,8 @@ fn python_sdk_client_session() {
     let config = format!("[auth]\ntokens = [ {{ tenant = \"interop\", sha256 = \"{}\" }} ]\n", sha256_hex(token));
     let gateway = GatewayProc::start(&config, &[]);
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/mcp_client_session.py");
-    let output = std::process::Command::new(python)
-        .arg(script)
-        .arg(gateway.mcp_url())
-        .arg(token)
-        .output()
-        .expect("run python");
+    let output =
+        std::process::Command::new(python).arg(script).arg(gateway.mcp_url()).arg(token).output().expect("run python");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     println!("{stdout}");

@@ -102,11 +102,10 @@ pub async fn serve_on(
         http_config,
     );
     let auth = AuthState { tokens: TokenSet::new(&config.auth.tokens), sessions: Arc::clone(&sessions) };
-    let mcp =
-        Router::new()
-            .nest_service("/mcp", service)
-            .layer(axum::middleware::from_fn_with_state(auth, require_tenant))
-            .layer(axum::middleware::from_fn_with_state(Arc::clone(&core), track_in_flight));
+    let mcp = Router::new()
+        .nest_service("/mcp", service)
+        .layer(axum::middleware::from_fn_with_state(auth, require_tenant))
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&core), track_in_flight));
     let app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -177,11 +176,7 @@ pub const LOOPBACK_ORIGINS: [&str; 6] = [
 /// The Origin allow-list: the configured one, or loopback origins only when none is configured
 /// (so a page from any other site, e.g. after DNS rebinding, gets 403).
 fn effective_origins(configured: &[String]) -> Vec<String> {
-    if configured.is_empty() {
-        LOOPBACK_ORIGINS.iter().map(|o| o.to_string()).collect()
-    } else {
-        configured.to_vec()
-    }
+    if configured.is_empty() { LOOPBACK_ORIGINS.iter().map(|o| o.to_string()).collect() } else { configured.to_vec() }
 }
 
 async fn healthz() -> impl IntoResponse {
