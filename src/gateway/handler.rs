@@ -45,8 +45,8 @@ pub struct GatewayCore {
     pub shutting_down: AtomicBool,
     /// Session cleanups under way (awaited on shutdown).
     pub cleanups: TaskTracker,
-    /// sandbox id -> (last renewal, deadline we believe it has).
-    renewals: Mutex<HashMap<String, (Instant, SystemTime)>>,
+    /// sandbox id -> (last renewal by us, deadline we believe it has).
+    renewals: Mutex<HashMap<String, (Option<Instant>, SystemTime)>>,
 }
 
 impl GatewayCore {
@@ -70,7 +70,8 @@ impl GatewayCore {
     /// Records the deadline a sandbox was created or renewed with.
     pub(crate) fn note_deadline(&self, sandbox_id: &str, deadline: SystemTime) {
         if let Ok(mut map) = self.renewals.lock() {
-            map.insert(sandbox_id.to_string(), (Instant::now(), deadline));
+            let last = map.get(sandbox_id).and_then(|(last, _)| *last);
+            map.insert(sandbox_id.to_string(), (last, deadline));
         }
     }
 
@@ -85,11 +86,11 @@ impl GatewayCore {
         {
             let Ok(mut map) = self.renewals.lock() else { return };
             if let Some((last, deadline)) = map.get(sandbox_id)
-                && (last.elapsed() < RENEW_MIN_INTERVAL || *deadline >= wanted)
+                && (last.is_some_and(|t| t.elapsed() < RENEW_MIN_INTERVAL) || *deadline >= wanted)
             {
                 return;
             }
-            map.insert(sandbox_id.to_string(), (Instant::now(), wanted));
+            map.insert(sandbox_id.to_string(), (Some(Instant::now()), wanted));
         }
         let core = Arc::clone(self);
         let id = sandbox_id.to_string();
@@ -321,7 +322,7 @@ impl Gateway {
         if let Ok(end) = chrono::DateTime::parse_from_rfc3339(&detail.end_at) {
             let deadline = SystemTime::UNIX_EPOCH + Duration::from_secs(end.timestamp().max(0) as u64);
             if let Ok(mut map) = self.core.renewals.lock() {
-                map.entry(id.to_string()).or_insert((Instant::now() - RENEW_MIN_INTERVAL, deadline)).1 = deadline;
+                map.entry(id.to_string()).or_insert((None, deadline)).1 = deadline;
             }
         }
         Ok(detail)
