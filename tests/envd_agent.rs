@@ -437,7 +437,7 @@ async fn connect_list_signal_and_late_connect() {
     }
     let envd = start_envd().await;
     let request = json!({
-        "process": {"cmd": "/bin/bash", "args": ["-c", "while true; do echo tick; sleep 0.1; done"]},
+        "process": {"cmd": "/bin/bash", "args": ["-c", "for i in $(seq 300); do echo tick; sleep 0.1; done"]},
         "stdin": false,
         "tag": "ticker"
     });
@@ -733,4 +733,58 @@ async fn latency_of_true() {
     let median = samples[samples.len() / 2];
     println!("`true` start->end over the socket: median {median:?}, min {:?}, max {:?}", samples[0], samples[49]);
     assert!(median < Duration::from_millis(200), "median {median:?}");
+}
+
+/// Helper process for `idle_envd_rss`: serves envd on a current-thread runtime until killed.
+#[test]
+#[ignore = "helper process started by idle_envd_rss"]
+fn rss_probe_child() {
+    let Ok(socket) = std::env::var("ENVD_RSS_PROBE_SOCKET") else { return };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async move {
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let opts = EnvdOptions {
+            sandbox_id: "rss".into(),
+            env_vars: Default::default(),
+            default_user: "root".into(),
+            reap_orphans: false,
+        };
+        envd::serve(listener, opts).await.unwrap();
+    });
+}
+
+/// RSS of an idle envd in its own process (an upper bound: the libtest harness is included).
+#[tokio::test]
+async fn idle_envd_rss() {
+    if !is_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("probe.sock");
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["rss_probe_child", "--exact", "--ignored", "--test-threads=1", "--nocapture"])
+        .env("ENVD_RSS_PROBE_SOCKET", &socket)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !socket.exists() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let envd =
+        TestEnvd { _dir: tempfile::tempdir().unwrap(), socket: socket.clone(), server: tokio::spawn(async { Ok(()) }) };
+    let ok = envd.run("echo warm", json!({}), &[]).await;
+    assert_eq!(ok.stdout, b"warm\n");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let rss_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    println!("idle envd process RSS (debug build, incl. libtest): {rss_kib} KiB");
+    assert!(rss_kib < 64 * 1024, "RSS {rss_kib} KiB");
 }
