@@ -284,6 +284,10 @@ async fn start_streams_output_and_exit_codes() {
         json!({"exitCode": 3, "exited": true, "status": "exit status 3", "error": "exit status 3"})
     );
 
+    // Children get the default SIGPIPE disposition back (envd itself ignores it).
+    let sigpipe = envd.run("yes | head -c 1; echo \" ${PIPESTATUS[0]}\"", json!({}), &[]).await;
+    assert_eq!(String::from_utf8_lossy(&sigpipe.stdout), "y 141\n");
+
     let killed = envd.run("kill -9 $$", json!({}), &[]).await;
     assert_eq!(killed.end.unwrap(), json!({"exitCode": -1, "status": "signal: killed", "error": "signal: killed"}));
 }
@@ -722,16 +726,25 @@ async fn latency_of_true() {
     }
     let envd = start_envd().await;
     let mut samples = Vec::new();
+    let mut to_start = Vec::new();
     for _ in 0..50 {
         let request = json!({"process": {"cmd": "/bin/true"}, "stdin": false});
         let started = Instant::now();
-        let result = envd.open_stream("process.Process/Start", request, &[]).await.collect_run().await;
+        let mut stream = envd.open_stream("process.Process/Start", request, &[]).await;
+        let (_, start) = stream.next_json().await;
+        assert!(start["event"]["start"]["pid"].as_u64().is_some());
+        to_start.push(started.elapsed());
+        let result = stream.collect_run_after_start().await;
         samples.push(started.elapsed());
         assert_eq!(result.end.unwrap()["status"], "exit status 0");
     }
     samples.sort();
+    to_start.sort();
     let median = samples[samples.len() / 2];
-    println!("`true` start->end over the socket: median {median:?}, min {:?}, max {:?}", samples[0], samples[49]);
+    println!(
+        "`true` start->end over the socket: median {median:?}, min {:?}, max {:?}; request->start frame median {:?}",
+        samples[0], samples[49], to_start[25]
+    );
     assert!(median < Duration::from_millis(200), "median {median:?}");
 }
 
@@ -741,13 +754,18 @@ async fn latency_of_true() {
 fn rss_probe_child() {
     let Ok(socket) = std::env::var("ENVD_RSS_PROBE_SOCKET") else { return };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    // As a child subreaper, orphans are re-parented to us the way they are to PID 1.
+    let reap_orphans = std::env::var_os("ENVD_PROBE_REAP_ORPHANS").is_some();
+    if reap_orphans {
+        nix::sys::prctl::set_child_subreaper(true).unwrap();
+    }
     runtime.block_on(async move {
         let listener = tokio::net::UnixListener::bind(&socket).unwrap();
         let opts = EnvdOptions {
             sandbox_id: "rss".into(),
             env_vars: Default::default(),
             default_user: "root".into(),
-            reap_orphans: false,
+            reap_orphans,
         };
         envd::serve(listener, opts).await.unwrap();
     });
@@ -787,4 +805,38 @@ async fn idle_envd_rss() {
         .unwrap();
     println!("idle envd process RSS (debug build, incl. libtest): {rss_kib} KiB");
     assert!(rss_kib < 64 * 1024, "RSS {rss_kib} KiB");
+}
+
+/// With `reap_orphans`, envd collects re-parented orphans (no zombies), and still reports its own exits.
+#[tokio::test]
+async fn orphans_are_reaped() {
+    if !is_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("reaper.sock");
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["rss_probe_child", "--exact", "--ignored", "--test-threads=1", "--nocapture"])
+        .env("ENVD_RSS_PROBE_SOCKET", &socket)
+        .env("ENVD_PROBE_REAP_ORPHANS", "1")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !socket.exists() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let envd = TestEnvd { _dir: tempfile::tempdir().unwrap(), socket, server: tokio::spawn(async { Ok(()) }) };
+    let result = envd.run("sleep 0.3 >/dev/null 2>&1 & echo $!; exit 4", json!({}), &[]).await;
+    assert_eq!(result.end.unwrap()["exitCode"], 4);
+    let orphan: u32 = String::from_utf8_lossy(&result.stdout).trim().parse().unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{orphan}/stat")).unwrap_or_default();
+    let parent_field = stat.rsplit_once(") ").map(|(_, rest)| rest.split_whitespace().nth(1).unwrap_or("").to_owned());
+    let reparented = parent_field.as_deref() == Some(child.id().to_string().as_str());
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let gone = !Path::new(&format!("/proc/{orphan}")).exists();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(reparented, "orphan {orphan} was not re-parented to envd: {stat}");
+    assert!(gone, "orphan {orphan} was left as a zombie");
 }

@@ -86,12 +86,14 @@ pub fn content_type_rejection(headers: &HeaderMap, kind: CallKind) -> Option<Res
     };
     let err = ConnectError::new(Code::Unimplemented, message);
     let body = serde_json::to_vec(&err).unwrap_or_default();
-    Some((
-        StatusCode::UNSUPPORTED_MEDIA_TYPE,
-        [(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE_UNARY_JSON))],
-        body,
+    Some(
+        (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            [(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE_UNARY_JSON))],
+            body,
+        )
+            .into_response(),
     )
-        .into_response())
 }
 
 /// Decodes a unary request body (the bare JSON message; empty means `{}`).
