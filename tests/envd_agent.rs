@@ -840,3 +840,52 @@ async fn orphans_are_reaped() {
     assert!(reparented, "orphan {orphan} was not re-parented to envd: {stat}");
     assert!(gone, "orphan {orphan} was left as a zombie");
 }
+
+/// The official E2B Python SDK (debug mode, `sandbox_url` pointed at a TCP
+/// port that relays to the envd socket) runs commands and file operations.
+/// Needs `E2B_SDK_PYTHON` = a python with `e2b==2.63.0`; skips loudly otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn official_sdk_interop() {
+    let Some(python) = std::env::var_os("E2B_SDK_PYTHON") else {
+        eprintln!("SKIPPED official_sdk_interop: set E2B_SDK_PYTHON to a python with e2b==2.63.0 installed");
+        return;
+    };
+    if !is_root() {
+        return;
+    }
+    let envd = start_envd().await;
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = tcp.local_addr().unwrap().port();
+    let socket = envd.socket.clone();
+    let relay = tokio::spawn(async move {
+        loop {
+            let Ok((mut inbound, _)) = tcp.accept().await else { return };
+            let socket = socket.clone();
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::UnixStream::connect(&socket).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    let scratch = tempfile::tempdir().unwrap();
+    let script = scratch.path().join("sdk_probe.py");
+    std::fs::write(&script, include_str!("envd_agent/sdk_probe.py")).unwrap();
+    let work = scratch.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .arg(&script)
+            .arg(format!("http://127.0.0.1:{port}"))
+            .arg(&work)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    relay.abort();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    println!("{stdout}");
+    eprintln!("{}", String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success() && stdout.contains("SDK-PROBE OK"), "SDK probe failed");
+}
