@@ -422,6 +422,26 @@ async fn cwd_env_and_user_switching() {
 }
 
 #[tokio::test]
+async fn background_children_do_not_hold_back_the_end_event() {
+    if !is_root() {
+        return;
+    }
+    let envd = start_envd().await;
+    let started = Instant::now();
+    let script = "(for i in $(seq 40); do echo bg; sleep 0.05; done) & echo fg; exit 5";
+    let result = envd.run(script, json!({}), &[]).await;
+    assert!(started.elapsed() < Duration::from_millis(2900), "end took {:?}", started.elapsed());
+    assert_eq!(result.end.unwrap()["exitCode"], 5);
+    assert!(result.stdout.starts_with(b"fg\n") || result.stdout.starts_with(b"bg\n"));
+    // A quiet background child holding the pipe delays the end event by ~100 ms only.
+    let started = Instant::now();
+    let quiet = envd.run("sleep 2 & echo done", json!({}), &[]).await;
+    assert!(started.elapsed() < Duration::from_millis(1500), "end took {:?}", started.elapsed());
+    assert_eq!(quiet.stdout, b"done\n");
+    tokio::time::sleep(Duration::from_millis(2200)).await; // let the background children finish
+}
+
+#[tokio::test]
 async fn connect_timeout_kills_the_process_group() {
     if !is_root() {
         return;
