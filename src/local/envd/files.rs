@@ -2,6 +2,7 @@
 //! a raw `application/octet-stream` body), streamed to and from disk, as the
 //! requesting user. Errors are envd plain-HTTP JSON `{"code": <status>, "message"}`.
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -87,13 +88,16 @@ pub async fn download(State(state): State<Arc<EnvdState>>, request: Request) -> 
     let opened = {
         let path = path.clone();
         run_as_user(&user, move || {
-            let file = std::fs::File::open(&path).map_err(|e| io_error(&path, &e))?;
+            // O_NONBLOCK: opening a FIFO must not hang; it is refused below anyway.
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&path)
+                .map_err(|e| io_error(&path, &e))?;
             let meta = file.metadata().map_err(|e| io_error(&path, &e))?;
-            if meta.is_dir() {
-                return Err(ConnectError::new(
-                    Code::InvalidArgument,
-                    format!("path '{}' is a directory", path.display()),
-                ));
+            if !meta.is_file() {
+                let what = if meta.is_dir() { "a directory" } else { "not a regular file" };
+                return Err(ConnectError::new(Code::InvalidArgument, format!("path '{}' is {what}", path.display())));
             }
             Ok((file, meta.len()))
         })
@@ -219,7 +223,20 @@ async fn open_for_upload(user: &UserAccount, path: &Path) -> Result<tokio::fs::F
         if path.is_dir() {
             return Err(ConnectError::new(Code::InvalidArgument, format!("path '{}' is a directory", path.display())));
         }
-        std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(&path).map_err(|e| io_error(&path, &e))
+        if std::fs::metadata(&path).is_ok_and(|meta| !meta.is_file()) {
+            return Err(ConnectError::new(
+                Code::InvalidArgument,
+                format!("path '{}' exists and is not a regular file", path.display()),
+            ));
+        }
+        // O_NONBLOCK: opening a FIFO created in the meantime fails instead of hanging.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path)
+            .map_err(|e| io_error(&path, &e))
     })
     .await??;
     Ok(tokio::fs::File::from_std(file))

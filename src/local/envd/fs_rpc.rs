@@ -96,6 +96,9 @@ async fn dispatch(state: &EnvdState, method: &str, headers: &HeaderMap, body: &[
         "Remove" => {
             let request: PathRequest = rpc::decode_unary(body)?;
             let path = resolve_path(&user, &request.path)?;
+            if path == std::path::Path::new("/") {
+                return Err(ConnectError::new(Code::InvalidArgument, "refusing to remove '/'"));
+            }
             run_as_user(&user, move || {
                 let meta = std::fs::symlink_metadata(&path).map_err(|e| io_error(&path, &e))?;
                 let removed = if meta.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
