@@ -21,14 +21,14 @@ fn rss_probe_child() {
         nix::sys::prctl::set_child_subreaper(true).unwrap();
     }
     runtime.block_on(async move {
-        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
         let opts = EnvdOptions {
             sandbox_id: "rss".into(),
             env_vars: Default::default(),
             default_user: "root".into(),
             reap_orphans,
         };
-        envd::serve(listener, opts).await.unwrap();
+        envd::serve_std(listener, opts).await.unwrap();
     });
 }
 

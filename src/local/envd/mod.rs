@@ -5,7 +5,20 @@
 //!
 //! Routes: `GET /health` (204), `GET /envs`, `GET /metrics`, `GET|POST /files`,
 //! `POST /process.Process/{method}`, `POST /filesystem.Filesystem/{method}`
-//! (Connect protocol, JSON codec only). Works on a current-thread runtime.
+//! (Connect protocol, JSON codec only). Works on a current-thread runtime;
+//! file operations use the runtime's blocking pool (cap it with
+//! `max_blocking_threads` if RSS matters).
+//!
+//! Processes: spawned with `std::process::Command` in their own process
+//! group, exit statuses collected by one SIGCHLD reaper (`reaper.rs`). With
+//! `reap_orphans` (PID 1 of a sandbox) the reaper calls `waitpid(-1)`, so
+//! nothing else in the process may wait for its own children (no
+//! `tokio::process`). Files: operations run with the requesting user's
+//! filesystem identity (`setfsuid`, see `fsops.rs`).
+//!
+//! Not implemented: PTY, `StreamInput`, `Update`, `WatchDir` and the watcher
+//! RPCs (all answer `unimplemented`), gzip-encoded uploads (400), and
+//! `X-Metadata-*` upload headers (ignored).
 
 mod files;
 mod fs_rpc;
@@ -73,6 +86,13 @@ pub async fn serve(listener: tokio::net::UnixListener, opts: EnvdOptions) -> any
     tracing::info!(sandbox_id = %state.opts.sandbox_id, "envd serving");
     axum::serve(listener, app(state)).await?;
     Ok(())
+}
+
+/// [`serve`] for a listener bound with std (e.g. before `pivot_root`): makes
+/// it non-blocking and registers it with the current runtime.
+pub async fn serve_std(listener: std::os::unix::net::UnixListener, opts: EnvdOptions) -> anyhow::Result<()> {
+    listener.set_nonblocking(true)?;
+    serve(tokio::net::UnixListener::from_std(listener)?, opts).await
 }
 
 /// Builds the envd axum Router (state included). The SIGCHLD reaper starts
