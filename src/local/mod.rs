@@ -1,6 +1,8 @@
 //! The embedded E2B-compatible local provider: control plane, per-sandbox
 //! isolation, and the in-sandbox envd agent.
 
+pub mod envd;
+
 /// Arguments of `sandbox-mcp provider`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProviderArgs {
