@@ -96,7 +96,8 @@ impl Provider {
     }
 
     fn record(&self, id: &str) -> Value {
-        serde_json::from_slice(&std::fs::read(self.state.join("sandboxes").join(id).join("record.json")).unwrap()).unwrap()
+        serde_json::from_slice(&std::fs::read(self.state.join("sandboxes").join(id).join("record.json")).unwrap())
+            .unwrap()
     }
 
     /// Runs `bash -c cmd` in the sandbox through the envd Start RPC; returns (exit code, stdout+stderr).
@@ -124,7 +125,9 @@ impl Provider {
             if let Some(data) = msg.pointer("/event/data") {
                 for stream in ["stdout", "stderr"] {
                     if let Some(b64) = data[stream].as_str() {
-                        out.push_str(&String::from_utf8_lossy(&base64::engine::general_purpose::STANDARD.decode(b64).unwrap()));
+                        out.push_str(&String::from_utf8_lossy(
+                            &base64::engine::general_purpose::STANDARD.decode(b64).unwrap(),
+                        ));
                     }
                 }
             }
@@ -153,7 +156,8 @@ impl Drop for Provider {
                 wait_until(Duration::from_secs(5), || !agent_alive(pid, entry.path().as_path()));
             }
             for cg in rec["cgroups"].as_array().into_iter().flatten() {
-                let _ = std::fs::remove_dir(cg.as_str().unwrap_or("/nonexistent"));
+                let cg = Path::new(cg.as_str().unwrap_or("/nonexistent"));
+                wait_until(Duration::from_secs(3), || std::fs::remove_dir(cg).is_ok() || !cg.exists());
             }
         }
     }
@@ -164,7 +168,8 @@ fn agent_alive(pid: i32, dir: &Path) -> bool {
     let zombie = stat.rsplit(')').next().is_some_and(|s| s.trim_start().starts_with('Z'));
     pid > 0
         && !zombie
-        && std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains(&*dir.to_string_lossy()))
+        && std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&*dir.to_string_lossy()))
 }
 
 fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
@@ -191,7 +196,10 @@ fn host_mounts_under(dir: &Path) -> Vec<String> {
 /// Asserts nothing of sandbox `id` (agent `pid`) remains on the host.
 fn assert_nothing_left(p: &Provider, id: &str, pid: i32, cgroups: &[String]) {
     let dir = p.state.join("sandboxes").join(id);
-    assert!(wait_until(Duration::from_secs(10), || !agent_alive(pid, &dir) && !dir.exists()), "sandbox {id} left behind");
+    assert!(
+        wait_until(Duration::from_secs(10), || !agent_alive(pid, &dir) && !dir.exists()),
+        "sandbox {id} left behind"
+    );
     assert!(host_mounts_under(&dir).is_empty(), "mounts left under {}", dir.display());
     for cg in cgroups {
         assert!(wait_until(Duration::from_secs(5), || !Path::new(cg).exists()), "cgroup {cg} left behind");
@@ -212,12 +220,15 @@ async fn lifecycle_create_get_connect_timeout_pause_resume_kill() {
         return;
     }
     let p = Provider::start(&[]);
-    let (status, v1) = p.call(reqwest::Method::POST, "/sandboxes", Some(json!({"templateID": "base", "secure": true}))).await;
+    let (status, v1) =
+        p.call(reqwest::Method::POST, "/sandboxes", Some(json!({"templateID": "base", "secure": true}))).await;
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(v1["templateID"], "base");
     assert_eq!(v1["envdVersion"], sandbox_mcp::e2b::wire::ENVD_VERSION);
     assert_eq!(v1["sandboxID"].as_str().unwrap().len(), 20);
-    let sbx = p.create(json!({"templateID": "base", "timeout": 60, "metadata": {"k": "v"}, "envVars": {"GREETING": "hi"}})).await;
+    let sbx = p
+        .create(json!({"templateID": "base", "timeout": 60, "metadata": {"k": "v"}, "envVars": {"GREETING": "hi"}}))
+        .await;
     let id = id_of(&sbx);
 
     let (status, info) = p.call(reqwest::Method::GET, &format!("/sandboxes/{id}"), None).await;
@@ -231,14 +242,16 @@ async fn lifecycle_create_get_connect_timeout_pause_resume_kill() {
     assert_eq!((code, out.trim()), (0, "hi"));
 
     // Connect to a running sandbox: 200, deadline extended to at least now + timeout.
-    let (status, _) = p.call(reqwest::Method::POST, &format!("/v2/sandboxes/{id}/connect"), Some(json!({"timeout": 600}))).await;
+    let (status, _) =
+        p.call(reqwest::Method::POST, &format!("/v2/sandboxes/{id}/connect"), Some(json!({"timeout": 600}))).await;
     assert_eq!(status, StatusCode::OK);
     let (_, info) = p.call(reqwest::Method::GET, &format!("/sandboxes/{id}"), None).await;
     let end2 = chrono::DateTime::parse_from_rfc3339(info["endAt"].as_str().unwrap()).unwrap();
     assert!(end2 - end1 > chrono::Duration::seconds(500));
 
     // set_timeout overwrites the deadline.
-    let (status, _) = p.call(reqwest::Method::POST, &format!("/sandboxes/{id}/timeout"), Some(json!({"timeout": 30}))).await;
+    let (status, _) =
+        p.call(reqwest::Method::POST, &format!("/sandboxes/{id}/timeout"), Some(json!({"timeout": 30}))).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
     let (_, info) = p.call(reqwest::Method::GET, &format!("/sandboxes/{id}"), None).await;
     let end3 = chrono::DateTime::parse_from_rfc3339(info["endAt"].as_str().unwrap()).unwrap();
@@ -257,7 +270,8 @@ async fn lifecycle_create_get_connect_timeout_pause_resume_kill() {
     let (_, paused) = p.call(reqwest::Method::GET, "/v2/sandboxes?state=paused", None).await;
     assert_eq!(paused.as_array().unwrap().len(), 1);
     assert_eq!(paused[0]["sandboxID"], id.as_str());
-    let (status, resumed) = p.call(reqwest::Method::POST, &format!("/v2/sandboxes/{id}/connect"), Some(json!({}))).await;
+    let (status, resumed) =
+        p.call(reqwest::Method::POST, &format!("/v2/sandboxes/{id}/connect"), Some(json!({}))).await;
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(resumed["sandboxID"], id.as_str());
     let (code, out) = p.run(&sbx, "pgrep -c -x sleep", None).await;
@@ -312,7 +326,8 @@ async fn list_filters_by_metadata_and_state_and_pages() {
         .unwrap();
     assert!(second.headers().get("x-next-token").is_none());
     let page2: Vec<Value> = second.json().await.unwrap();
-    let mut all: Vec<String> = page1.iter().chain(page2.iter()).map(|s| s["sandboxID"].as_str().unwrap().to_owned()).collect();
+    let mut all: Vec<String> =
+        page1.iter().chain(page2.iter()).map(|s| s["sandboxID"].as_str().unwrap().to_owned()).collect();
     assert_eq!(all.len(), 4);
     all.sort();
     all.dedup();
@@ -416,7 +431,9 @@ async fn deadline_expiry_and_kill_while_busy_leave_nothing_behind() {
     // Limits are in the sandbox's cgroups.
     let cgs = cgroups_of(&busy_rec);
     let limit_files: HashMap<&str, &str> =
-        [("memory.limit_in_bytes", "268435456"), ("memory.max", "268435456"), ("pids.max", "200")].into_iter().collect();
+        [("memory.limit_in_bytes", "268435456"), ("memory.max", "268435456"), ("pids.max", "200")]
+            .into_iter()
+            .collect();
     let mut checked = 0;
     for cg in &cgs {
         for (file, want) in &limit_files {
@@ -428,7 +445,13 @@ async fn deadline_expiry_and_kill_while_busy_leave_nothing_behind() {
     }
     assert!(checked >= 2, "memory and pids limits applied: {cgs:?}");
 
-    let (code, _) = p.run(&busy, "for i in $(seq 20); do setsid sleep 1000 >/dev/null 2>&1 & done; sleep 1000 >/dev/null 2>&1 &", None).await;
+    let (code, _) = p
+        .run(
+            &busy,
+            "for i in $(seq 20); do setsid sleep 1000 >/dev/null 2>&1 & done; sleep 1000 >/dev/null 2>&1 &",
+            None,
+        )
+        .await;
     assert_eq!(code, 0);
     let busy_pid = busy_rec["envd_pid"].as_i64().unwrap() as i32;
     let ns = std::fs::read_link(format!("/proc/{busy_pid}/ns/pid")).unwrap();
@@ -462,7 +485,8 @@ async fn sandboxes_are_isolated_from_each_other_and_the_host() {
     let b = p.create(json!({"templateID": "base", "allow_internet_access": false})).await;
     let (a_id, b_id) = (id_of(&a), id_of(&b));
 
-    let (_, out) = p.run(&a, "sleep 1000 >/dev/null 2>&1 & ls /proc | grep -E '^[0-9]+$' | wc -l; pgrep -c sleep", None).await;
+    let (_, out) =
+        p.run(&a, "sleep 1000 >/dev/null 2>&1 & ls /proc | grep -E '^[0-9]+$' | wc -l; pgrep -c sleep", None).await;
     let lines: Vec<&str> = out.lines().collect();
     assert!(lines[0].trim().parse::<u32>().unwrap() < 15, "sandbox sees few processes: {out}");
     let (_, out) = p.run(&b, "pgrep -c sleep; ps -e -o pid= | wc -l", None).await;
@@ -474,7 +498,9 @@ async fn sandboxes_are_isolated_from_each_other_and_the_host() {
 
     // Files: root-owned writes stay in the sandbox; the other sandbox and the host see nothing.
     let marker = format!("/marker-{a_id}");
-    let (code, _) = p.run(&a, &format!("echo x > {marker} && echo changed > /etc/hostname && touch /tmp/t-{a_id}"), Some("root")).await;
+    let (code, _) = p
+        .run(&a, &format!("echo x > {marker} && echo changed > /etc/hostname && touch /tmp/t-{a_id}"), Some("root"))
+        .await;
     assert_eq!(code, 0);
     assert!(!Path::new(&marker).exists());
     assert_ne!(std::fs::read_to_string("/etc/hostname").unwrap_or_default().trim(), "changed");
@@ -489,7 +515,13 @@ async fn sandboxes_are_isolated_from_each_other_and_the_host() {
     let b_pid = p.record(&b_id)["envd_pid"].as_i64().unwrap();
     let host_net = std::fs::read_link("/proc/self/ns/net").unwrap();
     assert_ne!(std::fs::read_link(format!("/proc/{b_pid}/ns/net")).unwrap(), host_net);
-    let (_, out) = p.run(&b, "python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\",0)); s.listen(); print(\"ok\")'", None).await;
+    let (_, out) = p
+        .run(
+            &b,
+            "python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\",0)); s.listen(); print(\"ok\")'",
+            None,
+        )
+        .await;
     assert_eq!(out.trim(), "ok", "loopback works without internet");
     for id in [&a_id, &b_id] {
         let (status, _) = p.call(reqwest::Method::DELETE, &format!("/sandboxes/{id}"), None).await;
@@ -565,7 +597,8 @@ async fn fifty_sandboxes_alive_at_once_then_all_killed_cleanly() {
     }
     let recs: Vec<(String, Value)> = sandboxes.iter().map(|s| (id_of(s), p.record(&id_of(s)))).collect();
     let paths: Vec<String> = recs.iter().map(|(id, _)| format!("/sandboxes/{id}")).collect();
-    let kills = futures_util::future::join_all(paths.iter().map(|path| p.call(reqwest::Method::DELETE, path, None))).await;
+    let kills =
+        futures_util::future::join_all(paths.iter().map(|path| p.call(reqwest::Method::DELETE, path, None))).await;
     assert!(kills.iter().all(|(s, _)| *s == StatusCode::NO_CONTENT));
     for (id, rec) in &recs {
         assert_nothing_left(&p, id, rec["envd_pid"].as_i64().unwrap() as i32, &cgroups_of(rec));

@@ -53,7 +53,10 @@ impl CgroupLayout {
             // Nest under the provider's own cgroup so sandboxes stay inside its limits.
             let own_path = own
                 .lines()
-                .filter_map(|line| line.splitn(3, ':').nth(1).zip(line.splitn(3, ':').nth(2)))
+                .filter_map(|line| {
+                    let mut fields = line.splitn(3, ':').skip(1);
+                    fields.next().zip(fields.next())
+                })
                 .find(|(ctrls, _)| ctrls.split(',').any(|c| c == ctrl))
                 .map(|(_, path)| path.trim_start_matches('/').to_owned())
                 .unwrap_or_default();
@@ -115,9 +118,14 @@ impl CgroupLayout {
         let mem_bytes = limits.memory_limit_mb.map(|mb| (mb * 1024 * 1024).to_string());
         let pids = limits.pids_limit.map(|n| n.to_string());
         match self {
-            CgroupLayout::V2 { base } => {
-                make(base, &[("memory.max", mem_bytes.clone()), ("memory.swap.max", mem_bytes.map(|_| "0".into())), ("pids.max", pids)])
-            }
+            CgroupLayout::V2 { base } => make(
+                base,
+                &[
+                    ("memory.max", mem_bytes.clone()),
+                    ("memory.swap.max", mem_bytes.map(|_| "0".into())),
+                    ("pids.max", pids),
+                ],
+            ),
             CgroupLayout::V1 { memory, pids: pids_base, freezer } => {
                 if let Some(base) = memory {
                     make(base, &[("memory.limit_in_bytes", mem_bytes)]);

@@ -27,7 +27,6 @@ use anyhow::Context;
 
 pub use config::LocalProviderConfig;
 
-
 /// Arguments of `sandbox-mcp provider`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProviderArgs {
@@ -95,7 +94,10 @@ impl RunningProvider {
 
 /// Starts the provider on `listener`: checks isolation is permitted, re-adopts sandboxes left by a
 /// previous run, starts the deadline reaper, and serves until [`RunningProvider::shutdown`].
-pub async fn start_provider(cfg: LocalProviderConfig, listener: tokio::net::TcpListener) -> anyhow::Result<RunningProvider> {
+pub async fn start_provider(
+    cfg: LocalProviderConfig,
+    listener: tokio::net::TcpListener,
+) -> anyhow::Result<RunningProvider> {
     let addr = listener.local_addr().context("reading the listening address")?;
     if cfg.api_key.is_none() && !addr.ip().is_loopback() {
         anyhow::bail!(
@@ -169,6 +171,9 @@ pub fn run_provider(args: ProviderArgs) -> anyhow::Result<()> {
 
 /// Runs the in-sandbox agent: builds the sandbox around itself, reports readiness, then serves envd.
 pub fn run_envd(args: EnvdArgs) -> anyhow::Result<()> {
+    // Exec'd through /proc/self/exe, the process would be called "exe" in `ps`.
+    // SAFETY: PR_SET_NAME copies at most 16 bytes from a NUL-terminated string.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"envd".as_ptr()) };
     // SAFETY: the provider passes a pipe write end at this descriptor and nothing else owns it.
     let mut ready = args.ready_fd.map(|fd| unsafe { std::fs::File::from_raw_fd(fd) });
     let setup = || -> anyhow::Result<(std::os::unix::net::UnixListener, record::SandboxSpec)> {
