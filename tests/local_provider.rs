@@ -605,3 +605,49 @@ async fn fifty_sandboxes_alive_at_once_then_all_killed_cleanly() {
     }
     assert!(host_mounts_under(&p.state).is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_stops_the_provider_but_not_its_sandboxes() {
+    if !is_root() {
+        return;
+    }
+    let mut p = Provider::start(&[]);
+    let sbx = p.create(json!({"templateID": "base"})).await;
+    let id = id_of(&sbx);
+    let pid = p.record(&id)["envd_pid"].as_i64().unwrap() as i32;
+    let mut child = p.child.take().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "graceful exit: {status:?}");
+    assert!(agent_alive(pid, &p.state.join("sandboxes").join(&id)));
+    p.launch();
+    let (code, out) = p.run(&sbx, "echo still here", None).await;
+    assert_eq!((code, out.trim()), (0, "still here"));
+    let (status, _) = p.call(reqwest::Method::DELETE, &format!("/sandboxes/{id}"), None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+}
+
+#[test]
+fn without_namespace_permission_it_exits_with_one_clear_sentence() {
+    if !is_root() {
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let tmp = tempfile::Builder::new().prefix("sbx-provider-test").tempdir_in("/var/tmp").unwrap();
+    let state = tmp.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    nix::unistd::chown(&state, Some(65534.into()), Some(65534.into())).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sandbox-mcp"))
+        .args(["provider", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(&state)
+        .env_remove("E2B_API_KEY")
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("needs permission to create PID/mount/UTS/IPC namespaces"), "{stderr}");
+    assert!(stderr.contains("EPERM"), "{stderr}");
+    assert!(out.stdout.is_empty(), "it never listened");
+}
