@@ -651,3 +651,38 @@ fn without_namespace_permission_it_exits_with_one_clear_sentence() {
     assert!(stderr.contains("EPERM"), "{stderr}");
     assert!(out.stdout.is_empty(), "it never listened");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn library_entry_point_serves_and_kills_all_on_request() {
+    if !is_root() {
+        return;
+    }
+    let tmp = tempfile::Builder::new().prefix("sbx-provider-test").tempdir_in("/var/tmp").unwrap();
+    let cfg = sandbox_mcp::local::LocalProviderConfig {
+        state_dir: tmp.path().join("state"),
+        api_key: Some(KEY.into()),
+        agent_binary: env!("CARGO_BIN_EXE_sandbox-mcp").into(),
+        ..Default::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let running = sandbox_mcp::local::start_provider(cfg, listener).await.unwrap();
+    let base = format!("http://{}", running.addr);
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/v2/sandboxes"))
+        .header("X-API-Key", KEY)
+        .json(&json!({"templateID": "base"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let id = id_of(&resp.json::<Value>().await.unwrap());
+    let dir = tmp.path().join("state/sandboxes").join(&id);
+    let rec: Value = serde_json::from_slice(&std::fs::read(dir.join("record.json")).unwrap()).unwrap();
+    let pid = rec["envd_pid"].as_i64().unwrap() as i32;
+    assert!(agent_alive(pid, &dir));
+    running.kill_all_and_shutdown().await;
+    assert!(!agent_alive(pid, &dir) && !dir.exists(), "kill_all_and_shutdown leaves nothing");
+    for cg in cgroups_of(&rec) {
+        assert!(!Path::new(&cg).exists(), "{cg}");
+    }
+}

@@ -90,6 +90,14 @@ impl RunningProvider {
         self.shutdown.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(5), self.server).await;
     }
+
+    /// Kills every sandbox (waiting for their clean-up), then shuts down. For tests and ephemeral
+    /// embeddings whose state directory is about to be deleted: sandboxes left running there would
+    /// be orphaned for good.
+    pub async fn kill_all_and_shutdown(self) {
+        self.provider.kill_all().await;
+        self.shutdown().await;
+    }
 }
 
 /// Starts the provider on `listener`: checks isolation is permitted, re-adopts sandboxes left by a

@@ -186,9 +186,13 @@ impl Provider {
         }
         let limits = Limits { memory_limit_mb: self.cfg.memory_limit_mb, pids_limit: self.cfg.pids_limit };
         let cgroup_dirs = self.cgroups.create(&id, limits);
-        let spawned = super::spawn::spawn_agent(&dir, &dir.join(LOG_FILE), !params.allow_internet_access, |pid| {
-            cgroups::attach(&cgroup_dirs, pid)
-        });
+        let spawned = super::spawn::spawn_agent(
+            &self.cfg.agent_binary,
+            &dir,
+            &dir.join(LOG_FILE),
+            !params.allow_internet_access,
+            |pid| cgroups::attach(&cgroup_dirs, pid),
+        );
         let agent = match spawned {
             Ok(agent) => agent,
             Err(e) => {
@@ -393,11 +397,16 @@ impl Provider {
         }
     }
 
-    /// Kills every sandbox (used by tests and by an explicit shutdown-with-cleanup).
+    /// Kills every sandbox and waits (up to 15 s) until their clean-up has finished. For tests and
+    /// ephemeral embeddings: a normal shutdown leaves sandboxes running for the next start.
     pub async fn kill_all(&self) {
         let ids: Vec<String> = self.table().keys().cloned().collect();
         for id in ids {
             let _ = self.kill(&id).await;
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        while self.cleanups_in_flight() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 }
