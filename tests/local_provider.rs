@@ -356,7 +356,7 @@ async fn bad_input_gets_contract_errors_and_provider_keeps_serving() {
     if !is_root() {
         return;
     }
-    let p = Provider::start(&[]);
+    let p = Provider::start(&["--template", "broken=/nonexistent-template-root"]);
     let post = |path: &str, key: Option<&str>, body: &'static str| {
         let mut req = p.http.post(p.url(path)).header("Content-Type", "application/json").body(body);
         if let Some(key) = key {
@@ -383,6 +383,10 @@ async fn bad_input_gets_contract_errors_and_provider_keeps_serving() {
     assert_eq!((status, v["code"].as_i64()), (StatusCode::NOT_FOUND, Some(404)));
     let (status, v) = p.call(reqwest::Method::GET, "/no/such/route", None).await;
     assert_eq!((status, v["code"].as_i64()), (StatusCode::NOT_FOUND, Some(404)));
+    // A sandbox that fails to start reports why and leaves nothing behind.
+    let v = check(post("/v2/sandboxes", Some(KEY), r#"{"templateID":"broken"}"#).await.unwrap(), 500).await;
+    assert!(v["message"].as_str().unwrap().contains("overlay"), "{v}");
+    assert_eq!(std::fs::read_dir(p.state.join("sandboxes")).unwrap().count(), 0);
     // Oversized control-plane body.
     let big = format!(r#"{{"templateID":"base","metadata":{{"x":"{}"}}}}"#, "a".repeat(2 * 1024 * 1024));
     let resp = p.http.post(p.url("/v2/sandboxes")).header("X-API-Key", KEY).body(big).send().await.unwrap();
@@ -506,6 +510,13 @@ async fn sandboxes_are_isolated_from_each_other_and_the_host() {
     assert_ne!(std::fs::read_to_string("/etc/hostname").unwrap_or_default().trim(), "changed");
     let (code, _) = p.run(&b, &format!("test -e {marker} || test -e /tmp/t-{a_id}"), Some("root")).await;
     assert_eq!(code, 1, "b sees a's files");
+    // Root in a sandbox cannot mount, touch host sysctls or read kernel memory.
+    let (code, _) = p.run(&a, "mount -t tmpfs none /mnt", Some("root")).await;
+    assert_ne!(code, 0, "root in a sandbox must not mount");
+    let (code, _) = p.run(&a, "echo x > /proc/sys/kernel/domainname", Some("root")).await;
+    assert_ne!(code, 0, "host sysctls are read-only");
+    let (_, out) = p.run(&a, "grep CapBnd /proc/self/status", Some("root")).await;
+    assert!(out.trim().ends_with("00000000a00425fb"), "bounding set: {out}");
     // The state directory (every sandbox's layers) is hidden.
     let (_, out) = p.run(&a, &format!("ls -A {} | wc -l", p.state.display()), Some("root")).await;
     assert_eq!(out.trim(), "0");
