@@ -86,9 +86,14 @@ pub struct RunningProvider {
 
 impl RunningProvider {
     /// Stops accepting requests and the reaper; sandboxes keep running (re-adopted on the next start).
+    /// Also lets the clean-up of already killed sandboxes finish (up to 5 s).
     pub async fn shutdown(self) {
         self.shutdown.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(5), self.server).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while self.provider.cleanups_in_flight() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Kills every sandbox (waiting for their clean-up), then shuts down. For tests and ephemeral
