@@ -189,7 +189,7 @@ async fn fleet(client: &E2bClient, n: usize) -> anyhow::Result<(Duration, Option
 }
 
 fn print_table(rows: &mut [Row]) {
-    println!("{:<28} {:>9} {:>9} {:>8} {:>5}  {}", "metric", "median", "p90", "target", "n", "verdict");
+    println!("{:<28} {:>9} {:>9} {:>8} {:>5}  verdict", "metric", "median", "p90", "target", "n");
     for row in rows.iter_mut() {
         row.samples.sort_by(f64::total_cmp);
         let median = percentile(&row.samples, 0.5);

@@ -368,10 +368,9 @@ async fn deadline_expiry_removes_the_sandbox() {
     // Its process is gone and its stream ended (with or without an end event).
     let left = wait_until_no_host_process("sleep 4545").await;
     assert!(left.is_empty(), "processes survived the deadline: {left:?}");
-    let _ =
-        tokio::time::timeout(Duration::from_secs(5), async { while let Ok(Some(_)) = stream.next_event().await {} })
-            .await
-            .expect("the stream of an expired sandbox must end");
+    tokio::time::timeout(Duration::from_secs(5), async { while let Ok(Some(_)) = stream.next_event().await {} })
+        .await
+        .expect("the stream of an expired sandbox must end");
     let err = envd.health().await.unwrap_err();
     assert!(err.is_sandbox_gone(), "{err:?}");
     provider.shutdown().await;
