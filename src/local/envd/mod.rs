@@ -17,8 +17,7 @@
 //! filesystem identity (`setfsuid`, see `fsops.rs`).
 //!
 //! Not implemented: PTY, `StreamInput`, `Update`, `WatchDir` and the watcher
-//! RPCs (all answer `unimplemented`), gzip-encoded uploads (400), and
-//! `X-Metadata-*` upload headers (ignored).
+//! RPCs (all answer `unimplemented`) and gzip-encoded uploads (400).
 
 mod files;
 mod fs_rpc;
@@ -30,6 +29,7 @@ mod rpc;
 mod spawn;
 mod table;
 mod users;
+mod xattrs;
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
