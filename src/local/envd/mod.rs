@@ -17,8 +17,7 @@
 //! filesystem identity (`setfsuid`, see `fsops.rs`).
 //!
 //! Not implemented: PTY, `StreamInput`, `Update`, `WatchDir` and the watcher
-//! RPCs (all answer `unimplemented`), gzip-encoded uploads (400), and
-//! `X-Metadata-*` upload headers (ignored).
+//! RPCs (all answer `unimplemented`) and gzip-encoded uploads (400).
 
 mod files;
 mod fs_rpc;
@@ -30,6 +29,7 @@ mod rpc;
 mod spawn;
 mod table;
 mod users;
+mod xattrs;
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -45,8 +45,9 @@ use crate::connect_rpc::{Code, ConnectError};
 pub use reaper::ExitOutcome;
 pub use spawn::DEFAULT_PATH;
 
-/// Configuration of one envd instance (one per sandbox).
-#[derive(Debug, Clone)]
+/// Configuration of one envd instance (one per sandbox). `Debug` shows the
+/// names of the env vars, never their values (they may hold secrets).
+#[derive(Clone)]
 pub struct EnvdOptions {
     pub sandbox_id: String,
     /// Sandbox-level env vars (E2B `envVars`): default environment of every process.
@@ -55,6 +56,19 @@ pub struct EnvdOptions {
     pub default_user: String,
     /// True when running as PID 1 of the sandbox: also reap orphaned processes.
     pub reap_orphans: bool,
+}
+
+impl std::fmt::Debug for EnvdOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut names: Vec<&String> = self.env_vars.keys().collect();
+        names.sort();
+        f.debug_struct("EnvdOptions")
+            .field("sandbox_id", &self.sandbox_id)
+            .field("env_var_names", &names)
+            .field("default_user", &self.default_user)
+            .field("reap_orphans", &self.reap_orphans)
+            .finish()
+    }
 }
 
 /// State shared by every handler.
@@ -161,4 +175,21 @@ async fn fallback(uri: axum::http::Uri) -> Response {
         return rpc::unary_error(&err);
     }
     files::http_error(StatusCode::NOT_FOUND, format!("no envd route for {path}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_output_hides_env_values() {
+        let opts = EnvdOptions {
+            sandbox_id: "sb".into(),
+            env_vars: HashMap::from([("API_TOKEN".to_string(), "s3cret-value".to_string())]),
+            default_user: "user".into(),
+            reap_orphans: true,
+        };
+        let shown = format!("{opts:?}");
+        assert!(shown.contains("API_TOKEN") && !shown.contains("s3cret-value"), "{shown}");
+    }
 }
