@@ -145,8 +145,11 @@ async fn list_filters_by_metadata_and_state_and_pages() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(err["code"], 400);
     for id in ids.iter().chain([&other]) {
+        let rec = p.record(id);
         let (status, _) = p.call(reqwest::Method::DELETE, &format!("/sandboxes/{id}"), None).await;
         assert_eq!(status, StatusCode::NO_CONTENT);
+        // ids[0] is frozen: killing it must still leave nothing.
+        assert_nothing_left(&p, id, rec["envd_pid"].as_i64().unwrap() as i32, &cgroups_of(&rec));
     }
 }
 
@@ -429,6 +432,10 @@ async fn sigterm_stops_the_provider_but_not_its_sandboxes() {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
     let status = child.wait().unwrap();
     assert!(status.success(), "graceful exit: {status:?}");
+    // The agent leads its own session, so the provider's terminal signals never reach it.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let session: i32 = stat.rsplit(')').next().unwrap().split_whitespace().nth(3).unwrap().parse().unwrap();
+    assert_eq!(session, pid);
     assert!(agent_alive(pid, &p.state.join("sandboxes").join(&id)));
     p.launch();
     let (code, out) = p.run(&sbx, "echo still here", None).await;
@@ -472,6 +479,7 @@ async fn library_entry_point_serves_and_kills_all_on_request() {
         state_dir: tmp.path().join("state"),
         api_key: Some(KEY.into()),
         agent_binary: env!("CARGO_BIN_EXE_sandbox-mcp").into(),
+        max_data_body_bytes: 1024,
         ..Default::default()
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -485,8 +493,30 @@ async fn library_entry_point_serves_and_kills_all_on_request() {
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::CREATED);
-    let id = id_of(&resp.json::<Value>().await.unwrap());
+    let sbx = resp.json::<Value>().await.unwrap();
+    let id = id_of(&sbx);
     let dir = tmp.path().join("state/sandboxes").join(&id);
+    // The data-plane body limit.
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/files?path=/tmp/big"))
+        .header("E2b-Sandbox-Id", &id)
+        .header("X-Access-Token", sbx["envdAccessToken"].as_str().unwrap())
+        .header("Content-Type", "application/octet-stream")
+        .body(vec![b'x'; 4096])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let small = reqwest::Client::new()
+        .post(format!("{base}/files?path=/tmp/small"))
+        .header("E2b-Sandbox-Id", &id)
+        .header("X-Access-Token", sbx["envdAccessToken"].as_str().unwrap())
+        .header("Content-Type", "application/octet-stream")
+        .body(vec![b'x'; 100])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(small.status(), StatusCode::OK, "{:?}", small.text().await);
     let rec: Value = serde_json::from_slice(&std::fs::read(dir.join("record.json")).unwrap()).unwrap();
     let pid = rec["envd_pid"].as_i64().unwrap() as i32;
     assert!(agent_alive(pid, &dir));
