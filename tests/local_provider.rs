@@ -33,6 +33,10 @@ async fn lifecycle_create_get_connect_timeout_pause_resume_kill() {
     let (status, info) = p.call(reqwest::Method::GET, &format!("/sandboxes/{id}"), None).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(info["state"], "running");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&p.state.join("sandboxes")), 0o700, "records hold tokens");
+    assert_eq!(mode(&p.state.join("sandboxes").join(&id).join("record.json")), 0o600);
     assert_eq!(info["metadata"]["k"], "v");
     assert_eq!(info["envdAccessToken"], sbx["envdAccessToken"]);
     let end1 = chrono::DateTime::parse_from_rfc3339(info["endAt"].as_str().unwrap()).unwrap();
