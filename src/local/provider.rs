@@ -103,6 +103,9 @@ impl Provider {
         let sandboxes_dir = cfg.state_dir.join("sandboxes");
         std::fs::create_dir_all(&sandboxes_dir)
             .map_err(|e| anyhow::anyhow!("cannot create the state directory {}: {e}", sandboxes_dir.display()))?;
+        // Sandbox records hold access tokens and env vars; layers hold the sandboxes' files.
+        std::fs::set_permissions(&sandboxes_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .map_err(|e| anyhow::anyhow!("cannot restrict {}: {e}", sandboxes_dir.display()))?;
         let cgroups = CgroupLayout::detect();
         tracing::info!(?cgroups, state_dir = %cfg.state_dir.display(), "local provider state");
         Ok(Provider {
