@@ -86,9 +86,22 @@ pub struct RunningProvider {
 
 impl RunningProvider {
     /// Stops accepting requests and the reaper; sandboxes keep running (re-adopted on the next start).
+    /// Also lets the clean-up of already killed sandboxes finish (up to 5 s).
     pub async fn shutdown(self) {
         self.shutdown.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(5), self.server).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while self.provider.cleanups_in_flight() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Kills every sandbox (waiting for their clean-up), then shuts down. For tests and ephemeral
+    /// embeddings whose state directory is about to be deleted: sandboxes left running there would
+    /// be orphaned for good.
+    pub async fn kill_all_and_shutdown(self) {
+        self.provider.kill_all().await;
+        self.shutdown().await;
     }
 }
 
@@ -171,6 +184,9 @@ pub fn run_provider(args: ProviderArgs) -> anyhow::Result<()> {
 
 /// Runs the in-sandbox agent: builds the sandbox around itself, reports readiness, then serves envd.
 pub fn run_envd(args: EnvdArgs) -> anyhow::Result<()> {
+    // Exec'd through /proc/self/exe, the process would be called "exe" in `ps`.
+    // SAFETY: PR_SET_NAME copies at most 16 bytes from a NUL-terminated string.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"envd".as_ptr()) };
     // SAFETY: the provider passes a pipe write end at this descriptor and nothing else owns it.
     let mut ready = args.ready_fd.map(|fd| unsafe { std::fs::File::from_raw_fd(fd) });
     let setup = || -> anyhow::Result<(std::os::unix::net::UnixListener, record::SandboxSpec)> {
