@@ -143,6 +143,11 @@ pub async fn start_provider(
     let app = api::router(Arc::new(api::AppState { provider: provider.clone() }));
     let stop = shutdown.clone();
     let server = tokio::spawn(async move {
+        // Small Connect frames and JSON answers must not wait for Nagle's algorithm
+        // (about 40 ms on a reused connection).
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let serve = axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await });
         if let Err(err) = serve.await {
             tracing::error!(%err, "local provider server failed");
