@@ -59,7 +59,12 @@ pub fn parse(query: &str) -> Result<ListFilter, String> {
             "metadata" => {
                 // After the query decoding: `k=v&k2=v2`, each part possibly encoded once more.
                 let outer = decodings(&value);
-                let text = outer.iter().find(|d| d.contains('=')).cloned().unwrap_or_default();
+                if value.is_empty() {
+                    continue;
+                }
+                let Some(text) = outer.iter().find(|d| d.contains('=')).cloned() else {
+                    return Err(format!("metadata filter '{value}' is not key=value"));
+                };
                 for pair in text.split('&').filter(|p| !p.is_empty()) {
                     let Some((k, v)) = pair.split_once('=') else {
                         return Err(format!("metadata filter '{pair}' is not key=value"));
@@ -120,7 +125,8 @@ mod tests {
     #[test]
     fn single_encoded_and_plain_metadata() {
         let f = parse("metadata=a%3D1%26b%3D2").unwrap();
-        let md: HashMap<String, String> = [("a", "1"), ("b", "2")].iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let md: HashMap<String, String> =
+            [("a", "1"), ("b", "2")].iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         assert!(f.metadata_matches(&md));
         assert_eq!(f.metadata.len(), 2);
     }

@@ -27,7 +27,6 @@ use anyhow::Context;
 
 pub use config::LocalProviderConfig;
 
-
 /// Arguments of `sandbox-mcp provider`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProviderArgs {
@@ -87,15 +86,31 @@ pub struct RunningProvider {
 
 impl RunningProvider {
     /// Stops accepting requests and the reaper; sandboxes keep running (re-adopted on the next start).
+    /// Also lets the clean-up of already killed sandboxes finish (up to 5 s).
     pub async fn shutdown(self) {
         self.shutdown.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(5), self.server).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while self.provider.cleanups_in_flight() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Kills every sandbox (waiting for their clean-up), then shuts down. For tests and ephemeral
+    /// embeddings whose state directory is about to be deleted: sandboxes left running there would
+    /// be orphaned for good.
+    pub async fn kill_all_and_shutdown(self) {
+        self.provider.kill_all().await;
+        self.shutdown().await;
     }
 }
 
 /// Starts the provider on `listener`: checks isolation is permitted, re-adopts sandboxes left by a
 /// previous run, starts the deadline reaper, and serves until [`RunningProvider::shutdown`].
-pub async fn start_provider(cfg: LocalProviderConfig, listener: tokio::net::TcpListener) -> anyhow::Result<RunningProvider> {
+pub async fn start_provider(
+    cfg: LocalProviderConfig,
+    listener: tokio::net::TcpListener,
+) -> anyhow::Result<RunningProvider> {
     let addr = listener.local_addr().context("reading the listening address")?;
     if cfg.api_key.is_none() && !addr.ip().is_loopback() {
         anyhow::bail!(
@@ -128,6 +143,11 @@ pub async fn start_provider(cfg: LocalProviderConfig, listener: tokio::net::TcpL
     let app = api::router(Arc::new(api::AppState { provider: provider.clone() }));
     let stop = shutdown.clone();
     let server = tokio::spawn(async move {
+        // Small Connect frames and JSON answers must not wait for Nagle's algorithm
+        // (about 40 ms on a reused connection).
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let serve = axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await });
         if let Err(err) = serve.await {
             tracing::error!(%err, "local provider server failed");
@@ -169,6 +189,9 @@ pub fn run_provider(args: ProviderArgs) -> anyhow::Result<()> {
 
 /// Runs the in-sandbox agent: builds the sandbox around itself, reports readiness, then serves envd.
 pub fn run_envd(args: EnvdArgs) -> anyhow::Result<()> {
+    // Exec'd through /proc/self/exe, the process would be called "exe" in `ps`.
+    // SAFETY: PR_SET_NAME copies at most 16 bytes from a NUL-terminated string.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"envd".as_ptr()) };
     // SAFETY: the provider passes a pipe write end at this descriptor and nothing else owns it.
     let mut ready = args.ready_fd.map(|fd| unsafe { std::fs::File::from_raw_fd(fd) });
     let setup = || -> anyhow::Result<(std::os::unix::net::UnixListener, record::SandboxSpec)> {

@@ -18,8 +18,16 @@ use super::api::AppState;
 use crate::e2b::wire::{HEADER_ACCESS_TOKEN, HEADER_SANDBOX_ID, SandboxState};
 
 /// Headers that belong to one hop and are never forwarded.
-const HOP_BY_HOP: &[&str] =
-    &["connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade"];
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
 
 fn not_found(sandbox_id: &str, detail: &str) -> Response {
     let body = serde_json::json!({
@@ -31,7 +39,13 @@ fn not_found(sandbox_id: &str, detail: &str) -> Response {
 }
 
 fn plain_error(status: StatusCode, message: &str) -> Response {
-    (status, axum::Json(serde_json::json!({"code": status.as_u16(), "message": message}))).into_response()
+    let mut response =
+        (status, axum::Json(serde_json::json!({"code": status.as_u16(), "message": message}))).into_response();
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        // The rest of the body is left unread: tell the client not to reuse this connection.
+        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
 }
 
 /// Handles one data-plane request.

@@ -71,12 +71,13 @@ fn sandbox_clone_flags(new_network: bool) -> libc::c_int {
 /// Clones `sandbox-mcp envd --sandbox-dir DIR` into new namespaces. `attach` is called with the
 /// child's pid before the child may exec (to place it into its cgroups).
 pub fn spawn_agent(
+    agent_binary: &Path,
     sandbox_dir: &Path,
     log_file: &Path,
     new_network: bool,
     attach: impl FnOnce(i32),
 ) -> Result<SpawnedAgent, SpawnError> {
-    let exe = CString::new("/proc/self/exe").map_err(|_| SpawnError::Nul)?;
+    let exe = CString::new(agent_binary.as_os_str().as_bytes()).map_err(|_| SpawnError::Nul)?;
     let dir = CString::new(sandbox_dir.as_os_str().as_bytes()).map_err(|_| SpawnError::Nul)?;
     let argv_owned = [
         CString::new("sandbox-mcp").map_err(|_| SpawnError::Nul)?,
@@ -87,8 +88,10 @@ pub fn spawn_agent(
         CString::new(READY_FD.to_string()).map_err(|_| SpawnError::Nul)?,
     ];
     // A minimal environment: the provider's own (which may hold its API key) never leaks in.
-    let mut env_owned =
-        vec![CString::new("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin").map_err(|_| SpawnError::Nul)?];
+    let mut env_owned = vec![
+        CString::new("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+            .map_err(|_| SpawnError::Nul)?,
+    ];
     if let Ok(filter) = std::env::var("RUST_LOG") {
         env_owned.push(CString::new(format!("RUST_LOG={filter}")).map_err(|_| SpawnError::Nul)?);
     }
@@ -102,13 +105,15 @@ pub fn spawn_agent(
         .append(true)
         .open(log_file)
         .map_err(|source| SpawnError::Io { what: "open envd log", source })?;
-    let devnull = std::fs::File::open("/dev/null").map_err(|source| SpawnError::Io { what: "open /dev/null", source })?;
+    let devnull =
+        std::fs::File::open("/dev/null").map_err(|source| SpawnError::Io { what: "open /dev/null", source })?;
     let (sync_r, sync_w) = pipe_cloexec()?;
     let (ready_r, ready_w) = pipe_cloexec()?;
     let (log_fd, null_fd) = (log.as_raw_fd(), devnull.as_raw_fd());
     let (sync_r_fd, sync_w_fd, ready_w_fd) = (sync_r.as_raw_fd(), sync_w.as_raw_fd(), ready_w.as_raw_fd());
 
-    let pid = raw_clone(sandbox_clone_flags(new_network)).map_err(sys("clone(CLONE_NEWPID|CLONE_NEWNS|CLONE_NEWUTS|CLONE_NEWIPC)"))?;
+    let pid = raw_clone(sandbox_clone_flags(new_network))
+        .map_err(sys("clone(CLONE_NEWPID|CLONE_NEWNS|CLONE_NEWUTS|CLONE_NEWIPC)"))?;
     if pid == 0 {
         // Child: async-signal-safe calls only.
         // SAFETY: plain system calls on descriptors and buffers prepared before the clone.
@@ -149,20 +154,17 @@ pub fn spawn_agent(
 /// mount sandboxes need. `scratch` is an empty directory on the state filesystem. Returns one
 /// clear sentence on failure.
 pub fn probe_isolation(scratch: &Path) -> Result<(), String> {
-    let hint = "run the provider as root (or with CAP_SYS_ADMIN; in a container: --cap-add SYS_ADMIN \
-                and an unconfined seccomp/AppArmor profile)";
+    let hint = "run it as root or with CAP_SYS_ADMIN (in a container: --cap-add SYS_ADMIN and an unconfined \
+                seccomp/AppArmor profile)";
     let mk = |name: &str| -> Result<CString, String> {
         let path = scratch.join(name);
         std::fs::create_dir_all(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
         CString::new(path.as_os_str().as_bytes()).map_err(|_| "state directory path contains a NUL byte".to_owned())
     };
     let (upper, work, merged) = (mk("upper")?, mk("work")?, mk("merged")?);
-    let opts = CString::new(format!(
-        "lowerdir=/,upperdir={},workdir={}",
-        upper.to_string_lossy(),
-        work.to_string_lossy()
-    ))
-    .map_err(|_| "bad path".to_owned())?;
+    let opts =
+        CString::new(format!("lowerdir=/,upperdir={},workdir={}", upper.to_string_lossy(), work.to_string_lossy()))
+            .map_err(|_| "bad path".to_owned())?;
     let overlay = CString::new("overlay").map_err(|_| "nul")?;
     let root = CString::new("/").map_err(|_| "nul")?;
     let (report_r, report_w) = pipe_cloexec().map_err(|e| e.to_string())?;
@@ -173,8 +175,8 @@ pub fn probe_isolation(scratch: &Path) -> Result<(), String> {
         Ok(pid) => pid,
         Err(err) => {
             return Err(format!(
-                "sandbox-mcp provider needs permission to create PID/mount/UTS/IPC namespaces ({hint}): \
-                 clone(CLONE_NEWPID|CLONE_NEWNS|CLONE_NEWUTS|CLONE_NEWIPC) failed: {err}"
+                "sandbox-mcp provider needs permission to create PID/mount/UTS/IPC namespaces, but \
+                 clone(CLONE_NEWPID|CLONE_NEWNS|CLONE_NEWUTS|CLONE_NEWIPC) failed with {err}; {hint}."
             ));
         }
     };
@@ -187,7 +189,14 @@ pub fn probe_isolation(scratch: &Path) -> Result<(), String> {
                 libc::write(report_fd, msg.as_ptr().cast(), 2);
                 libc::_exit(1);
             };
-            if libc::mount(std::ptr::null(), root.as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) != 0 {
+            if libc::mount(
+                std::ptr::null(),
+                root.as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) != 0
+            {
                 fail(1);
             }
             if libc::mount(overlay.as_ptr(), merged.as_ptr(), overlay.as_ptr(), 0, opts.as_ptr().cast()) != 0 {
@@ -206,11 +215,13 @@ pub fn probe_isolation(scratch: &Path) -> Result<(), String> {
         (_, [step, errno]) => {
             let err = nix::Error::from_raw(i32::from(*errno));
             Err(match step {
-                1 => format!("sandbox-mcp provider cannot make mounts private in a new mount namespace ({hint}): {err}"),
+                1 => {
+                    format!("sandbox-mcp provider cannot make mounts private in a new mount namespace ({err}); {hint}.")
+                }
                 _ => format!(
-                    "sandbox-mcp provider cannot mount an overlay filesystem (the kernel needs overlayfs, and the \
-                     state directory {} must be on a filesystem that can be an overlay upper layer, not on \
-                     overlayfs itself; {hint}): {err}",
+                    "sandbox-mcp provider cannot mount an overlay filesystem ({err}): the kernel needs overlayfs, \
+                     the state directory {} must be on a filesystem that can be an overlay upper layer (not \
+                     overlayfs itself), and the provider needs CAP_SYS_ADMIN; {hint}.",
                     scratch.parent().map(|p| p.display().to_string()).unwrap_or_default()
                 ),
             })
