@@ -14,6 +14,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
+use axum::serve::ListenerExt;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
@@ -117,7 +118,14 @@ pub async fn serve_on(
     let http_stop = CancellationToken::new();
     let http_stop_signal = http_stop.clone();
     let mut server = tokio::spawn(async move {
-        axum::serve(listener, app).with_graceful_shutdown(http_stop_signal.cancelled_owned()).await
+        axum::serve(
+            listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            }),
+            app,
+        )
+        .with_graceful_shutdown(http_stop_signal.cancelled_owned())
+        .await
     });
 
     tokio::select! {
