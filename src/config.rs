@@ -1,1 +1,419 @@
 //! Typed configuration: TOML file plus environment overrides.
+//!
+//! Sources, later ones winning: built-in defaults, the TOML file given with
+//! `--config`, environment variables `SANDBOX_MCP_<SECTION>__<KEY>`, the
+//! container convenience `SANDBOX_MCP_TOKENS="tenant:sha256hex,..."`, and
+//! finally the CLI flags (applied by the caller). See `config/local.toml`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+use crate::logging::LogFormat;
+
+/// Environment variable prefix of every override.
+pub const ENV_PREFIX: &str = "SANDBOX_MCP_";
+/// Convenience variable: `tenant:sha256hex,tenant2:sha256hex`.
+pub const ENV_TOKENS: &str = "SANDBOX_MCP_TOKENS";
+
+/// Configuration errors (bad file, bad value).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config: {0}")]
+    Load(#[from] Box<figment::Error>),
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub auth: AuthConfig,
+    pub provider: ProviderConfig,
+    pub local: LocalConfig,
+    pub sandbox: SandboxConfig,
+    pub metrics: MetricsConfig,
+    pub tasks: TasksConfig,
+}
+
+/// `[server]`: the HTTP listener and MCP transport.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub allowed_hosts: Vec<String>,
+    pub allowed_origins: Vec<String>,
+    pub max_body_bytes: usize,
+    pub session_idle_timeout_secs: u64,
+    pub sse_keep_alive_secs: u64,
+    pub shutdown_grace_secs: u64,
+    pub insecure_no_auth: bool,
+    pub log_format: LogFormat,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
+            allowed_origins: Vec::new(),
+            max_body_bytes: 4 * 1024 * 1024,
+            session_idle_timeout_secs: 900,
+            sse_keep_alive_secs: 15,
+            shutdown_grace_secs: 20,
+            insecure_no_auth: false,
+            log_format: LogFormat::Auto,
+        }
+    }
+}
+
+/// `[auth]`: static bearer tokens, stored as SHA-256 hashes.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    pub tokens: Vec<TokenEntry>,
+}
+
+/// One bearer token: the tenant it maps to and the hex SHA-256 of the token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenEntry {
+    pub tenant: String,
+    pub sha256: String,
+}
+
+/// Which provider backs the sandboxes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderKind {
+    /// The embedded local provider, started by `serve` on a private port.
+    #[default]
+    Local,
+    /// Any E2B-compatible API (E2B cloud, self-hosted, or `sandbox-mcp provider`).
+    E2b,
+}
+
+/// `[provider]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProviderConfig {
+    pub kind: ProviderKind,
+    pub api_url: String,
+    pub sandbox_url: String,
+    pub domain: String,
+    pub api_key_env: String,
+    pub request_timeout_secs: u64,
+    pub deployment: String,
+}
+
+impl Default for ProviderConfig {
+    fn default() -> Self {
+        Self {
+            kind: ProviderKind::Local,
+            api_url: "https://api.e2b.app".into(),
+            sandbox_url: String::new(),
+            domain: "e2b.app".into(),
+            api_key_env: "E2B_API_KEY".into(),
+            request_timeout_secs: 30,
+            deployment: "default".into(),
+        }
+    }
+}
+
+/// `[local]`: the embedded provider.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LocalConfig {
+    pub state_dir: String,
+    pub max_sandboxes: u32,
+    pub memory_limit_mb: u64,
+    pub pids_limit: u64,
+}
+
+impl Default for LocalConfig {
+    fn default() -> Self {
+        Self { state_dir: String::new(), max_sandboxes: 100, memory_limit_mb: 2048, pids_limit: 1024 }
+    }
+}
+
+impl LocalConfig {
+    /// The state directory: configured, else `/var/lib/sandbox-mcp` for root, else `~/.local/state/sandbox-mcp`.
+    pub fn resolved_state_dir(&self) -> PathBuf {
+        if !self.state_dir.is_empty() {
+            return PathBuf::from(&self.state_dir);
+        }
+        if nix::unistd::geteuid().is_root() {
+            return PathBuf::from("/var/lib/sandbox-mcp");
+        }
+        match std::env::var_os("HOME") {
+            Some(home) => Path::new(&home).join(".local/state/sandbox-mcp"),
+            None => PathBuf::from("/tmp/sandbox-mcp-state"),
+        }
+    }
+}
+
+/// `[sandbox]`: defaults and limits of the sandboxes the tools create.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SandboxConfig {
+    pub default_template: String,
+    pub default_timeout_secs: u64,
+    pub max_timeout_secs: u64,
+    pub renew_on_use_secs: u64,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        Self {
+            default_template: "base".into(),
+            default_timeout_secs: 600,
+            max_timeout_secs: 86_400,
+            renew_on_use_secs: 600,
+        }
+    }
+}
+
+/// `[metrics]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    pub enabled: bool,
+    pub listen: String,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self { enabled: true, listen: String::new() }
+    }
+}
+
+/// `[tasks]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TasksConfig {
+    /// Extra secret values masked in every output the gateway returns.
+    pub secrets: Vec<String>,
+}
+
+impl Config {
+    /// Loads defaults, then `file` (if any), then the environment, and validates the result.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load_with_env(file, &std::env::vars().collect::<Vec<_>>())
+    }
+
+    /// Like [`Config::load`], with an explicit environment (testable without touching the process env).
+    pub fn load_with_env(file: Option<&Path>, env: &[(String, String)]) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            if !path.is_file() {
+                return Err(ConfigError::Invalid(format!("config file {} does not exist", path.display())));
+            }
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        // Only `SECTION__KEY` variables are config keys; `SANDBOX_MCP_TOKENS` and friends are not.
+        let env_pairs: Vec<(String, String)> = env
+            .iter()
+            .filter(|(k, _)| k.starts_with(ENV_PREFIX) && k[ENV_PREFIX.len()..].contains("__"))
+            .cloned()
+            .collect();
+        let env_provider = Env::prefixed(ENV_PREFIX).split("__");
+        figment = figment.merge(EnvPairs { env: env_provider, pairs: env_pairs });
+        let mut config: Config = figment.extract().map_err(|e| ConfigError::Load(Box::new(e)))?;
+        if let Some((_, value)) = env.iter().find(|(k, _)| k == ENV_TOKENS) {
+            config.auth.tokens.extend(parse_token_list(value)?);
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks values that types alone cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |msg: String| Err(ConfigError::Invalid(msg));
+        for token in &self.auth.tokens {
+            if !is_valid_tenant(&token.tenant) {
+                return invalid(format!(
+                    "auth.tokens: tenant {:?} must be 1-64 characters of A-Z a-z 0-9 _ . -",
+                    token.tenant
+                ));
+            }
+            if token.sha256.len() != 64 || !token.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return invalid(format!(
+                    "auth.tokens: the sha256 of tenant {:?} must be 64 hex characters (the SHA-256 of the token, not the token)",
+                    token.tenant
+                ));
+            }
+        }
+        let s = &self.server;
+        if s.max_body_bytes < 1024 {
+            return invalid("server.max_body_bytes must be at least 1024".into());
+        }
+        if s.session_idle_timeout_secs == 0 {
+            return invalid("server.session_idle_timeout_secs must be at least 1".into());
+        }
+        for origin in &s.allowed_origins {
+            if origin != "null" && !origin.contains("://") {
+                return invalid(format!("server.allowed_origins: {origin:?} needs a scheme, like https://app.example.com"));
+            }
+        }
+        if self.provider.kind == ProviderKind::E2b {
+            url::Url::parse(&self.provider.api_url)
+                .map_err(|e| ConfigError::Invalid(format!("provider.api_url: {e}")))?;
+            if !self.provider.sandbox_url.is_empty() {
+                url::Url::parse(&self.provider.sandbox_url)
+                    .map_err(|e| ConfigError::Invalid(format!("provider.sandbox_url: {e}")))?;
+            }
+        }
+        if self.provider.request_timeout_secs == 0 {
+            return invalid("provider.request_timeout_secs must be at least 1".into());
+        }
+        if self.provider.deployment.is_empty() || self.provider.deployment.len() > 64 {
+            return invalid("provider.deployment must be 1-64 characters".into());
+        }
+        let sb = &self.sandbox;
+        if sb.max_timeout_secs == 0 || sb.default_timeout_secs == 0 || sb.default_timeout_secs > sb.max_timeout_secs {
+            return invalid("sandbox: need 0 < default_timeout_secs <= max_timeout_secs".into());
+        }
+        Ok(())
+    }
+
+    /// True when at least one bearer token is configured.
+    pub fn has_auth(&self) -> bool {
+        !self.auth.tokens.is_empty()
+    }
+}
+
+/// Tenant names: 1-64 of `[A-Za-z0-9_.-]` (they go into provider metadata and logs).
+pub fn is_valid_tenant(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+}
+
+/// Parses `tenant:sha256hex,tenant2:sha256hex`.
+pub fn parse_token_list(value: &str) -> Result<Vec<TokenEntry>, ConfigError> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .map(|item| match item.split_once(':') {
+            Some((tenant, hash)) => {
+                Ok(TokenEntry { tenant: tenant.trim().to_string(), sha256: hash.trim().to_ascii_lowercase() })
+            }
+            None => Err(ConfigError::Invalid(format!("{ENV_TOKENS}: expected tenant:sha256hex items, got {item:?}"))),
+        })
+        .collect()
+}
+
+/// An `Env` provider fed from an explicit list of variables instead of the process environment.
+struct EnvPairs {
+    env: Env,
+    pairs: Vec<(String, String)>,
+}
+
+impl figment::Provider for EnvPairs {
+    fn metadata(&self) -> figment::Metadata {
+        self.env.metadata()
+    }
+
+    fn data(&self) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        use figment::value::{Dict, Map, Value};
+        let mut dict = Dict::new();
+        for (key, raw) in &self.pairs {
+            let Some(rest) = key.strip_prefix(ENV_PREFIX) else { continue };
+            let path: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
+            let value: Value = raw.parse().unwrap_or_else(|_| Value::from(raw.clone()));
+            insert_path(&mut dict, &path, value);
+        }
+        let mut map = Map::new();
+        map.insert(figment::Profile::Default, dict);
+        Ok(map)
+    }
+}
+
+fn insert_path(dict: &mut figment::value::Dict, path: &[String], value: figment::value::Value) {
+    use figment::value::{Dict, Value};
+    match path {
+        [] => {}
+        [last] => {
+            dict.insert(last.clone(), value);
+        }
+        [first, rest @ ..] => {
+            let entry = dict.entry(first.clone()).or_insert_with(|| Value::from(Dict::new()));
+            if let Value::Dict(_, inner) = entry {
+                insert_path(inner, rest, value);
+            } else {
+                let mut inner = Dict::new();
+                insert_path(&mut inner, rest, value);
+                *entry = Value::from(inner);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn defaults_without_any_source() {
+        let c = Config::load_with_env(None, &[]).unwrap();
+        assert_eq!(c.server.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.provider.kind, ProviderKind::Local);
+        assert!(!c.has_auth());
+        assert_eq!(c.sandbox.renew_on_use_secs, 600);
+    }
+
+    #[test]
+    fn file_then_env_override() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "[server]\nlisten = \"127.0.0.1:9000\"\nsession_idle_timeout_secs = 5\n[provider]\nkind = \"e2b\"\napi_url = \"http://127.0.0.1:1\"\n",
+        )
+        .unwrap();
+        let c = Config::load_with_env(
+            Some(&path),
+            &env(&[
+                ("SANDBOX_MCP_SERVER__LISTEN", "127.0.0.1:9100"),
+                ("SANDBOX_MCP_SANDBOX__RENEW_ON_USE_SECS", "0"),
+                ("SANDBOX_MCP_SERVER__ALLOWED_HOSTS", "[\"a.example\", \"b.example\"]"),
+                ("SANDBOX_MCP_PYTHON", "/usr/bin/python3"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.server.listen.to_string(), "127.0.0.1:9100");
+        assert_eq!(c.server.session_idle_timeout_secs, 5);
+        assert_eq!(c.provider.kind, ProviderKind::E2b);
+        assert_eq!(c.sandbox.renew_on_use_secs, 0);
+        assert_eq!(c.server.allowed_hosts, vec!["a.example", "b.example"]);
+    }
+
+    #[test]
+    fn tokens_from_env_convenience_and_validation() {
+        let hash = "a".repeat(64);
+        let c = Config::load_with_env(None, &env(&[("SANDBOX_MCP_TOKENS", &format!("acme:{hash}, beta:{hash}"))]))
+            .unwrap();
+        assert_eq!(c.auth.tokens.len(), 2);
+        assert_eq!(c.auth.tokens[1].tenant, "beta");
+        let err = Config::load_with_env(None, &env(&[("SANDBOX_MCP_TOKENS", "acme:plaintext-token")])).unwrap_err();
+        assert!(err.to_string().contains("64 hex"), "{err}");
+    }
+
+    #[test]
+    fn unknown_keys_and_missing_file_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "[server]\nlisten_on = \"x\"\n").unwrap();
+        let err = Config::load_with_env(Some(&path), &[]).unwrap_err();
+        assert!(err.to_string().contains("listen_on"), "{err}");
+        assert!(Config::load_with_env(Some(&dir.path().join("none.toml")), &[]).is_err());
+    }
+}

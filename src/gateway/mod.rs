@@ -1,17 +1,50 @@
-//! The MCP gateway: axum app, auth, sessions and MCP tools.
+//! The MCP gateway (`sandbox-mcp serve`): axum app, bearer auth, MCP
+//! sessions, and the MCP tools (one file per tool family).
+
+pub mod args;
+pub mod auth;
+pub mod exec_tools;
+pub mod file_tools;
+pub mod handler;
+pub mod masking;
+pub mod provider;
+pub mod sandbox_tools;
+pub mod server;
+pub mod sessions;
+// pub mod task_tools;   // reconnectable tasks: start_task / get_task / cancel_task / list_tasks
+
+pub use handler::{Gateway, GatewayCore};
+pub use sessions::{SessionRegistry, SessionState};
 
 /// Arguments of `sandbox-mcp serve`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
-    /// TOML config file.
+    /// TOML config file (see config/local.toml). Every key can also be set with
+    /// SANDBOX_MCP_<SECTION>__<KEY> environment variables.
     #[arg(long)]
     pub config: Option<std::path::PathBuf>,
     /// Address to listen on (overrides the config).
     #[arg(long)]
     pub listen: Option<std::net::SocketAddr>,
+    /// Allow listening on a non-loopback address without any auth configured.
+    #[arg(long)]
+    pub insecure_no_auth: bool,
 }
 
 /// Runs the gateway until SIGINT/SIGTERM.
-pub fn run_serve(_args: ServeArgs) -> anyhow::Result<()> {
-    anyhow::bail!("the gateway is not implemented yet")
+pub fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
+    let mut config = crate::config::Config::load(args.config.as_deref())?;
+    if let Some(listen) = args.listen {
+        config.server.listen = listen;
+    }
+    if args.insecure_no_auth {
+        config.server.insecure_no_auth = true;
+    }
+    crate::logging::init(config.server.log_format);
+    server::check_auth_policy(&config)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| anyhow::anyhow!("cannot start the async runtime: {e}"))?;
+    runtime.block_on(server::serve(config))
 }

@@ -1,12 +1,69 @@
 //! The embedded E2B-compatible local provider: control plane, per-sandbox
 //! isolation, and the in-sandbox envd agent.
+//!
+//! Entry points: [`start_provider`] (library, used by `serve`), [`run_provider`]
+//! (`sandbox-mcp provider`) and [`run_envd`] (`sandbox-mcp envd`, internal: the
+//! sandbox's PID 1).
+
+pub mod api;
+pub mod cgroups;
+pub mod config;
+#[path = "envd_stub.rs"]
+pub mod envd;
+pub mod list_query;
+pub mod process;
+pub mod provider;
+pub mod proxy;
+pub mod record;
+pub mod sandbox_init;
+pub mod spawn;
+
+use std::net::SocketAddr;
+use std::os::fd::FromRawFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+
+pub use config::LocalProviderConfig;
+
+pub mod envd;
 
 /// Arguments of `sandbox-mcp provider`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProviderArgs {
-    /// Address to listen on (control plane and envd data plane on one port).
+    /// Address to listen on (control plane and envd data plane on one port). Port 0 picks a free port;
+    /// the bound address is printed on stdout.
     #[arg(long, default_value = "127.0.0.1:3000")]
-    pub listen: std::net::SocketAddr,
+    pub listen: SocketAddr,
+    /// State directory (sandbox records and writable layers).
+    /// Default: /var/lib/sandbox-mcp as root, else $XDG_STATE_HOME/sandbox-mcp or ~/.local/state/sandbox-mcp.
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Required X-API-Key. Without one, any key is accepted (loopback only).
+    #[arg(long, env = "E2B_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Most sandboxes alive at once.
+    #[arg(long, default_value_t = 100)]
+    pub max_sandboxes: usize,
+    /// Per-sandbox memory limit in MiB (cgroup memory controller).
+    #[arg(long)]
+    pub memory_limit_mb: Option<u64>,
+    /// Per-sandbox process limit (cgroup pids controller).
+    #[arg(long)]
+    pub pids_limit: Option<u64>,
+    /// Lifetime of a sandbox created without a timeout, seconds.
+    #[arg(long, default_value_t = 300)]
+    pub default_timeout: u64,
+    /// Extra template: NAME=ROOT_DIR (repeatable). `base` is the host's `/`.
+    #[arg(long = "template", value_parser = parse_template)]
+    pub templates: Vec<(String, PathBuf)>,
+}
+
+fn parse_template(s: &str) -> Result<(String, PathBuf), String> {
+    let (name, root) = s.split_once('=').ok_or("expected NAME=ROOT_DIR")?;
+    Ok((name.to_owned(), PathBuf::from(root)))
 }
 
 /// Arguments of the internal `sandbox-mcp envd`.
@@ -14,15 +71,135 @@ pub struct ProviderArgs {
 pub struct EnvdArgs {
     /// The sandbox's directory on the host (holds its spec and socket).
     #[arg(long)]
-    pub sandbox_dir: std::path::PathBuf,
+    pub sandbox_dir: PathBuf,
+    /// Descriptor on which to report readiness (`ok`) or the set-up error.
+    #[arg(long)]
+    pub ready_fd: Option<i32>,
+}
+
+/// A provider serving in the background.
+pub struct RunningProvider {
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    /// The sandbox table (e.g. to kill everything on an explicit clean shutdown).
+    pub provider: Arc<provider::Provider>,
+    shutdown: tokio_util::sync::CancellationToken,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl RunningProvider {
+    /// Stops accepting requests and the reaper; sandboxes keep running (re-adopted on the next start).
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.server).await;
+    }
+}
+
+/// Starts the provider on `listener`: checks isolation is permitted, re-adopts sandboxes left by a
+/// previous run, starts the deadline reaper, and serves until [`RunningProvider::shutdown`].
+pub async fn start_provider(cfg: LocalProviderConfig, listener: tokio::net::TcpListener) -> anyhow::Result<RunningProvider> {
+    let addr = listener.local_addr().context("reading the listening address")?;
+    if cfg.api_key.is_none() && !addr.ip().is_loopback() {
+        anyhow::bail!(
+            "refusing to listen on {addr} without an API key: set --api-key or E2B_API_KEY, or listen on 127.0.0.1"
+        );
+    }
+    std::fs::create_dir_all(&cfg.state_dir)
+        .with_context(|| format!("cannot create the state directory {}", cfg.state_dir.display()))?;
+    let probe_dir = cfg.state_dir.join(format!(".probe-{}", std::process::id()));
+    tokio::task::spawn_blocking(move || spawn::probe_isolation(&probe_dir))
+        .await
+        .context("isolation probe")?
+        .map_err(anyhow::Error::msg)?;
+    let provider = Arc::new(provider::Provider::new(cfg)?);
+    provider.adopt_existing().await;
+
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let reaper_provider = provider.clone();
+    let reaper_stop = shutdown.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            tokio::select! {
+                _ = reaper_stop.cancelled() => break,
+                _ = tick.tick() => reaper_provider.reap_once().await,
+            }
+        }
+    });
+
+    let app = api::router(Arc::new(api::AppState { provider: provider.clone() }));
+    let stop = shutdown.clone();
+    let server = tokio::spawn(async move {
+        let serve = axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await });
+        if let Err(err) = serve.await {
+            tracing::error!(%err, "local provider server failed");
+        }
+    });
+    tracing::info!(%addr, "local provider listening");
+    Ok(RunningProvider { addr, provider, shutdown, server })
 }
 
 /// Runs the provider until SIGINT/SIGTERM.
-pub fn run_provider(_args: ProviderArgs) -> anyhow::Result<()> {
-    anyhow::bail!("the local provider is not implemented yet")
+pub fn run_provider(args: ProviderArgs) -> anyhow::Result<()> {
+    crate::logging::init(crate::logging::LogFormat::Auto);
+    let mut cfg = LocalProviderConfig { api_key: args.api_key.filter(|k| !k.is_empty()), ..Default::default() };
+    if let Some(dir) = args.state_dir {
+        cfg.state_dir = dir;
+    }
+    cfg.max_sandboxes = args.max_sandboxes;
+    cfg.memory_limit_mb = args.memory_limit_mb;
+    cfg.pids_limit = args.pids_limit;
+    cfg.default_timeout_secs = args.default_timeout;
+    cfg.templates.extend(args.templates);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let running = start_provider(cfg, listener).await?;
+        println!("sandbox-mcp provider listening on http://{}", running.addr);
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutting down; sandboxes keep running and are re-adopted on the next start");
+        running.shutdown().await;
+        Ok(())
+    })
 }
 
-/// Runs the in-sandbox agent.
-pub fn run_envd(_args: EnvdArgs) -> anyhow::Result<()> {
-    anyhow::bail!("envd is not implemented yet")
+/// Runs the in-sandbox agent: builds the sandbox around itself, reports readiness, then serves envd.
+pub fn run_envd(args: EnvdArgs) -> anyhow::Result<()> {
+    // SAFETY: the provider passes a pipe write end at this descriptor and nothing else owns it.
+    let mut ready = args.ready_fd.map(|fd| unsafe { std::fs::File::from_raw_fd(fd) });
+    let setup = || -> anyhow::Result<(std::os::unix::net::UnixListener, record::SandboxSpec)> {
+        let spec: record::SandboxSpec = record::read_json(&args.sandbox_dir.join(record::SPEC_FILE))?;
+        let listener = sandbox_init::enter_sandbox(&args.sandbox_dir, &spec)?;
+        listener.set_nonblocking(true).context("non-blocking socket")?;
+        Ok((listener, spec))
+    };
+    let (listener, spec) = match setup() {
+        Ok(done) => done,
+        Err(err) => {
+            if let Some(pipe) = ready.as_mut() {
+                let _ = std::io::Write::write_all(pipe, format!("{err:#}\n").as_bytes());
+            }
+            return Err(err);
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting tokio")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::UnixListener::from_std(listener).context("adopting the envd socket")?;
+        if let Some(mut pipe) = ready.take() {
+            let _ = std::io::Write::write_all(&mut pipe, b"ok\n");
+        }
+        let opts = envd::EnvdOptions {
+            sandbox_id: spec.sandbox_id.clone(),
+            env_vars: spec.env_vars.clone(),
+            default_user: "user".into(),
+            reap_orphans: true,
+        };
+        envd::serve(listener, opts).await
+    })
 }

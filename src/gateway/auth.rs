@@ -1,0 +1,142 @@
+//! Bearer-token authentication for `/mcp`: tokens map to tenants, are stored
+//! as SHA-256 hashes and compared in constant time. Also binds each new MCP
+//! session to the tenant that initialized it, and refuses a session id used
+//! by another tenant.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::sessions::SessionRegistry;
+use crate::config::TokenEntry;
+
+/// The tenant of the current request (inserted into request extensions; tools read it from `Parts`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenant(pub String);
+
+/// Tenant used when auth is off.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// Configured tokens (hashes), or none = no auth.
+#[derive(Clone)]
+pub struct TokenSet {
+    entries: Arc<Vec<(String, [u8; 32])>>,
+}
+
+impl TokenSet {
+    /// Builds the set from config entries (already validated: 64 hex chars).
+    pub fn new(entries: &[TokenEntry]) -> Self {
+        let entries = entries
+            .iter()
+            .filter_map(|e| {
+                let mut hash = [0u8; 32];
+                hex::decode_to_slice(&e.sha256, &mut hash).ok()?;
+                Some((e.tenant.clone(), hash))
+            })
+            .collect();
+        Self { entries: Arc::new(entries) }
+    }
+
+    pub fn is_enabled(&self) -> bool {
+        !self.entries.is_empty()
+    }
+
+    /// The tenant of a presented token; checks every entry so timing does not depend on which matched.
+    pub fn tenant_for(&self, token: &str) -> Option<String> {
+        let presented: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let mut found = None;
+        for (tenant, hash) in self.entries.iter() {
+            if bool::from(presented.ct_eq(hash)) && found.is_none() {
+                found = Some(tenant.clone());
+            }
+        }
+        found
+    }
+}
+
+/// Hex SHA-256 of a token (what goes into the config).
+pub fn token_hash_hex(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// State of the auth middleware.
+#[derive(Clone)]
+pub struct AuthState {
+    pub tokens: TokenSet,
+    pub sessions: Arc<SessionRegistry>,
+}
+
+fn unauthorized(error: Option<&str>, message: &'static str) -> Response {
+    let challenge = match error {
+        Some(code) => format!("Bearer realm=\"sandbox-mcp\", error=\"{code}\""),
+        None => "Bearer realm=\"sandbox-mcp\"".to_string(),
+    };
+    let mut response = (StatusCode::UNAUTHORIZED, message).into_response();
+    if let Ok(value) = HeaderValue::from_str(&challenge) {
+        response.headers_mut().insert(header::WWW_AUTHENTICATE, value);
+    }
+    response
+}
+
+/// Authenticates the request, then ties MCP sessions to tenants.
+pub async fn require_tenant(State(state): State<AuthState>, mut request: Request, next: Next) -> Response {
+    let tenant = if state.tokens.is_enabled() {
+        let Some(value) = request.headers().get(header::AUTHORIZATION) else {
+            return unauthorized(None, "missing bearer token (Authorization: Bearer <token>)\n");
+        };
+        let token = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim);
+        match token.and_then(|t| state.tokens.tenant_for(t)) {
+            Some(tenant) => tenant,
+            None => return unauthorized(Some("invalid_token"), "invalid bearer token\n"),
+        }
+    } else {
+        DEFAULT_TENANT.to_string()
+    };
+
+    let session_id = request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_string);
+    if let Some(id) = &session_id
+        && let Some(bound) = state.sessions.tenant_of(id)
+        && bound != tenant
+    {
+        // Same answer as for an unknown session: do not reveal that it exists.
+        return (StatusCode::NOT_FOUND, "session not found\n").into_response();
+    }
+
+    request.extensions_mut().insert(Tenant(tenant.clone()));
+    let response = next.run(request).await;
+    if session_id.is_none()
+        && let Some(new_id) = response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok())
+    {
+        // `initialize` created a session: it belongs to this tenant from now on.
+        let _ = state.sessions.bind_tenant(new_id, &tenant);
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_map_to_tenants_by_hash() {
+        let set = TokenSet::new(&[
+            TokenEntry { tenant: "acme".into(), sha256: token_hash_hex("s3cret-a") },
+            TokenEntry { tenant: "beta".into(), sha256: token_hash_hex("s3cret-b") },
+        ]);
+        assert!(set.is_enabled());
+        assert_eq!(set.tenant_for("s3cret-a").as_deref(), Some("acme"));
+        assert_eq!(set.tenant_for("s3cret-b").as_deref(), Some("beta"));
+        assert_eq!(set.tenant_for("s3cret-c"), None);
+        assert_eq!(set.tenant_for(""), None);
+        assert!(!TokenSet::new(&[]).is_enabled());
+    }
+}

@@ -1,0 +1,149 @@
+//! Foreground command execution: `run_command`.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use http::request::Parts;
+use rmcp::handler::server::tool::Extension;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::{tool, tool_router};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::args::{MAX_COMMAND_BYTES, RunAs, validate_envs, validate_path, validate_range};
+use super::handler::{CallContext, Gateway, ToolResult};
+use crate::e2b::{CallOptions, E2bError, OutputLimits, wire};
+
+/// Default and longest foreground timeout, seconds.
+pub const RUN_DEFAULT_TIMEOUT_SECS: u64 = 60;
+pub const RUN_MAX_TIMEOUT_SECS: u64 = 600;
+/// Output kept per stream.
+pub const RUN_OUTPUT_CAP_BYTES: usize = 64 * 1024;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunCommandArgs {
+    /// Shell command line, run as `/bin/bash -l -c COMMAND` (at most 65,536 bytes).
+    pub command: String,
+    /// Sandbox to run in; omit to use this session's default sandbox.
+    #[serde(default)]
+    pub sandbox_id: Option<String>,
+    /// Working directory (default: the user's home, /home/user).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Extra environment variables for this command.
+    #[serde(default)]
+    pub envs: Option<HashMap<String, String>>,
+    /// Seconds to wait for the command to finish (1-600, default 60). A command still running then is
+    /// killed; use start_task for longer work.
+    #[serde(default)]
+    pub timeout: Option<u64>,
+    /// "user" (default, unprivileged) or "root".
+    #[serde(default)]
+    pub user: Option<RunAs>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct RunCommandResult {
+    pub sandbox_id: String,
+    /// Exit code of the command (non-zero is a normal result, not a tool error); -1 if killed by a signal.
+    pub exit_code: i32,
+    /// Standard output (first 64 KiB, decoded as UTF-8 with invalid bytes replaced).
+    pub stdout: String,
+    /// Standard error (first 64 KiB).
+    pub stderr: String,
+    /// True if stdout was longer than 64 KiB and was cut.
+    pub stdout_truncated: bool,
+    /// True if stderr was longer than 64 KiB and was cut.
+    pub stderr_truncated: bool,
+    /// Total bytes the command wrote to stdout / stderr.
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    /// How the process ended, when not a plain exit (e.g. "signal: killed").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub duration_ms: u64,
+}
+
+#[tool_router(router = exec_router, vis = "pub(crate)")]
+impl Gateway {
+    #[tool(
+        description = "Run a shell command in a sandbox and wait for it (bash -l -c). Returns exit_code, \
+        stdout and stderr (each capped at 64 KiB, with a truncation flag). A non-zero exit code is a normal \
+        result. Timeout 1-600 s (default 60); for longer work use start_task. Runs as user 'user' unless \
+        user is 'root'. Omit sandbox_id to use the session's default sandbox."
+    )]
+    pub async fn run_command(
+        &self,
+        Parameters(args): Parameters<RunCommandArgs>,
+        Extension(parts): Extension<Parts>,
+    ) -> ToolResult<RunCommandResult> {
+        let call = self.call_context("run_command", &parts)?;
+        self.logged("run_command", &call, self.run_command_impl(&call, args)).await
+    }
+}
+
+impl Gateway {
+    async fn run_command_impl(&self, call: &CallContext, args: RunCommandArgs) -> Result<RunCommandResult, String> {
+        if args.command.trim().is_empty() {
+            return Err("command must not be empty".into());
+        }
+        if args.command.len() > MAX_COMMAND_BYTES {
+            return Err(format!(
+                "command is {} bytes long; the limit is {MAX_COMMAND_BYTES}: write a script with write_file and run it",
+                args.command.len()
+            ));
+        }
+        if args.command.contains('\0') {
+            return Err("command must not contain NUL characters".into());
+        }
+        if let Some(cwd) = &args.cwd {
+            validate_path("cwd", cwd)?;
+        }
+        let envs = args.envs.unwrap_or_default();
+        validate_envs(&envs)?;
+        let timeout = args.timeout.unwrap_or(RUN_DEFAULT_TIMEOUT_SECS);
+        validate_range("timeout", timeout, 1, RUN_MAX_TIMEOUT_SECS)?;
+        let user = args.user.unwrap_or_default();
+
+        let sandbox = self.resolve_sandbox(call, args.sandbox_id.as_deref()).await?;
+        self.renew_on_use(&sandbox.id);
+        let request = wire::StartRequest {
+            process: wire::ProcessConfig {
+                cmd: "/bin/bash".into(),
+                args: vec!["-l".into(), "-c".into(), args.command],
+                envs,
+                cwd: args.cwd,
+            },
+            stdin: Some(false),
+            ..Default::default()
+        };
+        let options = CallOptions::user(user.name()).with_timeout(Duration::from_secs(timeout));
+        let limits = OutputLimits { max_stdout: RUN_OUTPUT_CAP_BYTES, max_stderr: RUN_OUTPUT_CAP_BYTES };
+        let started = Instant::now();
+        let output = match sandbox.envd.run(&request, &options, limits).await {
+            Ok(output) => output,
+            Err(E2bError::Timeout { .. }) => {
+                return Err(format!(
+                    "the command did not finish within {timeout} s in sandbox {} and was killed; \
+                     run long work with start_task (it keeps running and can be checked with get_task), \
+                     or raise timeout (at most {RUN_MAX_TIMEOUT_SECS} s)",
+                    sandbox.id
+                ));
+            }
+            Err(err) => return Err(self.provider_error("run a command in", &sandbox.id, &err)),
+        };
+        Ok(RunCommandResult {
+            sandbox_id: sandbox.id,
+            exit_code: output.exit_code,
+            stdout: self.mask(&String::from_utf8_lossy(&output.stdout)).into_owned(),
+            stderr: self.mask(&String::from_utf8_lossy(&output.stderr)).into_owned(),
+            stdout_truncated: output.stdout_truncated,
+            stderr_truncated: output.stderr_truncated,
+            stdout_bytes: output.stdout_total,
+            stderr_bytes: output.stderr_total,
+            error: if output.exited { None } else { Some(output.status.clone()).filter(|s| !s.is_empty()) },
+            duration_ms: started.elapsed().as_millis() as u64,
+        })
+    }
+}

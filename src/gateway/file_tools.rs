@@ -1,0 +1,273 @@
+//! File tools: `read_file`, `write_file`, `list_files`.
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use bytes::Bytes;
+use http::request::Parts;
+use rmcp::handler::server::tool::Extension;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::{tool, tool_router};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::args::{RunAs, validate_path, validate_range};
+use super::handler::{CallContext, Gateway, ToolResult};
+use crate::e2b::{CallOptions, E2bError, wire};
+
+/// Largest file `read_file` returns / `write_file` accepts, bytes (decoded).
+pub const MAX_FILE_BYTES: u64 = 10 * 1024 * 1024;
+/// Deepest `list_files` recursion, and most entries returned.
+pub const MAX_LIST_DEPTH: u32 = 10;
+pub const MAX_LIST_ENTRIES: usize = 5000;
+
+/// How file content is carried in JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Encoding {
+    /// UTF-8 text.
+    Text,
+    /// Standard base64 (for binary content).
+    Base64,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReadFileArgs {
+    /// File path in the sandbox (absolute, or relative to /home/user).
+    pub path: String,
+    /// Sandbox to read from; omit to use this session's default sandbox.
+    #[serde(default)]
+    pub sandbox_id: Option<String>,
+    /// "text" or "base64". Default: text when the file is valid UTF-8, else base64.
+    #[serde(default)]
+    pub encoding: Option<Encoding>,
+    /// "user" (default) or "root".
+    #[serde(default)]
+    pub user: Option<RunAs>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ReadFileResult {
+    pub sandbox_id: String,
+    pub path: String,
+    /// How `content` is encoded: "text" or "base64".
+    pub encoding: Encoding,
+    pub content: String,
+    /// File size in bytes.
+    pub size: u64,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WriteFileArgs {
+    /// File path in the sandbox (absolute, or relative to /home/user). Parent directories are created;
+    /// an existing file is replaced.
+    pub path: String,
+    /// The content: text, or base64 when encoding is "base64" (at most 10 MiB decoded).
+    pub content: String,
+    /// "text" (default) or "base64".
+    #[serde(default)]
+    pub encoding: Option<Encoding>,
+    /// Sandbox to write to; omit to use this session's default sandbox.
+    #[serde(default)]
+    pub sandbox_id: Option<String>,
+    /// "user" (default) or "root": the file's owner.
+    #[serde(default)]
+    pub user: Option<RunAs>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct WriteFileResult {
+    pub sandbox_id: String,
+    /// The absolute path written.
+    pub path: String,
+    pub bytes_written: u64,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListFilesArgs {
+    /// Directory to list (absolute, or relative to /home/user). Default: /home/user.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// How many levels to descend (1-10, default 1 = the directory's own entries).
+    #[serde(default)]
+    pub depth: Option<u32>,
+    /// Sandbox to list in; omit to use this session's default sandbox.
+    #[serde(default)]
+    pub sandbox_id: Option<String>,
+    /// "user" (default) or "root".
+    #[serde(default)]
+    pub user: Option<RunAs>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct FileEntry {
+    pub name: String,
+    /// Absolute path.
+    pub path: String,
+    /// "file", "dir", "symlink" or "other".
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub size: i64,
+    /// Like "-rw-r--r--".
+    pub permissions: String,
+    /// RFC 3339.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub modified_time: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub symlink_target: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ListFilesResult {
+    pub sandbox_id: String,
+    pub path: String,
+    pub entries: Vec<FileEntry>,
+    /// True if there were more than 5000 entries and the list was cut.
+    pub truncated: bool,
+}
+
+#[tool_router(router = file_router, vis = "pub(crate)")]
+impl Gateway {
+    #[tool(
+        description = "Read a file from a sandbox (at most 10 MiB). Returns text when the file is UTF-8, \
+        else base64 (force either with encoding). Omit sandbox_id to use the session's default sandbox."
+    )]
+    pub async fn read_file(
+        &self,
+        Parameters(args): Parameters<ReadFileArgs>,
+        Extension(parts): Extension<Parts>,
+    ) -> ToolResult<ReadFileResult> {
+        let call = self.call_context("read_file", &parts)?;
+        self.logged("read_file", &call, self.read_file_impl(&call, args)).await
+    }
+
+    #[tool(
+        description = "Write a file in a sandbox (creating parent directories, replacing an existing file). \
+        content is text, or base64 with encoding \"base64\" (at most 10 MiB decoded). Omit sandbox_id to use \
+        the session's default sandbox."
+    )]
+    pub async fn write_file(
+        &self,
+        Parameters(args): Parameters<WriteFileArgs>,
+        Extension(parts): Extension<Parts>,
+    ) -> ToolResult<WriteFileResult> {
+        let call = self.call_context("write_file", &parts)?;
+        self.logged("write_file", &call, self.write_file_impl(&call, args)).await
+    }
+
+    #[tool(
+        description = "List a directory in a sandbox (depth 1-10, default 1; at most 5000 entries). \
+        Omit sandbox_id to use the session's default sandbox."
+    )]
+    pub async fn list_files(
+        &self,
+        Parameters(args): Parameters<ListFilesArgs>,
+        Extension(parts): Extension<Parts>,
+    ) -> ToolResult<ListFilesResult> {
+        let call = self.call_context("list_files", &parts)?;
+        self.logged("list_files", &call, self.list_files_impl(&call, args)).await
+    }
+}
+
+fn file_error(gateway: &Gateway, action: &str, path: &str, sandbox_id: &str, err: &E2bError) -> String {
+    if err.is_sandbox_gone() {
+        return gateway.provider_error(action, sandbox_id, err);
+    }
+    if err.is_not_found() {
+        return format!("{path}: no such file or directory in sandbox {sandbox_id}");
+    }
+    if let E2bError::TooLarge { limit, .. } = err {
+        return format!("{path} is larger than {limit} bytes; read a part with run_command (head, tail, split)");
+    }
+    format!("could not {action} {path} in sandbox {sandbox_id}: {err}")
+}
+
+impl Gateway {
+    async fn read_file_impl(&self, call: &CallContext, args: ReadFileArgs) -> Result<ReadFileResult, String> {
+        validate_path("path", &args.path)?;
+        let sandbox = self.resolve_sandbox(call, args.sandbox_id.as_deref()).await?;
+        self.renew_on_use(&sandbox.id);
+        let options = CallOptions::user(args.user.unwrap_or_default().name());
+        let data = sandbox
+            .envd
+            .read_file_limited(&args.path, MAX_FILE_BYTES, &options)
+            .await
+            .map_err(|e| file_error(self, "read", &args.path, &sandbox.id, &e))?;
+        let size = data.len() as u64;
+        let (encoding, content) = match (args.encoding, std::str::from_utf8(&data)) {
+            (Some(Encoding::Base64), _) | (None, Err(_)) => (Encoding::Base64, BASE64.encode(&data)),
+            (Some(Encoding::Text), Err(_)) => {
+                return Err(format!(
+                    "{} is not valid UTF-8 text; read it with encoding \"base64\"",
+                    args.path
+                ));
+            }
+            (_, Ok(text)) => (Encoding::Text, self.mask(text).into_owned()),
+        };
+        Ok(ReadFileResult { sandbox_id: sandbox.id, path: args.path, encoding, content, size })
+    }
+
+    async fn write_file_impl(&self, call: &CallContext, args: WriteFileArgs) -> Result<WriteFileResult, String> {
+        validate_path("path", &args.path)?;
+        let data = match args.encoding.unwrap_or(Encoding::Text) {
+            Encoding::Text => Bytes::from(args.content.into_bytes()),
+            Encoding::Base64 => Bytes::from(
+                BASE64
+                    .decode(args.content.trim())
+                    .map_err(|e| format!("content is not valid base64 ({e}); send standard base64 or use encoding \"text\""))?,
+            ),
+        };
+        if data.len() as u64 > MAX_FILE_BYTES {
+            return Err(format!("content is {} bytes; the limit is {MAX_FILE_BYTES}", data.len()));
+        }
+        let sandbox = self.resolve_sandbox(call, args.sandbox_id.as_deref()).await?;
+        self.renew_on_use(&sandbox.id);
+        let size = data.len() as u64;
+        let options = CallOptions::user(args.user.unwrap_or_default().name());
+        let written = sandbox
+            .envd
+            .write_file(&args.path, data, &options)
+            .await
+            .map_err(|e| file_error(self, "write", &args.path, &sandbox.id, &e))?;
+        Ok(WriteFileResult { sandbox_id: sandbox.id, path: written.path, bytes_written: size })
+    }
+
+    async fn list_files_impl(&self, call: &CallContext, args: ListFilesArgs) -> Result<ListFilesResult, String> {
+        let path = args.path.unwrap_or_else(|| "/home/user".to_string());
+        validate_path("path", &path)?;
+        let depth = args.depth.unwrap_or(1);
+        validate_range("depth", u64::from(depth), 1, u64::from(MAX_LIST_DEPTH))?;
+        let sandbox = self.resolve_sandbox(call, args.sandbox_id.as_deref()).await?;
+        self.renew_on_use(&sandbox.id);
+        let options = CallOptions::user(args.user.unwrap_or_default().name());
+        let mut entries = sandbox
+            .envd
+            .list_dir(&path, depth, &options)
+            .await
+            .map_err(|e| file_error(self, "list", &path, &sandbox.id, &e))?;
+        let truncated = entries.len() > MAX_LIST_ENTRIES;
+        entries.truncate(MAX_LIST_ENTRIES);
+        let entries = entries
+            .into_iter()
+            .map(|e| FileEntry {
+                kind: match e.file_type.as_str() {
+                    wire::FILE_TYPE_FILE => "file",
+                    wire::FILE_TYPE_DIRECTORY => "dir",
+                    wire::FILE_TYPE_SYMLINK => "symlink",
+                    _ if e.is_symlink => "symlink",
+                    _ => "other",
+                }
+                .to_string(),
+                name: e.name,
+                path: e.path,
+                size: e.size,
+                permissions: e.permissions,
+                modified_time: e.modified_time,
+                symlink_target: e.symlink_target,
+            })
+            .collect();
+        Ok(ListFilesResult { sandbox_id: sandbox.id, path, entries, truncated })
+    }
+}

@@ -1,0 +1,80 @@
+//! Connects the gateway to its sandbox provider: E2B (cloud, self-hosted, or
+//! a separate `sandbox-mcp provider`) or the embedded local provider, which
+//! `serve` starts on a private 127.0.0.1 port with a random per-process API
+//! key and then talks to over HTTP exactly as to E2B.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use rand::RngCore;
+
+use crate::config::{Config, ProviderKind};
+use crate::e2b::{E2bClient, ProviderEndpoint};
+use crate::local::{LocalProviderConfig, RunningProvider};
+
+/// The provider client, the API key (to mask it), and the embedded provider if we started one.
+pub struct ProviderConnection {
+    pub client: E2bClient,
+    pub api_key: Option<String>,
+    pub embedded: Option<RunningProvider>,
+}
+
+/// Builds the provider client; starts the embedded provider for `kind = "local"`.
+pub async fn connect(config: &Config) -> anyhow::Result<ProviderConnection> {
+    let timeout = Duration::from_secs(config.provider.request_timeout_secs);
+    match config.provider.kind {
+        ProviderKind::E2b => {
+            let api_key = std::env::var(&config.provider.api_key_env).ok().filter(|k| !k.is_empty());
+            if api_key.is_none() {
+                tracing::warn!(env = %config.provider.api_key_env, "no provider API key in the environment; requests go unauthenticated");
+            }
+            let api_url = url::Url::parse(&config.provider.api_url).context("provider.api_url")?;
+            let sandbox_url = match config.provider.sandbox_url.as_str() {
+                "" => None,
+                url => Some(url::Url::parse(url).context("provider.sandbox_url")?),
+            };
+            let endpoint = ProviderEndpoint {
+                api_url,
+                sandbox_url,
+                domain: config.provider.domain.clone(),
+                api_key: api_key.clone(),
+                request_timeout: timeout,
+            };
+            let client = E2bClient::new(endpoint).context("building the provider client")?;
+            Ok(ProviderConnection { client, api_key, embedded: None })
+        }
+        ProviderKind::Local => {
+            let mut key_bytes = [0u8; 24];
+            rand::rng().fill_bytes(&mut key_bytes);
+            let api_key = format!("local_{}", hex::encode(key_bytes));
+            let local = &config.local;
+            let provider_config = LocalProviderConfig {
+                state_dir: local.resolved_state_dir(),
+                api_key: Some(api_key.clone()),
+                max_sandboxes: local.max_sandboxes as usize,
+                memory_limit_mb: (local.memory_limit_mb > 0).then_some(local.memory_limit_mb),
+                pids_limit: (local.pids_limit > 0).then_some(local.pids_limit),
+                default_timeout_secs: config.sandbox.default_timeout_secs,
+                max_timeout_secs: config.sandbox.max_timeout_secs,
+                ..LocalProviderConfig::default()
+            };
+            let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+                .await
+                .context("binding a loopback port for the embedded provider")?;
+            let running = crate::local::start_provider(provider_config, listener)
+                .await
+                .context("starting the embedded local provider (provider.kind = \"local\")")?;
+            let origin = url::Url::parse(&format!("http://{}", running.addr)).context("embedded provider URL")?;
+            tracing::info!(addr = %running.addr, "embedded local provider started");
+            let endpoint = ProviderEndpoint {
+                api_url: origin.clone(),
+                sandbox_url: Some(origin),
+                domain: "localhost".into(),
+                api_key: Some(api_key.clone()),
+                request_timeout: timeout,
+            };
+            let client = E2bClient::new(endpoint).context("building the provider client")?;
+            Ok(ProviderConnection { client, api_key: Some(api_key), embedded: Some(running) })
+        }
+    }
+}

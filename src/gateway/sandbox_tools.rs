@@ -1,0 +1,274 @@
+//! Sandbox lifecycle tools: `create_sandbox`, `connect_sandbox`,
+//! `kill_sandbox`, `list_sandboxes`.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use http::request::Parts;
+use rmcp::handler::server::tool::Extension;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::{tool, tool_router};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::args::{validate_envs, validate_metadata, validate_range, validate_template};
+use super::handler::{
+    CallContext, Gateway, META_DEPLOYMENT, META_RESERVED_PREFIX, META_SESSION, META_TENANT, ToolResult,
+    not_found_message, validate_sandbox_id,
+};
+use crate::e2b::wire;
+
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandboxArgs {
+    /// Template to start from. Default "base" (a stock Linux with python3).
+    #[serde(default)]
+    pub template: Option<String>,
+    /// Lifetime in seconds before the sandbox is destroyed automatically (default from the server
+    /// config, usually 600; the maximum is the server's sandbox.max_timeout_secs). Using the sandbox
+    /// with run_command or the file tools extends it.
+    #[serde(default)]
+    pub timeout: Option<u64>,
+    /// Environment variables set for every command in the sandbox.
+    #[serde(default)]
+    pub envs: Option<HashMap<String, String>>,
+    /// Your own key/value labels (at most 32; keys starting with "sandbox_mcp_" are reserved).
+    #[serde(default)]
+    pub metadata: Option<HashMap<String, String>>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct CreateSandboxResult {
+    /// Id of the new sandbox; it is now this session's default sandbox.
+    pub sandbox_id: String,
+    pub template: String,
+    /// Seconds until it is destroyed unless used or extended.
+    pub timeout_secs: u64,
+    /// Always true: this session owns the sandbox, which is killed when the session ends.
+    pub owned: bool,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxIdArgs {
+    /// Id of the sandbox (from create_sandbox or list_sandboxes).
+    pub sandbox_id: String,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ConnectSandboxResult {
+    /// The sandbox, now this session's default sandbox.
+    pub sandbox_id: String,
+    pub template: String,
+    /// "running" (a paused sandbox is resumed).
+    pub state: String,
+    /// When it will be destroyed unless used or extended (RFC 3339).
+    pub end_at: String,
+    /// Whether this session owns it (only sandboxes it created); connected sandboxes survive the session.
+    pub owned: bool,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct KillSandboxResult {
+    pub sandbox_id: String,
+    /// True if the sandbox was running and has been destroyed; false if it was already gone.
+    pub killed: bool,
+}
+
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListSandboxesArgs {}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SandboxSummary {
+    pub sandbox_id: String,
+    pub template: String,
+    /// "running" or "paused".
+    pub state: String,
+    /// RFC 3339.
+    pub started_at: String,
+    /// RFC 3339: when it will be destroyed unless used or extended.
+    pub end_at: String,
+    /// Your own metadata (the gateway's sandbox_mcp_* keys removed).
+    pub metadata: HashMap<String, String>,
+    /// What this session thinks of it: any of "default", "owned" (killed when the session ends),
+    /// "retained" (a task was started in it: kept when the session ends).
+    pub session_roles: Vec<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ListSandboxesResult {
+    /// Your tenant's sandboxes.
+    pub sandboxes: Vec<SandboxSummary>,
+    /// This session's default sandbox, if any.
+    pub default_sandbox: Option<String>,
+}
+
+#[tool_router(router = sandbox_router, vis = "pub(crate)")]
+impl Gateway {
+    #[tool(
+        description = "Create a new Linux sandbox. It becomes this session's default sandbox (tools that \
+        omit sandbox_id use it) and is owned by this session: it is killed when the MCP session ends, \
+        unless a task was started in it. Returns its sandbox_id."
+    )]
+    pub async fn create_sandbox(
+        &self,
+        Parameters(args): Parameters<CreateSandboxArgs>,
+        Extension(parts): Extension<Parts>,
+    ) -> ToolResult<CreateSandboxResult> {
+        let call = self.call_context("create_sandbox", &parts)?;
+        self.logged("create_sandbox", &call, self.create_sandbox_impl(&call, args)).await
+    }
+
+    #[tool(
+        description = "Connect to an existing sandbox of yours (resuming it if paused) and make it this \
+        session's default sandbox. The session does not own it: it is not killed when the session ends."
+    )]
+    pub async fn connect_sandbox(
+        &self,
+        Parameters(args): Parameters<SandboxIdArgs>,
+        Extension(parts): Extension<Parts>,
+    ) -> ToolResult<ConnectSandboxResult> {
+        let call = self.call_context("connect_sandbox", &parts)?;
+        self.logged("connect_sandbox", &call, self.connect_sandbox_impl(&call, args)).await
+    }
+
+    #[tool(description = "Destroy a sandbox of yours now: every process in it stops and its files are lost. \
+        sandbox_id is required.")]
+    pub async fn kill_sandbox(
+        &self,
+        Parameters(args): Parameters<SandboxIdArgs>,
+        Extension(parts): Extension<Parts>,
+    ) -> ToolResult<KillSandboxResult> {
+        let call = self.call_context("kill_sandbox", &parts)?;
+        self.logged("kill_sandbox", &call, self.kill_sandbox_impl(&call, args)).await
+    }
+
+    #[tool(
+        description = "List your sandboxes (running or paused), with what this session thinks of each: \
+        default, owned (killed when this session ends) or retained (kept: a task runs in it)."
+    )]
+    pub async fn list_sandboxes(
+        &self,
+        Parameters(_args): Parameters<ListSandboxesArgs>,
+        Extension(parts): Extension<Parts>,
+    ) -> ToolResult<ListSandboxesResult> {
+        let call = self.call_context("list_sandboxes", &parts)?;
+        self.logged("list_sandboxes", &call, self.list_sandboxes_impl(&call)).await
+    }
+}
+
+impl Gateway {
+    async fn create_sandbox_impl(&self, call: &CallContext, args: CreateSandboxArgs) -> Result<CreateSandboxResult, String> {
+        let cfg = &self.core.config.sandbox;
+        let template = args.template.unwrap_or_else(|| cfg.default_template.clone());
+        validate_template(&template)?;
+        let timeout = args.timeout.unwrap_or(cfg.default_timeout_secs);
+        validate_range("timeout", timeout, 1, cfg.max_timeout_secs)?;
+        let envs = args.envs.unwrap_or_default();
+        validate_envs(&envs)?;
+        let mut metadata = args.metadata.unwrap_or_default();
+        validate_metadata(&metadata, META_RESERVED_PREFIX)?;
+        metadata.insert(META_TENANT.into(), call.tenant.clone());
+        metadata.insert(META_SESSION.into(), call.session_id.clone());
+        metadata.insert(META_DEPLOYMENT.into(), self.core.config.provider.deployment.clone());
+
+        let request = wire::NewSandbox {
+            template_id: template.clone(),
+            timeout: Some(timeout),
+            metadata: Some(metadata),
+            env_vars: (!envs.is_empty()).then_some(envs),
+            ..Default::default()
+        };
+        let sandbox = self.core.provider.create_sandbox(&request).await.map_err(|err| {
+            if err.is_transient() {
+                format!("could not create a sandbox: the sandbox provider is unreachable or busy ({err}); try again in a few seconds")
+            } else {
+                format!("could not create a sandbox from template {template:?}: {err}")
+            }
+        })?;
+        let id = sandbox.sandbox_id.clone();
+        call.set_sandbox(&id);
+        self.core.note_deadline(&id, SystemTime::now() + Duration::from_secs(timeout));
+        let recorded = self.core.sessions.with_session(&call.session_id, &call.tenant, |s| {
+            s.owned.insert(id.clone());
+            s.default_sandbox = Some(id.clone());
+            s.verified.insert(id.clone(), sandbox.clone());
+        });
+        if recorded.is_err() {
+            // The session ended while we were creating: nobody owns the sandbox any more.
+            tracing::info!(session = %call.session_id, sandbox = %id, "session ended during create_sandbox; killing the new sandbox");
+            let _ = self.core.kill_and_forget(&id).await;
+            return Err("this MCP session ended while the sandbox was being created; it has been destroyed".into());
+        }
+        Ok(CreateSandboxResult { sandbox_id: id, template, timeout_secs: timeout, owned: true })
+    }
+
+    async fn connect_sandbox_impl(&self, call: &CallContext, args: SandboxIdArgs) -> Result<ConnectSandboxResult, String> {
+        validate_sandbox_id(&args.sandbox_id)?;
+        let id = args.sandbox_id;
+        call.set_sandbox(&id);
+        let detail = self.check_owner(call, &id).await?;
+        let sandbox = self.core.provider.connect_sandbox(&id, None).await.map_err(|e| self.provider_error("connect to", &id, &e))?;
+        let owned = self
+            .core
+            .sessions
+            .with_session(&call.session_id, &call.tenant, |s| {
+                s.default_sandbox = Some(id.clone());
+                s.verified.insert(id.clone(), sandbox.clone());
+                s.owned.contains(&id)
+            })
+            .map_err(|e| e.to_string())?;
+        // connect may have resumed it and moved its deadline: read the fresh one (best effort).
+        let end_at = match self.core.provider.get_sandbox(&id).await {
+            Ok(fresh) => fresh.end_at,
+            Err(_) => detail.end_at,
+        };
+        Ok(ConnectSandboxResult { sandbox_id: id, template: detail.template_id, state: "running".into(), end_at, owned })
+    }
+
+    async fn kill_sandbox_impl(&self, call: &CallContext, args: SandboxIdArgs) -> Result<KillSandboxResult, String> {
+        validate_sandbox_id(&args.sandbox_id)?;
+        let id = args.sandbox_id;
+        call.set_sandbox(&id);
+        self.check_owner(call, &id).await?;
+        match self.core.kill_and_forget(&id).await {
+            Ok(killed) => Ok(KillSandboxResult { sandbox_id: id, killed }),
+            Err(err) if err.is_sandbox_gone() => {
+                self.provider_error("kill", &id, &err);
+                Err(not_found_message(&id))
+            }
+            Err(err) => Err(self.provider_error("kill", &id, &err)),
+        }
+    }
+
+    async fn list_sandboxes_impl(&self, call: &CallContext) -> Result<ListSandboxesResult, String> {
+        let filter = vec![
+            (META_TENANT.to_string(), call.tenant.clone()),
+            (META_DEPLOYMENT.to_string(), self.core.config.provider.deployment.clone()),
+        ];
+        let details = self.core.provider.list_all_sandboxes(&filter).await.map_err(|err| {
+            if err.is_transient() {
+                format!("could not list sandboxes: the sandbox provider is unreachable or busy ({err}); try again in a few seconds")
+            } else {
+                format!("could not list sandboxes: {err}")
+            }
+        })?;
+        let state = self.core.sessions.snapshot(&call.session_id).ok_or("this MCP session has ended; start a new one")?;
+        let sandboxes = details
+            .into_iter()
+            // Belt and braces: never show another tenant's sandbox even if a provider ignores the filter.
+            .filter(|d| d.metadata.get(META_TENANT) == Some(&call.tenant))
+            .map(|d| SandboxSummary {
+                session_roles: state.roles_of(&d.sandbox_id).into_iter().map(String::from).collect(),
+                metadata: d.metadata.into_iter().filter(|(k, _)| !k.starts_with(META_RESERVED_PREFIX)).collect(),
+                sandbox_id: d.sandbox_id,
+                template: d.template_id,
+                state: d.state.as_str().to_string(),
+                started_at: d.started_at,
+                end_at: d.end_at,
+            })
+            .collect();
+        Ok(ListSandboxesResult { sandboxes, default_sandbox: state.default_sandbox })
+    }
+}

@@ -1,0 +1,192 @@
+//! The HTTP server: `/mcp` (rmcp streamable HTTP behind bearer auth),
+//! `/healthz`, `/readyz`, and the graceful shutdown sequence (readiness
+//! fails, in-flight calls finish within the grace period, sessions end and
+//! their owned sandboxes are killed, then the listener closes).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio_util::sync::CancellationToken;
+
+use super::auth::{AuthState, TokenSet, require_tenant};
+use super::handler::{Gateway, GatewayCore};
+use super::masking::SecretMasker;
+use super::provider;
+use super::sessions::{SessionEndHook, SessionRegistry, TrackingSessionManager};
+use crate::config::Config;
+
+/// Bound on the provider health check behind `/readyz`.
+const READY_CHECK_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Refuses a non-loopback listener without auth unless explicitly allowed.
+pub fn check_auth_policy(config: &Config) -> anyhow::Result<()> {
+    let listen = config.server.listen;
+    if !config.has_auth() && !listen.ip().is_loopback() {
+        if config.server.insecure_no_auth {
+            tracing::warn!(%listen, "listening on a non-loopback address WITHOUT authentication (--insecure-no-auth)");
+        } else {
+            anyhow::bail!(
+                "refusing to listen on {listen} without authentication: configure [auth] tokens \
+                 (or SANDBOX_MCP_TOKENS), listen on 127.0.0.1, or pass --insecure-no-auth"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Runs the gateway until SIGTERM/SIGINT.
+pub async fn serve(config: Config) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(config.server.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.server.listen))?;
+    let stop = CancellationToken::new();
+    let signal_stop = stop.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        signal_stop.cancel();
+    });
+    serve_on(config, listener, stop).await
+}
+
+/// Runs the gateway on `listener` until `stop` is cancelled.
+pub async fn serve_on(config: Config, listener: tokio::net::TcpListener, stop: CancellationToken) -> anyhow::Result<()> {
+    let config = Arc::new(config);
+    let connection = provider::connect(&config).await?;
+    let secrets = config.tasks.secrets.iter().cloned().chain(connection.api_key.clone());
+    let (masker, too_short) = SecretMasker::new(secrets);
+    if too_short > 0 {
+        tracing::warn!(count = too_short, "some tasks.secrets are shorter than 6 characters and are not masked");
+    }
+    let sessions = SessionRegistry::new();
+    let core = Arc::new(GatewayCore::new(Arc::clone(&config), connection.client, Arc::clone(&sessions), masker));
+
+    let mut local_sessions = LocalSessionManager::default();
+    local_sessions.session_config.keep_alive = Some(Duration::from_secs(config.server.session_idle_timeout_secs));
+    let hook: Arc<dyn SessionEndHook> = core.clone();
+    let manager = Arc::new(TrackingSessionManager::new(local_sessions, Arc::clone(&sessions), hook));
+
+    let sessions_stop = CancellationToken::new();
+    let mut http_config = StreamableHttpServerConfig::default()
+        .with_allowed_origins(config.server.allowed_origins.clone())
+        .enforce_origin_validation()
+        .with_sse_keep_alive(Some(Duration::from_secs(config.server.sse_keep_alive_secs.max(1))))
+        .with_max_request_body_bytes(config.server.max_body_bytes)
+        .with_cancellation_token(sessions_stop.clone());
+    http_config = if config.server.allowed_hosts.is_empty() {
+        tracing::warn!("server.allowed_hosts is empty: Host checking (DNS-rebinding protection) is OFF");
+        http_config.disable_allowed_hosts()
+    } else {
+        http_config.with_allowed_hosts(config.server.allowed_hosts.clone())
+    };
+
+    let router = Arc::new(Gateway::tool_router());
+    let factory_core = Arc::clone(&core);
+    let service = StreamableHttpService::new(
+        move || Ok(Gateway::new(Arc::clone(&factory_core), Arc::clone(&router))),
+        manager,
+        http_config,
+    );
+    let auth = AuthState { tokens: TokenSet::new(&config.auth.tokens), sessions: Arc::clone(&sessions) };
+    let mcp = Router::new()
+        .nest_service("/mcp", service)
+        .layer(axum::middleware::from_fn_with_state(auth, require_tenant));
+    let app = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(Arc::clone(&core))
+        .merge(mcp);
+
+    let addr: SocketAddr = listener.local_addr().context("reading the listening address")?;
+    tracing::info!(%addr, auth = config.has_auth(), provider = ?config.provider.kind, "sandbox-mcp gateway listening (MCP on /mcp)");
+    let http_stop = CancellationToken::new();
+    let http_stop_signal = http_stop.clone();
+    let mut server = tokio::spawn(async move {
+        axum::serve(listener, app).with_graceful_shutdown(http_stop_signal.cancelled_owned()).await
+    });
+
+    tokio::select! {
+        _ = stop.cancelled() => {}
+        result = &mut server => {
+            // The server ended by itself: report why after cleaning up.
+            core.shutting_down.store(true, Ordering::SeqCst);
+            core.end_all_sessions(&core, Duration::from_secs(config.server.shutdown_grace_secs)).await;
+            if let Some(embedded) = connection.embedded { embedded.shutdown().await; }
+            return match result {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(err)) => Err(err).context("HTTP server failed"),
+                Err(err) => Err(err).context("HTTP server task failed"),
+            };
+        }
+    }
+
+    let grace = Duration::from_secs(config.server.shutdown_grace_secs);
+    core.shutting_down.store(true, Ordering::SeqCst);
+    tracing::info!(in_flight = core.in_flight.current(), grace_secs = grace.as_secs(), "shutting down: readiness off, waiting for in-flight calls");
+    let left = core.in_flight.wait_idle(grace).await;
+    if left > 0 {
+        tracing::warn!(in_flight = left, "grace period over; ending sessions with calls still running");
+    }
+    sessions_stop.cancel();
+    core.end_all_sessions(&core, grace).await;
+    http_stop.cancel();
+    match tokio::time::timeout(Duration::from_secs(5), &mut server).await {
+        Ok(_) => {}
+        Err(_) => {
+            tracing::warn!("open connections did not close within 5 s; closing them");
+            server.abort();
+        }
+    }
+    if let Some(embedded) = connection.embedded {
+        embedded.shutdown().await;
+    }
+    tracing::info!("sandbox-mcp gateway stopped");
+    Ok(())
+}
+
+async fn healthz() -> impl IntoResponse {
+    (StatusCode::OK, "ok\n")
+}
+
+async fn readyz(State(core): State<Arc<GatewayCore>>) -> impl IntoResponse {
+    if core.shutting_down.load(Ordering::SeqCst) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n".to_string());
+    }
+    match tokio::time::timeout(READY_CHECK_TIMEOUT, core.provider.health()).await {
+        Ok(Ok(())) => (StatusCode::OK, "ready\n".to_string()),
+        Ok(Err(err)) => (StatusCode::SERVICE_UNAVAILABLE, format!("provider unreachable: {}\n", core.masker.mask(&err.to_string()))),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "provider health check timed out\n".to_string()),
+    }
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => tracing::info!("SIGINT received"),
+                    _ = term.recv() => tracing::info!("SIGTERM received"),
+                }
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot watch SIGTERM; only SIGINT stops the gateway");
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

@@ -1,0 +1,317 @@
+//! MCP session state (default sandbox, owned set, retained set) and the
+//! session-manager wrapper that learns when a session ends.
+//!
+//! `TrackingSessionManager` delegates everything to rmcp's
+//! `LocalSessionManager`; its `create_session` registers a `SessionState` and
+//! its `close_session` (which rmcp calls on DELETE *and* when the session
+//! worker exits: idle expiry, shutdown) hands the state, exactly once, to the
+//! `SessionEndHook` that kills owned, unretained sandboxes.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use futures_util::Stream;
+use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::session::{ServerSseMessage, SessionId, SessionManager};
+
+use crate::e2b::wire;
+
+/// What one MCP session knows about sandboxes.
+#[derive(Debug, Clone)]
+pub struct SessionState {
+    /// Tenant bound at `initialize` (None until the HTTP layer has bound it).
+    pub tenant: Option<String>,
+    /// The sandbox used when a tool omits `sandbox_id`.
+    pub default_sandbox: Option<String>,
+    /// Sandboxes this session created (killed when it ends, unless retained).
+    pub owned: BTreeSet<String>,
+    /// Sandboxes in which this session started a task (never killed on session end).
+    pub retained: BTreeSet<String>,
+    /// Sandboxes already checked to belong to the tenant, with their connection info
+    /// (saves a provider round trip per call).
+    pub verified: HashMap<String, wire::Sandbox>,
+    pub created_at: Instant,
+}
+
+impl SessionState {
+    fn new() -> Self {
+        Self {
+            tenant: None,
+            default_sandbox: None,
+            owned: BTreeSet::new(),
+            retained: BTreeSet::new(),
+            verified: HashMap::new(),
+            created_at: Instant::now(),
+        }
+    }
+
+    /// What this session thinks of a sandbox: any of `default`, `owned`, `retained`.
+    pub fn roles_of(&self, sandbox_id: &str) -> Vec<&'static str> {
+        let mut roles = Vec::new();
+        if self.default_sandbox.as_deref() == Some(sandbox_id) {
+            roles.push("default");
+        }
+        if self.owned.contains(sandbox_id) {
+            roles.push("owned");
+        }
+        if self.retained.contains(sandbox_id) {
+            roles.push("retained");
+        }
+        roles
+    }
+
+    /// Forgets a sandbox that no longer exists (killed).
+    pub fn forget(&mut self, sandbox_id: &str) {
+        if self.default_sandbox.as_deref() == Some(sandbox_id) {
+            self.default_sandbox = None;
+        }
+        self.owned.remove(sandbox_id);
+        self.retained.remove(sandbox_id);
+        self.verified.remove(sandbox_id);
+    }
+}
+
+/// Why a session ended (for the logs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndReason {
+    /// DELETE from the client, idle expiry, or transport end (rmcp does not tell them apart).
+    Closed,
+    /// Server shutdown.
+    Shutdown,
+}
+
+impl EndReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndReason::Closed => "closed",
+            EndReason::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// Called once per ended session, with its final state.
+pub trait SessionEndHook: Send + Sync + 'static {
+    fn session_ended(&self, session_id: String, state: SessionState, reason: EndReason);
+}
+
+/// Errors of session-state operations.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionError {
+    #[error("this MCP session has ended or is unknown; start a new session (initialize)")]
+    Unknown,
+    #[error("this MCP session belongs to another tenant")]
+    WrongTenant,
+}
+
+/// All live sessions, shared by the session manager and the tool handler.
+#[derive(Default)]
+pub struct SessionRegistry {
+    sessions: Mutex<HashMap<String, SessionState>>,
+}
+
+impl SessionRegistry {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, SessionState>> {
+        // A panic while holding the lock cannot leave the map half-updated (single inserts/removes).
+        self.sessions.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Registers a new session (tenant not yet known).
+    pub fn register(&self, session_id: &str) {
+        self.lock().entry(session_id.to_string()).or_insert_with(SessionState::new);
+    }
+
+    /// Binds the tenant of a session the first time; later binds must match.
+    pub fn bind_tenant(&self, session_id: &str, tenant: &str) -> Result<(), SessionError> {
+        let mut sessions = self.lock();
+        let state = sessions.get_mut(session_id).ok_or(SessionError::Unknown)?;
+        match &state.tenant {
+            None => {
+                state.tenant = Some(tenant.to_string());
+                Ok(())
+            }
+            Some(bound) if bound == tenant => Ok(()),
+            Some(_) => Err(SessionError::WrongTenant),
+        }
+    }
+
+    /// The tenant a session is bound to (None if unknown session or not bound yet).
+    pub fn tenant_of(&self, session_id: &str) -> Option<String> {
+        self.lock().get(session_id).and_then(|s| s.tenant.clone())
+    }
+
+    /// Runs `f` on the state of a session of `tenant`; binds the tenant if the session has none yet.
+    pub fn with_session<R>(
+        &self,
+        session_id: &str,
+        tenant: &str,
+        f: impl FnOnce(&mut SessionState) -> R,
+    ) -> Result<R, SessionError> {
+        let mut sessions = self.lock();
+        let state = sessions.get_mut(session_id).ok_or(SessionError::Unknown)?;
+        match &state.tenant {
+            Some(bound) if bound != tenant => return Err(SessionError::WrongTenant),
+            Some(_) => {}
+            None => state.tenant = Some(tenant.to_string()),
+        }
+        Ok(f(state))
+    }
+
+    /// A copy of a session's state.
+    pub fn snapshot(&self, session_id: &str) -> Option<SessionState> {
+        self.lock().get(session_id).cloned()
+    }
+
+    /// Marks a sandbox as retained by a session: it survives the session's end.
+    pub fn retain(&self, session_id: &str, sandbox_id: &str) -> Result<(), SessionError> {
+        let mut sessions = self.lock();
+        let state = sessions.get_mut(session_id).ok_or(SessionError::Unknown)?;
+        state.retained.insert(sandbox_id.to_string());
+        Ok(())
+    }
+
+    /// Forgets a killed sandbox in every session (another session of the tenant may have killed it).
+    pub fn forget_everywhere(&self, sandbox_id: &str) {
+        for state in self.lock().values_mut() {
+            state.forget(sandbox_id);
+        }
+    }
+
+    /// Removes a session; returns its state only the first time (makes cleanup idempotent).
+    pub fn take(&self, session_id: &str) -> Option<SessionState> {
+        self.lock().remove(session_id)
+    }
+
+    /// Removes every session (server shutdown).
+    pub fn take_all(&self) -> Vec<(String, SessionState)> {
+        self.lock().drain().collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// `LocalSessionManager` plus session-state bookkeeping.
+pub struct TrackingSessionManager {
+    inner: LocalSessionManager,
+    registry: Arc<SessionRegistry>,
+    hook: Arc<dyn SessionEndHook>,
+}
+
+impl TrackingSessionManager {
+    pub fn new(inner: LocalSessionManager, registry: Arc<SessionRegistry>, hook: Arc<dyn SessionEndHook>) -> Self {
+        Self { inner, registry, hook }
+    }
+
+    /// Ends the session's bookkeeping (idempotent) and runs the end hook once.
+    pub fn end_session(&self, session_id: &str, reason: EndReason) {
+        if let Some(state) = self.registry.take(session_id) {
+            self.hook.session_ended(session_id.to_string(), state, reason);
+        }
+    }
+}
+
+impl SessionManager for TrackingSessionManager {
+    type Error = <LocalSessionManager as SessionManager>::Error;
+    type Transport = <LocalSessionManager as SessionManager>::Transport;
+
+    async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
+        let (id, transport) = self.inner.create_session().await?;
+        self.registry.register(&id);
+        tracing::debug!(session = %id, "session created");
+        Ok((id, transport))
+    }
+
+    async fn initialize_session(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<ServerJsonRpcMessage, Self::Error> {
+        self.inner.initialize_session(id, message).await
+    }
+
+    async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
+        self.inner.has_session(id).await
+    }
+
+    async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
+        let result = self.inner.close_session(id).await;
+        self.end_session(id, EndReason::Closed);
+        result
+    }
+
+    async fn create_stream(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.inner.create_stream(id, message).await
+    }
+
+    async fn accept_message(&self, id: &SessionId, message: ClientJsonRpcMessage) -> Result<(), Self::Error> {
+        self.inner.accept_message(id, message).await
+    }
+
+    async fn create_standalone_stream(
+        &self,
+        id: &SessionId,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.inner.create_standalone_stream(id).await
+    }
+
+    async fn resume(
+        &self,
+        id: &SessionId,
+        last_event_id: String,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.inner.resume(id, last_event_id).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Default)]
+    struct RecordingHook(Mutex<Vec<(String, SessionState)>>);
+
+    impl SessionEndHook for RecordingHook {
+        fn session_ended(&self, session_id: String, state: SessionState, _reason: EndReason) {
+            self.0.lock().unwrap().push((session_id, state));
+        }
+    }
+
+    #[test]
+    fn retain_survives_and_cleanup_runs_once() {
+        let registry = SessionRegistry::new();
+        let hook = Arc::new(RecordingHook::default());
+        let manager = TrackingSessionManager::new(LocalSessionManager::default(), registry.clone(), hook.clone());
+        registry.register("s1");
+        registry
+            .with_session("s1", "acme", |s| {
+                s.owned.insert("sbx-a".into());
+                s.owned.insert("sbx-b".into());
+                s.default_sandbox = Some("sbx-b".into());
+            })
+            .unwrap();
+        registry.retain("s1", "sbx-a").unwrap();
+        assert_eq!(registry.snapshot("s1").unwrap().roles_of("sbx-a"), vec!["owned", "retained"]);
+        assert_eq!(registry.with_session("s1", "other", |_| ()), Err(SessionError::WrongTenant));
+        manager.end_session("s1", EndReason::Closed);
+        manager.end_session("s1", EndReason::Closed);
+        let ended = hook.0.lock().unwrap();
+        assert_eq!(ended.len(), 1, "cleanup must run exactly once");
+        assert!(ended[0].1.retained.contains("sbx-a"));
+        assert_eq!(registry.retain("s1", "sbx-a"), Err(SessionError::Unknown));
+    }
+}

@@ -1,0 +1,298 @@
+//! The E2B-compatible control plane over HTTP (CONTRACT.md §3): routes, API
+//! key check, JSON bodies with size limits, `{code, message}` errors, and the
+//! switch that sends `E2b-Sandbox-Id` traffic to the data-plane proxy.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use http::{HeaderValue, StatusCode};
+use http_body_util::BodyExt;
+use serde::de::DeserializeOwned;
+use subtle::ConstantTimeEq;
+
+use super::provider::{CreateParams, Provider, ProviderError};
+use super::record::{SandboxRecord, rfc3339_ms};
+use crate::e2b::wire::{
+    self, ConnectSandbox, HEADER_API_KEY, HEADER_NEXT_TOKEN, HEADER_SANDBOX_ID, NewSandbox, SandboxDetail, SandboxState,
+    SetTimeout,
+};
+
+/// Shared state of the HTTP layer.
+pub struct AppState {
+    pub provider: Arc<Provider>,
+}
+
+/// A control-plane error response: `{"code": <status>, "message": "..."}`.
+#[derive(Debug)]
+pub struct ApiError(StatusCode, String);
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError(status, message.into())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = wire::ApiError { code: i32::from(self.0.as_u16()), message: self.1 };
+        (self.0, Json(body)).into_response()
+    }
+}
+
+impl From<ProviderError> for ApiError {
+    fn from(err: ProviderError) -> Self {
+        let status = StatusCode::from_u16(err.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        if status.is_server_error() {
+            tracing::error!(%err, "control-plane operation failed");
+        }
+        ApiError(status, err.to_string())
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// Builds the whole app: control plane plus data-plane switch.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/sandboxes", post(create).get(list_v1))
+        .route("/v2/sandboxes", post(create).get(list_v2))
+        .route("/sandboxes/{id}", get(info).delete(kill))
+        .route("/sandboxes/{id}/connect", post(connect))
+        .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/resume", post(resume))
+        .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/sandboxes/{id}/pause", post(pause))
+        .route("/sandboxes/{id}/metrics", get(metrics))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
+        })
+        .layer(middleware::from_fn_with_state(state.clone(), check_api_key))
+        .layer(middleware::from_fn_with_state(state.clone(), route_data_plane))
+        .with_state(state)
+}
+
+/// Requests with `E2b-Sandbox-Id` go to the sandbox's agent; the rest to the control plane.
+async fn route_data_plane(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if req.headers().contains_key(HEADER_SANDBOX_ID) {
+        return super::proxy::forward(state, req).await;
+    }
+    next.run(req).await
+}
+
+async fn check_api_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if req.uri().path() == "/health" {
+        return next.run(req).await;
+    }
+    let given = req.headers().get(HEADER_API_KEY).map(HeaderValue::as_bytes);
+    let ok = match (&state.provider.cfg.api_key, given) {
+        (_, None) => false,
+        (None, Some(_)) => true,
+        (Some(key), Some(given)) => bool::from(given.ct_eq(key.as_bytes())),
+    };
+    if !ok {
+        return ApiError::new(StatusCode::UNAUTHORIZED, "missing or invalid X-API-Key").into_response();
+    }
+    next.run(req).await
+}
+
+/// Reads a JSON body of at most the configured size; empty bodies decode as `{}`.
+async fn json_body<T: DeserializeOwned>(state: &AppState, body: Body) -> ApiResult<T> {
+    let limit = state.provider.cfg.max_control_body_bytes;
+    let bytes = match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(err) if err.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
+            return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("request body exceeds {limit} bytes")));
+        }
+        Err(err) => return Err(ApiError::new(StatusCode::BAD_REQUEST, format!("cannot read request body: {err}"))),
+    };
+    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) { b"{}" } else { &bytes };
+    serde_json::from_slice(bytes).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))
+}
+
+fn sandbox_view(rec: &SandboxRecord) -> wire::Sandbox {
+    wire::Sandbox {
+        template_id: rec.template.clone(),
+        sandbox_id: rec.id.clone(),
+        alias: None,
+        client_id: "local".into(),
+        envd_version: wire::ENVD_VERSION.into(),
+        envd_access_token: Some(rec.envd_access_token.clone()),
+        traffic_access_token: None,
+        domain: None,
+    }
+}
+
+fn detail_view(provider: &Provider, rec: &SandboxRecord, with_token: bool) -> SandboxDetail {
+    let memory_mb = provider.cfg.memory_limit_mb.unwrap_or_else(total_memory_mb);
+    SandboxDetail {
+        template_id: rec.template.clone(),
+        sandbox_id: rec.id.clone(),
+        alias: None,
+        client_id: "local".into(),
+        started_at: rfc3339_ms(rec.started_at_ms),
+        end_at: rfc3339_ms(rec.end_at_ms),
+        envd_version: wire::ENVD_VERSION.into(),
+        envd_access_token: with_token.then(|| rec.envd_access_token.clone()),
+        domain: None,
+        cpu_count: std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1),
+        memory_mb,
+        disk_size_mb: 0,
+        metadata: rec.metadata.clone(),
+        state: rec.state,
+        allow_internet_access: Some(rec.allow_internet_access),
+    }
+}
+
+fn total_memory_mb() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| m.lines().find_map(|l| l.strip_prefix("MemTotal:")?.trim().strip_suffix("kB")?.trim().parse().ok()))
+        .map(|kib: u64| kib / 1024)
+        .unwrap_or(0)
+}
+
+fn check_id(id: &str) -> ApiResult<()> {
+    if super::record::is_valid_sandbox_id(id) {
+        Ok(())
+    } else {
+        Err(ApiError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")))
+    }
+}
+
+async fn create(State(state): State<Arc<AppState>>, body: Body) -> ApiResult<Response> {
+    let req: NewSandbox = json_body(&state, body).await?;
+    if req.template_id.trim().is_empty() {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "templateID must not be empty"));
+    }
+    let params = CreateParams {
+        template: req.template_id,
+        timeout_secs: req.timeout,
+        metadata: req.metadata.unwrap_or_default(),
+        env_vars: req.env_vars.unwrap_or_default(),
+        allow_internet_access: req.allow_internet_access.unwrap_or(true),
+    };
+    let rec = state.provider.create(params).await?;
+    Ok((StatusCode::CREATED, Json(sandbox_view(&rec))).into_response())
+}
+
+async fn connect(State(state): State<Arc<AppState>>, Path(id): Path<String>, body: Body) -> ApiResult<Response> {
+    check_id(&id)?;
+    let req: ConnectSandbox = json_body(&state, body).await?;
+    let (rec, resumed) = state.provider.connect(&id, req.timeout).await?;
+    let status = if resumed { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(sandbox_view(&rec))).into_response())
+}
+
+/// Deprecated `POST /sandboxes/{id}/resume`: 201 when resumed, 409 when not paused.
+async fn resume(State(state): State<Arc<AppState>>, Path(id): Path<String>, body: Body) -> ApiResult<Response> {
+    check_id(&id)?;
+    let req: ConnectSandbox = json_body(&state, body).await?;
+    let paused = state.provider.get(&id).map(|e| e.snapshot().state == SandboxState::Paused);
+    match paused {
+        None => Err(ApiError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found"))),
+        Some(false) => Err(ApiError::new(StatusCode::CONFLICT, format!("sandbox {id} is not paused"))),
+        Some(true) => {
+            let (rec, _) = state.provider.connect(&id, req.timeout).await?;
+            Ok((StatusCode::CREATED, Json(sandbox_view(&rec))).into_response())
+        }
+    }
+}
+
+async fn kill(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
+    check_id(&id)?;
+    state.provider.kill(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn set_timeout(State(state): State<Arc<AppState>>, Path(id): Path<String>, body: Body) -> ApiResult<StatusCode> {
+    check_id(&id)?;
+    let req: SetTimeout = json_body(&state, body).await?;
+    state.provider.set_timeout(&id, req.timeout)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn pause(State(state): State<Arc<AppState>>, Path(id): Path<String>, body: Body) -> ApiResult<StatusCode> {
+    check_id(&id)?;
+    let _: serde_json::Value = json_body(&state, body).await?;
+    state.provider.pause(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn info(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult<Json<SandboxDetail>> {
+    check_id(&id)?;
+    let entry = state.provider.get(&id).ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")))?;
+    Ok(Json(detail_view(&state.provider, &entry.snapshot(), true)))
+}
+
+async fn metrics(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult<Json<serde_json::Value>> {
+    check_id(&id)?;
+    let entry = state.provider.get(&id).ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")))?;
+    let rec = entry.snapshot();
+    let mem_used = super::cgroups::memory_usage(&rec.cgroups).unwrap_or(0);
+    let mem_total = state.provider.cfg.memory_limit_mb.unwrap_or_else(total_memory_mb) * 1024 * 1024;
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    Ok(Json(serde_json::json!([{
+        "timestampUnix": chrono::Utc::now().timestamp(),
+        "timestamp": rfc3339_ms(super::record::now_ms()),
+        "cpuCount": cpus,
+        "cpuUsedPct": 0.0,
+        "memUsed": mem_used,
+        "memTotal": mem_total,
+        "diskUsed": 0,
+        "diskTotal": 0,
+    }])))
+}
+
+async fn list_v1(State(state): State<Arc<AppState>>, req: Request) -> ApiResult<Response> {
+    list(&state, req.uri().query().unwrap_or(""), true)
+}
+
+async fn list_v2(State(state): State<Arc<AppState>>, req: Request) -> ApiResult<Response> {
+    list(&state, req.uri().query().unwrap_or(""), false)
+}
+
+fn list(state: &AppState, query: &str, v1: bool) -> ApiResult<Response> {
+    let q = super::list_query::parse(query).map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, m))?;
+    let states = if v1 { vec![SandboxState::Running] } else { q.states.clone() };
+    let mut recs: Vec<SandboxRecord> = state
+        .provider
+        .all()
+        .iter()
+        .map(|e| e.snapshot())
+        .filter(|r| states.is_empty() || states.contains(&r.state))
+        .filter(|r| q.metadata_matches(&r.metadata))
+        .collect();
+    recs.sort_by(|a, b| (a.started_at_ms, &a.id).cmp(&(b.started_at_ms, &b.id)));
+    if q.descending {
+        recs.reverse();
+    }
+    let start = match &q.next_token {
+        Some(token) => recs
+            .iter()
+            .position(|r| {
+                let key = super::list_query::page_key(r);
+                if q.descending { key < *token } else { key > *token }
+            })
+            .unwrap_or(recs.len()),
+        None => 0,
+    };
+    let limit = if v1 { usize::MAX } else { q.limit };
+    let page: Vec<&SandboxRecord> = recs.iter().skip(start).take(limit).collect();
+    let more = start + page.len() < recs.len();
+    let items: Vec<SandboxDetail> = page.iter().map(|r| detail_view(&state.provider, r, false)).collect();
+    let mut response = Json(items).into_response();
+    if more
+        && let Some(last) = page.last()
+        && let Ok(value) = HeaderValue::from_str(&super::list_query::page_key(last))
+    {
+        response.headers_mut().insert(HEADER_NEXT_TOKEN, value);
+    }
+    Ok(response)
+}

@@ -1,0 +1,70 @@
+//! Configuration of the embedded local provider and its defaults.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+/// Everything the local provider needs; `Default` gives a working loopback set-up.
+#[derive(Debug, Clone)]
+pub struct LocalProviderConfig {
+    /// Where sandbox records and writable layers live.
+    pub state_dir: PathBuf,
+    /// Required `X-API-Key`. `None`: any key is accepted (the header must still be present);
+    /// only allowed when listening on loopback.
+    pub api_key: Option<String>,
+    /// Most sandboxes alive at once (paused ones count).
+    pub max_sandboxes: usize,
+    /// Per-sandbox memory limit (cgroup), MiB.
+    pub memory_limit_mb: Option<u64>,
+    /// Per-sandbox process limit (cgroup pids controller).
+    pub pids_limit: Option<u64>,
+    /// Lifetime of a sandbox created without `timeout`, seconds.
+    pub default_timeout_secs: u64,
+    /// Longest timeout a client may ask for, seconds.
+    pub max_timeout_secs: u64,
+    /// Template name → root directory (lower layer). `base` is always `/` unless overridden.
+    pub templates: HashMap<String, PathBuf>,
+    /// Largest control-plane request body, bytes.
+    pub max_control_body_bytes: usize,
+    /// Largest data-plane (envd) request body, bytes.
+    pub max_data_body_bytes: u64,
+}
+
+impl Default for LocalProviderConfig {
+    fn default() -> Self {
+        LocalProviderConfig {
+            state_dir: default_state_dir(),
+            api_key: std::env::var("E2B_API_KEY").ok().filter(|k| !k.is_empty()),
+            max_sandboxes: 100,
+            memory_limit_mb: None,
+            pids_limit: None,
+            default_timeout_secs: 300,
+            max_timeout_secs: 24 * 3600,
+            templates: HashMap::new(),
+            max_control_body_bytes: 1024 * 1024,
+            max_data_body_bytes: 1024 * 1024 * 1024,
+        }
+    }
+}
+
+impl LocalProviderConfig {
+    /// Root directory of a template, if it exists.
+    pub fn template_root(&self, name: &str) -> Option<PathBuf> {
+        match self.templates.get(name) {
+            Some(root) => Some(root.clone()),
+            None if name == "base" => Some(PathBuf::from("/")),
+            None => None,
+        }
+    }
+}
+
+/// `/var/lib/sandbox-mcp` for root, else `$XDG_STATE_HOME/sandbox-mcp` or `~/.local/state/sandbox-mcp`.
+pub fn default_state_dir() -> PathBuf {
+    if nix::unistd::geteuid().is_root() {
+        return PathBuf::from("/var/lib/sandbox-mcp");
+    }
+    if let Some(xdg) = std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(xdg).join("sandbox-mcp");
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp"));
+    home.join(".local/state/sandbox-mcp")
+}

@@ -1,0 +1,291 @@
+//! `GET /files` (download) and `POST /files` (upload: multipart/form-data or
+//! a raw `application/octet-stream` body), streamed to and from disk, as the
+//! requesting user. Errors are envd plain-HTTP JSON `{"code": <status>, "message"}`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{FromRequest, Multipart, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
+
+use super::EnvdState;
+use super::fsops::{io_error, resolve_path, run_as_user};
+use super::users::{UserAccount, basic_auth_user, resolve_user};
+use crate::connect_rpc::{Code, ConnectError};
+use crate::e2b::wire::{ApiError, UploadedEntry};
+
+/// Read size of downloads.
+const DOWNLOAD_CHUNK: usize = 64 * 1024;
+
+/// An envd plain-HTTP error response.
+pub fn http_error(status: StatusCode, message: impl Into<String>) -> Response {
+    let body = ApiError { code: i32::from(status.as_u16()), message: message.into() };
+    let json = serde_json::to_vec(&body).unwrap_or_default();
+    (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"))], json)
+        .into_response()
+}
+
+fn from_connect(err: &ConnectError) -> Response {
+    let status = match err.code {
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => StatusCode::BAD_REQUEST,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::ResourceExhausted => StatusCode::INSUFFICIENT_STORAGE,
+        Code::AlreadyExists => StatusCode::CONFLICT,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    http_error(status, err.message.clone())
+}
+
+struct FilesQuery {
+    path: Option<String>,
+    username: Option<String>,
+}
+
+fn parse_query(raw: Option<&str>) -> FilesQuery {
+    let mut query = FilesQuery { path: None, username: None };
+    for (key, value) in url::form_urlencoded::parse(raw.unwrap_or("").as_bytes()) {
+        match key.as_ref() {
+            "path" if !value.is_empty() => query.path = Some(value.into_owned()),
+            "username" if !value.is_empty() => query.username = Some(value.into_owned()),
+            _ => {}
+        }
+    }
+    query
+}
+
+fn files_user(state: &EnvdState, headers: &HeaderMap, query: &FilesQuery) -> Result<UserAccount, ConnectError> {
+    match &query.username {
+        Some(name) => resolve_user(name),
+        None => match basic_auth_user(headers)? {
+            Some(name) => resolve_user(&name),
+            None => resolve_user(&state.opts.default_user),
+        },
+    }
+}
+
+/// `GET /files?path=&username=`.
+pub async fn download(State(state): State<Arc<EnvdState>>, request: Request) -> Response {
+    let query = parse_query(request.uri().query());
+    let user = match files_user(&state, request.headers(), &query) {
+        Ok(user) => user,
+        Err(err) => return from_connect(&err),
+    };
+    let Some(raw_path) = query.path.as_deref() else {
+        return http_error(StatusCode::BAD_REQUEST, "query parameter 'path' is required");
+    };
+    let path = match resolve_path(&user, raw_path) {
+        Ok(path) => path,
+        Err(err) => return from_connect(&err),
+    };
+    let opened = {
+        let path = path.clone();
+        run_as_user(&user, move || {
+            let file = std::fs::File::open(&path).map_err(|e| io_error(&path, &e))?;
+            let meta = file.metadata().map_err(|e| io_error(&path, &e))?;
+            if meta.is_dir() {
+                return Err(ConnectError::new(
+                    Code::InvalidArgument,
+                    format!("path '{}' is a directory", path.display()),
+                ));
+            }
+            Ok((file, meta.len()))
+        })
+        .await
+    };
+    let (file, size) = match opened.and_then(|r| r) {
+        Ok(opened) => opened,
+        Err(err) => return from_connect(&err),
+    };
+    let stream = tokio_util::io::ReaderStream::with_capacity(tokio::fs::File::from_std(file), DOWNLOAD_CHUNK);
+    let mut response = Response::new(Body::from_stream(stream));
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(mime_for(&path)));
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+    if let Ok(value) = HeaderValue::from_str(&content_disposition(&path)) {
+        headers.insert(header::CONTENT_DISPOSITION, value);
+    }
+    response
+}
+
+/// `POST /files?path=&username=`.
+pub async fn upload(State(state): State<Arc<EnvdState>>, request: Request) -> Response {
+    let query = parse_query(request.uri().query());
+    let user = match files_user(&state, request.headers(), &query) {
+        Ok(user) => user,
+        Err(err) => return from_connect(&err),
+    };
+    let headers = request.headers();
+    if let Some(encoding) = headers.get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok()) {
+        let encoding = encoding.trim().to_ascii_lowercase();
+        if !encoding.is_empty() && encoding != "identity" {
+            return http_error(
+                StatusCode::BAD_REQUEST,
+                format!("Content-Encoding '{encoding}' is not supported by this envd; upload the file uncompressed"),
+            );
+        }
+    }
+    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let result = if essence == "multipart/form-data" {
+        match Multipart::from_request(request, &()).await {
+            Ok(multipart) => upload_multipart(&user, query.path.as_deref(), multipart).await,
+            Err(err) => Err(ConnectError::new(Code::InvalidArgument, format!("invalid multipart request: {err}"))),
+        }
+    } else if essence.is_empty() || essence == "application/octet-stream" {
+        match query.path.as_deref() {
+            Some(raw) => upload_raw(&user, raw, request.into_body()).await.map(|entry| vec![entry]),
+            None => Err(ConnectError::new(
+                Code::InvalidArgument,
+                "query parameter 'path' is required for application/octet-stream uploads",
+            )),
+        }
+    } else {
+        Err(ConnectError::new(
+            Code::InvalidArgument,
+            format!("unsupported Content-Type '{content_type}': use multipart/form-data or application/octet-stream"),
+        ))
+    };
+    match result {
+        Ok(entries) => {
+            let json = serde_json::to_vec(&entries).unwrap_or_default();
+            (StatusCode::OK, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], json)
+                .into_response()
+        }
+        Err(err) => from_connect(&err),
+    }
+}
+
+async fn upload_multipart(
+    user: &UserAccount,
+    query_path: Option<&str>,
+    mut multipart: Multipart,
+) -> Result<Vec<UploadedEntry>, ConnectError> {
+    let bad = |err: axum::extract::multipart::MultipartError| {
+        ConnectError::new(Code::InvalidArgument, format!("invalid multipart body: {err}"))
+    };
+    let mut uploaded = Vec::new();
+    while let Some(mut field) = multipart.next_field().await.map_err(bad)? {
+        if field.name() != Some("file") {
+            continue;
+        }
+        let Some(raw) = query_path.map(str::to_owned).or_else(|| field.file_name().map(str::to_owned)) else {
+            return Err(ConnectError::new(
+                Code::InvalidArgument,
+                "a 'file' part has no filename and the query has no 'path'",
+            ));
+        };
+        let path = resolve_path(user, &raw)?;
+        let mut file = open_for_upload(user, &path).await?;
+        while let Some(chunk) = field.chunk().await.map_err(bad)? {
+            file.write_all(&chunk).await.map_err(|e| io_error(&path, &e))?;
+        }
+        file.flush().await.map_err(|e| io_error(&path, &e))?;
+        uploaded.push(uploaded_entry(&path));
+    }
+    if uploaded.is_empty() {
+        return Err(ConnectError::new(Code::InvalidArgument, "the multipart body has no part named 'file'"));
+    }
+    Ok(uploaded)
+}
+
+async fn upload_raw(user: &UserAccount, raw: &str, body: Body) -> Result<UploadedEntry, ConnectError> {
+    let path = resolve_path(user, raw)?;
+    let mut file = open_for_upload(user, &path).await?;
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk: Bytes = chunk.map_err(|err| {
+            ConnectError::new(Code::InvalidArgument, format!("reading the upload body failed: {err}"))
+        })?;
+        file.write_all(&chunk).await.map_err(|e| io_error(&path, &e))?;
+    }
+    file.flush().await.map_err(|e| io_error(&path, &e))?;
+    Ok(uploaded_entry(&path))
+}
+
+/// Creates missing parent directories and opens (truncating) the target, as the user.
+async fn open_for_upload(user: &UserAccount, path: &Path) -> Result<tokio::fs::File, ConnectError> {
+    let path: PathBuf = path.to_path_buf();
+    let file = run_as_user(user, move || {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| io_error(parent, &e))?;
+        }
+        if path.is_dir() {
+            return Err(ConnectError::new(Code::InvalidArgument, format!("path '{}' is a directory", path.display())));
+        }
+        std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(&path).map_err(|e| io_error(&path, &e))
+    })
+    .await??;
+    Ok(tokio::fs::File::from_std(file))
+}
+
+fn uploaded_entry(path: &Path) -> UploadedEntry {
+    UploadedEntry {
+        path: path.to_string_lossy().into_owned(),
+        name: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        entry_type: "file".into(),
+    }
+}
+
+/// `inline; filename=...` (RFC 6266; non-token names use `filename*`).
+fn content_disposition(path: &Path) -> String {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let is_token = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$&+-.^_`|~".contains(&b));
+    if is_token {
+        format!("inline; filename={name}")
+    } else {
+        let encoded = percent_encoding::utf8_percent_encode(&name, percent_encoding::NON_ALPHANUMERIC);
+        format!("inline; filename*=utf-8''{encoded}")
+    }
+}
+
+/// MIME type by file extension.
+fn mime_for(path: &Path) -> &'static str {
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+    match ext.as_str() {
+        "txt" | "log" | "md" | "csv" | "ini" | "cfg" | "conf" | "toml" | "yaml" | "yml" | "py" | "rs" | "sh" | "c"
+        | "h" | "go" => "text/plain; charset=utf-8",
+        "html" | "htm" => "text/html; charset=utf-8",
+        "css" => "text/css; charset=utf-8",
+        "js" | "mjs" => "text/javascript; charset=utf-8",
+        "json" => "application/json",
+        "xml" => "application/xml",
+        "pdf" => "application/pdf",
+        "png" => "image/png",
+        "jpg" | "jpeg" => "image/jpeg",
+        "gif" => "image/gif",
+        "svg" => "image/svg+xml",
+        "webp" => "image/webp",
+        "zip" => "application/zip",
+        "gz" | "tgz" => "application/gzip",
+        "tar" => "application/x-tar",
+        "wasm" => "application/wasm",
+        _ => "application/octet-stream",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disposition_and_mime() {
+        assert_eq!(content_disposition(Path::new("/a/b.txt")), "inline; filename=b.txt");
+        assert_eq!(content_disposition(Path::new("/a/my file")), "inline; filename*=utf-8''my%20file");
+        assert_eq!(mime_for(Path::new("x.PNG")), "image/png");
+        assert_eq!(mime_for(Path::new("x.bin")), "application/octet-stream");
+    }
+
+    #[test]
+    fn query_parsing_ignores_unknown_and_empty() {
+        let q = parse_query(Some("path=%2Ftmp%2Fa%20b&username=&signature=x"));
+        assert_eq!(q.path.as_deref(), Some("/tmp/a b"));
+        assert_eq!(q.username, None);
+    }
+}

@@ -1,0 +1,144 @@
+//! The in-sandbox envd agent: serves the envd data plane (CONTRACT.md §4–5)
+//! as plain HTTP/1.1 on a Unix socket. The local provider reverse-proxies
+//! every envd request of one sandbox to this socket after checking routing
+//! and auth itself, so nothing here looks at `X-Access-Token`.
+//!
+//! Routes: `GET /health` (204), `GET /envs`, `GET /metrics`, `GET|POST /files`,
+//! `POST /process.Process/{method}`, `POST /filesystem.Filesystem/{method}`
+//! (Connect protocol, JSON codec only). Works on a current-thread runtime.
+
+mod files;
+mod fs_rpc;
+mod fsops;
+mod metrics;
+mod process_rpc;
+mod reaper;
+mod rpc;
+mod spawn;
+mod table;
+mod users;
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+use crate::connect_rpc::{Code, ConnectError};
+pub use reaper::ExitOutcome;
+pub use spawn::DEFAULT_PATH;
+
+/// Configuration of one envd instance (one per sandbox).
+#[derive(Debug, Clone)]
+pub struct EnvdOptions {
+    pub sandbox_id: String,
+    /// Sandbox-level env vars (E2B `envVars`): default environment of every process.
+    pub env_vars: HashMap<String, String>,
+    /// Default user for requests without Basic auth / username (normally "user").
+    pub default_user: String,
+    /// True when running as PID 1 of the sandbox: also reap orphaned processes.
+    pub reap_orphans: bool,
+}
+
+/// State shared by every handler.
+pub(crate) struct EnvdState {
+    pub(crate) opts: EnvdOptions,
+    pub(crate) processes: Arc<table::ProcessTable>,
+    reaper: OnceLock<Arc<reaper::Reaper>>,
+    cpu: metrics::CpuSampler,
+}
+
+impl EnvdState {
+    /// The reaper, started on first use (needs a runtime, which handlers have).
+    pub(crate) fn reaper(&self) -> Result<Arc<reaper::Reaper>, ConnectError> {
+        if let Some(reaper) = self.reaper.get() {
+            return Ok(reaper.clone());
+        }
+        let started = reaper::Reaper::start(self.opts.reap_orphans)
+            .map_err(|err| ConnectError::new(Code::Internal, format!("cannot listen for SIGCHLD: {err}")))?;
+        Ok(self.reaper.get_or_init(|| started).clone())
+    }
+}
+
+/// Serves the envd API on `listener` until the process is killed.
+/// Must run inside a tokio runtime (a current-thread one is enough).
+pub async fn serve(listener: tokio::net::UnixListener, opts: EnvdOptions) -> anyhow::Result<()> {
+    let state = new_state(opts);
+    // Start reaping at once: as PID 1, orphans must be collected even before the first RPC.
+    state.reaper().map_err(|err| anyhow::anyhow!("{err}"))?;
+    tracing::info!(sandbox_id = %state.opts.sandbox_id, "envd serving");
+    axum::serve(listener, app(state)).await?;
+    Ok(())
+}
+
+/// Builds the envd axum Router (state included). The SIGCHLD reaper starts
+/// with the first process, so this may be called outside a runtime; serve
+/// the router on any tokio runtime.
+pub fn router(opts: EnvdOptions) -> Router {
+    app(new_state(opts))
+}
+
+fn new_state(opts: EnvdOptions) -> Arc<EnvdState> {
+    Arc::new(EnvdState {
+        opts,
+        processes: Arc::new(table::ProcessTable::default()),
+        reaper: OnceLock::new(),
+        cpu: metrics::CpuSampler::default(),
+    })
+}
+
+fn app(state: Arc<EnvdState>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/envs", get(envs))
+        .route("/metrics", get(get_metrics))
+        .route("/files", get(files::download).post(files::upload))
+        .route("/process.Process/{method}", post(process_rpc_route))
+        .route("/filesystem.Filesystem/{method}", post(fs_rpc_route))
+        .fallback(fallback)
+        .layer(DefaultBodyLimit::disable())
+        .with_state(state)
+}
+
+async fn health() -> StatusCode {
+    StatusCode::NO_CONTENT
+}
+
+async fn envs(State(state): State<Arc<EnvdState>>) -> Response {
+    axum::Json(state.opts.env_vars.clone()).into_response()
+}
+
+async fn get_metrics(State(state): State<Arc<EnvdState>>) -> Response {
+    axum::Json(metrics::snapshot(&state.cpu)).into_response()
+}
+
+async fn process_rpc_route(
+    State(state): State<Arc<EnvdState>>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    process_rpc::handle(state, &method, headers, body).await
+}
+
+async fn fs_rpc_route(
+    State(state): State<Arc<EnvdState>>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    fs_rpc::handle(state, &method, headers, body).await
+}
+
+async fn fallback(uri: axum::http::Uri) -> Response {
+    let path = uri.path();
+    if path.starts_with("/process.") || path.starts_with("/filesystem.") {
+        let err = ConnectError::new(Code::Unimplemented, format!("unknown method {path}"));
+        return rpc::unary_error(&err);
+    }
+    files::http_error(StatusCode::NOT_FOUND, format!("no envd route for {path}"))
+}

@@ -1,0 +1,271 @@
+//! The process table: every process envd started (pid → config, tag, stdin,
+//! subscribers, end event), the output pump that fans a process's stdout and
+//! stderr out to its subscribers, and the record of recently exited processes
+//! for late `Connect` calls.
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::io::AsyncReadExt;
+use tokio::net::unix::pipe;
+use tokio::sync::mpsc;
+
+use super::reaper::{ExitCell, ExitOutcome};
+use super::spawn::signal_group;
+use crate::e2b::wire::{EndEvent, ProcessConfig, ProcessInfo};
+
+/// Largest raw chunk carried by one data event.
+pub const OUTPUT_CHUNK: usize = 64 * 1024;
+/// How many exited processes are remembered.
+const EXITED_KEEP: usize = 256;
+/// How long an exited process is remembered.
+const EXITED_TTL: Duration = Duration::from_secs(600);
+/// After the process exited, output pipes still open (held by background
+/// children) stop being forwarded once idle this long.
+const AFTER_EXIT_IDLE: Duration = Duration::from_millis(100);
+/// Capacity of each subscriber's event queue.
+const SUBSCRIBER_QUEUE: usize = 16;
+
+/// An event delivered to the subscribers of a process.
+#[derive(Debug, Clone)]
+pub enum ProcOutput {
+    Stdout(Bytes),
+    Stderr(Bytes),
+    End(EndEvent),
+}
+
+/// One running (or just-finished) process.
+pub struct ProcessEntry {
+    pub pid: u32,
+    pub config: ProcessConfig,
+    pub tag: Option<String>,
+    /// Our end of its stdin; `None` when not piped or closed.
+    pub stdin: tokio::sync::Mutex<Option<pipe::Sender>>,
+    pub exit: Arc<ExitCell>,
+    state: Mutex<EntryState>,
+}
+
+#[derive(Default)]
+struct EntryState {
+    subscribers: Vec<mpsc::Sender<ProcOutput>>,
+    end: Option<EndEvent>,
+}
+
+/// What `Connect` finds for a pid.
+pub enum Attach {
+    Live(mpsc::Receiver<ProcOutput>),
+    Exited(EndEvent),
+}
+
+struct ExitedRecord {
+    pid: u32,
+    tag: Option<String>,
+    end: EndEvent,
+    at: Instant,
+}
+
+#[derive(Default)]
+struct TableInner {
+    running: HashMap<u32, Arc<ProcessEntry>>,
+    exited: VecDeque<ExitedRecord>,
+}
+
+/// The processes of one envd.
+#[derive(Default)]
+pub struct ProcessTable {
+    inner: Mutex<TableInner>,
+}
+
+impl ProcessTable {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TableInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers a new process with one initial subscriber (the Start caller).
+    pub fn insert(
+        &self,
+        pid: u32,
+        config: ProcessConfig,
+        tag: Option<String>,
+        stdin: Option<pipe::Sender>,
+        exit: Arc<ExitCell>,
+    ) -> (Arc<ProcessEntry>, mpsc::Receiver<ProcOutput>) {
+        let (tx, rx) = mpsc::channel(SUBSCRIBER_QUEUE);
+        let entry = Arc::new(ProcessEntry {
+            pid,
+            config,
+            tag,
+            stdin: tokio::sync::Mutex::new(stdin),
+            exit,
+            state: Mutex::new(EntryState { subscribers: vec![tx], end: None }),
+        });
+        let mut inner = self.lock();
+        inner.exited.retain(|r| r.pid != pid);
+        inner.running.insert(pid, entry.clone());
+        (entry, rx)
+    }
+
+    /// Finds a running process by pid or tag.
+    pub fn running(&self, pid: Option<u32>, tag: Option<&str>) -> Option<Arc<ProcessEntry>> {
+        let inner = self.lock();
+        match (pid, tag) {
+            (Some(pid), _) => inner.running.get(&pid).cloned(),
+            (None, Some(tag)) => inner.running.values().find(|e| e.tag.as_deref() == Some(tag)).cloned(),
+            (None, None) => None,
+        }
+    }
+
+    /// Subscribes to a process's live output, or returns its stored end event.
+    pub fn attach(&self, pid: Option<u32>, tag: Option<&str>) -> Option<(u32, Attach)> {
+        let mut inner = self.lock();
+        let now = Instant::now();
+        inner.exited.retain(|r| now.duration_since(r.at) < EXITED_TTL);
+        let live = match (pid, tag) {
+            (Some(pid), _) => inner.running.get(&pid).cloned(),
+            (None, Some(tag)) => inner.running.values().find(|e| e.tag.as_deref() == Some(tag)).cloned(),
+            (None, None) => None,
+        };
+        if let Some(entry) = live {
+            let mut state = entry.state.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(end) = &state.end {
+                return Some((entry.pid, Attach::Exited(end.clone())));
+            }
+            let (tx, rx) = mpsc::channel(SUBSCRIBER_QUEUE);
+            state.subscribers.push(tx);
+            return Some((entry.pid, Attach::Live(rx)));
+        }
+        let record = inner.exited.iter().rev().find(|r| match (pid, tag) {
+            (Some(pid), _) => r.pid == pid,
+            (None, Some(tag)) => r.tag.as_deref() == Some(tag),
+            (None, None) => false,
+        })?;
+        Some((record.pid, Attach::Exited(record.end.clone())))
+    }
+
+    /// Running processes, for `List`.
+    pub fn list(&self) -> Vec<ProcessInfo> {
+        let inner = self.lock();
+        let mut out: Vec<ProcessInfo> = inner
+            .running
+            .values()
+            .map(|e| ProcessInfo { config: e.config.clone(), pid: e.pid, tag: e.tag.clone() })
+            .collect();
+        out.sort_by_key(|p| p.pid);
+        out
+    }
+
+    fn finish(&self, entry: &ProcessEntry, end: EndEvent) -> Vec<mpsc::Sender<ProcOutput>> {
+        let mut inner = self.lock();
+        let subscribers = {
+            let mut state = entry.state.lock().unwrap_or_else(|p| p.into_inner());
+            state.end = Some(end.clone());
+            std::mem::take(&mut state.subscribers)
+        };
+        if inner.running.get(&entry.pid).is_some_and(|e| std::ptr::eq(e.as_ref(), entry)) {
+            inner.running.remove(&entry.pid);
+        }
+        inner.exited.push_back(ExitedRecord { pid: entry.pid, tag: entry.tag.clone(), end, at: Instant::now() });
+        while inner.exited.len() > EXITED_KEEP {
+            inner.exited.pop_front();
+        }
+        subscribers
+    }
+}
+
+impl ProcessEntry {
+    async fn broadcast(&self, event: ProcOutput) {
+        let subscribers = self.state.lock().unwrap_or_else(|p| p.into_inner()).subscribers.clone();
+        if subscribers.is_empty() {
+            return;
+        }
+        let mut any_closed = false;
+        for subscriber in &subscribers {
+            // Backpressure: a connected but slow client slows the process down, like a pipe.
+            if subscriber.send(event.clone()).await.is_err() {
+                any_closed = true;
+            }
+        }
+        if any_closed {
+            self.state.lock().unwrap_or_else(|p| p.into_inner()).subscribers.retain(|s| !s.is_closed());
+        }
+    }
+}
+
+/// Kills the process group of `entry` after `timeout`, unless it has exited by then.
+pub fn spawn_kill_deadline(entry: &Arc<ProcessEntry>, timeout: Duration) {
+    let exit = entry.exit.clone();
+    let pid = entry.pid;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = exit.wait() => {}
+            _ = tokio::time::sleep(timeout) => {
+                if exit.status().is_none() {
+                    tracing::debug!(pid, "connect-timeout-ms expired: killing the process group");
+                    let _ = signal_group(pid, libc::SIGKILL);
+                }
+            }
+        }
+    });
+}
+
+/// Reads the process's output until it exited and its pipes are drained (or idle),
+/// fans it out, then publishes the end event.
+pub async fn pump_output(table: Arc<ProcessTable>, entry: Arc<ProcessEntry>, stdout: OwnedFd, stderr: OwnedFd) {
+    let mut stdout = pipe::Receiver::from_owned_fd(stdout).ok();
+    let mut stderr = pipe::Receiver::from_owned_fd(stderr).ok();
+    let mut out_buf = vec![0u8; OUTPUT_CHUNK];
+    let mut err_buf = vec![0u8; OUTPUT_CHUNK];
+    let mut status: Option<i32> = None;
+    loop {
+        if status.is_some() && stdout.is_none() && stderr.is_none() {
+            break;
+        }
+        tokio::select! {
+            read = read_some(&mut stdout, &mut out_buf), if stdout.is_some() => match read {
+                Some(n) => entry.broadcast(ProcOutput::Stdout(Bytes::copy_from_slice(&out_buf[..n]))).await,
+                None => stdout = None,
+            },
+            read = read_some(&mut stderr, &mut err_buf), if stderr.is_some() => match read {
+                Some(n) => entry.broadcast(ProcOutput::Stderr(Bytes::copy_from_slice(&err_buf[..n]))).await,
+                None => stderr = None,
+            },
+            raw = entry.exit.wait(), if status.is_none() => status = Some(raw),
+            _ = tokio::time::sleep(AFTER_EXIT_IDLE), if status.is_some() => break,
+        }
+    }
+    // Pipes still held open by background children: keep draining so they never block.
+    for pipe in [stdout, stderr].into_iter().flatten() {
+        tokio::spawn(drain(pipe));
+    }
+    let outcome = ExitOutcome::from_wait_status(status.unwrap_or(255 << 8));
+    let end = EndEvent {
+        exit_code: outcome.exit_code,
+        exited: outcome.exited,
+        status: outcome.status.clone(),
+        error: outcome.error(),
+    };
+    for subscriber in table.finish(&entry, end.clone()) {
+        let _ = subscriber.send(ProcOutput::End(end.clone())).await;
+    }
+}
+
+/// One read; `None` at EOF or on error.
+async fn read_some(pipe: &mut Option<pipe::Receiver>, buf: &mut [u8]) -> Option<usize> {
+    let pipe = pipe.as_mut()?;
+    match pipe.read(buf).await {
+        Ok(0) | Err(_) => None,
+        Ok(n) => Some(n),
+    }
+}
+
+async fn drain(mut pipe: pipe::Receiver) {
+    let mut buf = vec![0u8; OUTPUT_CHUNK];
+    while let Ok(n) = pipe.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! Host-side process helpers for sandbox agents: pidfd-based verified kill and
+//! wait (works for our children and for agents adopted after a restart),
+//! finding the processes of a sandbox's PID namespace, and checking the host's
+//! mount table for leftovers.
+
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::Path;
+use std::time::Duration;
+
+use tokio::io::unix::AsyncFd;
+
+use super::record::process_is;
+
+fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor to us.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+fn pidfd_send_signal(pidfd: &OwnedFd, signal: i32) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: pidfd_send_signal(2) on a descriptor we own, no siginfo.
+    let ret = unsafe {
+        libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), signal, std::ptr::null::<libc::c_void>(), 0)
+    };
+    if ret < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+}
+
+/// Kills the agent `pid` (only if it is still the process that started at `start_time`) with
+/// SIGKILL, which, as PID 1 of its namespace, takes every process of the sandbox with it; waits
+/// up to `timeout` for it to be gone and reaps it if it is our child. Returns true if nothing of
+/// it remains.
+pub async fn kill_and_wait(pid: i32, start_time: u64, timeout: Duration, after_signal: impl AsyncFnOnce()) -> bool {
+    let pidfd = match pidfd_open(pid) {
+        Ok(fd) => fd,
+        Err(_) => {
+            reap_if_child(pid);
+            return true; // already gone
+        }
+    };
+    if process_is(pid, start_time) {
+        if let Err(err) = pidfd_send_signal(&pidfd, libc::SIGKILL) {
+            tracing::warn!(%err, pid, "cannot signal sandbox agent");
+        }
+    }
+    after_signal().await;
+    // SAFETY: the OwnedFd is moved into the AsyncFd, which neither replaces nor closes it early.
+    let registered = unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) };
+    let gone = match registered {
+        Ok(async_fd) => tokio::time::timeout(timeout, async_fd.readable()).await.is_ok(),
+        Err(_) => {
+            let deadline = tokio::time::Instant::now() + timeout;
+            while process_is(pid, start_time) && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            !process_is(pid, start_time)
+        }
+    };
+    reap_if_child(pid);
+    gone
+}
+
+/// Collects `pid`'s exit status if it is a child of ours (no-op otherwise).
+pub fn reap_if_child(pid: i32) {
+    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+}
+
+/// Host pids of every process in the PID namespace whose init is `pid`.
+pub fn namespace_members(pid: i32) -> Vec<i32> {
+    let Ok(ns) = std::fs::read_link(format!("/proc/{pid}/ns/pid")) else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| std::fs::read_link(format!("/proc/{p}/ns/pid")).is_ok_and(|n| n == ns))
+        .collect()
+}
+
+/// Sends `signal` to every process of the sandbox whose agent is `pid`.
+pub fn signal_namespace(pid: i32, signal: nix::sys::signal::Signal) {
+    for member in namespace_members(pid) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(member), signal);
+    }
+}
+
+/// Host pids of processes whose command line names `sandbox_dir` (an agent whose record was never
+/// written, e.g. the provider died mid-create).
+pub fn agents_for_dir(sandbox_dir: &Path) -> Vec<i32> {
+    let needle = format!("--sandbox-dir\0{}\0", sandbox_dir.display());
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| contains(&c, needle.as_bytes())))
+        .collect()
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Mount points in the host's mount namespace at or under `dir`.
+pub fn host_mounts_under(dir: &Path) -> Vec<String> {
+    let prefix = dir.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4).map(str::to_owned))
+        .filter(|mp| mp == &prefix || mp.starts_with(&format!("{prefix}/")))
+        .collect()
+}
+
+/// Resident set size of `pid` in KiB.
+pub fn rss_kib(pid: i32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse().ok())
+}

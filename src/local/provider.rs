@@ -1,0 +1,425 @@
+//! The sandbox table of the local provider and its lifecycle operations:
+//! create, kill, pause/resume, timeouts, the deadline reaper, and re-adoption
+//! of sandboxes that kept running while the provider was down.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+
+use super::cgroups::{self, CgroupLayout, Limits};
+use super::config::LocalProviderConfig;
+use super::process;
+use super::record::{
+    self, LOG_FILE, RECORD_FILE, SOCKET_FILE, SPEC_FILE, SandboxRecord, SandboxSpec, now_ms, process_is,
+    process_start_time, write_json_atomic,
+};
+use crate::e2b::wire::SandboxState;
+
+/// How long a new agent may take to report ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a killed agent may take to disappear.
+const KILL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Errors of provider operations, each with the HTTP status it maps to.
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderError {
+    #[error("sandbox {0} not found")]
+    NotFound(String),
+    #[error("template '{0}' not found")]
+    TemplateNotFound(String),
+    #[error("sandbox {0} is already paused")]
+    AlreadyPaused(String),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("the provider already runs its maximum of {0} sandboxes; kill one first")]
+    TooMany(usize),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ProviderError {
+    pub fn status(&self) -> u16 {
+        match self {
+            ProviderError::NotFound(_) | ProviderError::TemplateNotFound(_) => 404,
+            ProviderError::AlreadyPaused(_) => 409,
+            ProviderError::BadRequest(_) => 400,
+            ProviderError::TooMany(_) => 429,
+            ProviderError::Internal(_) => 500,
+        }
+    }
+}
+
+/// One sandbox: its directory, its record, and a lock serialising state changes.
+pub struct SandboxEntry {
+    pub dir: PathBuf,
+    record: Mutex<SandboxRecord>,
+    op: tokio::sync::Mutex<()>,
+}
+
+impl SandboxEntry {
+    /// A copy of the current record.
+    pub fn snapshot(&self) -> SandboxRecord {
+        self.record.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join(SOCKET_FILE)
+    }
+    fn update(&self, change: impl FnOnce(&mut SandboxRecord)) -> Result<(), ProviderError> {
+        let mut rec = self.record.lock().unwrap_or_else(|p| p.into_inner());
+        change(&mut rec);
+        write_json_atomic(&self.dir.join(RECORD_FILE), &*rec).map_err(|e| ProviderError::Internal(e.to_string()))
+    }
+}
+
+/// Parameters of a new sandbox (validated by the HTTP layer).
+#[derive(Debug, Clone, Default)]
+pub struct CreateParams {
+    pub template: String,
+    pub timeout_secs: Option<u64>,
+    pub metadata: HashMap<String, String>,
+    pub env_vars: HashMap<String, String>,
+    pub allow_internet_access: bool,
+}
+
+/// The provider's shared state.
+pub struct Provider {
+    pub cfg: LocalProviderConfig,
+    sandboxes_dir: PathBuf,
+    cgroups: CgroupLayout,
+    table: Mutex<HashMap<String, Arc<SandboxEntry>>>,
+    /// Creates in flight (counted against `max_sandboxes`).
+    pending: Mutex<usize>,
+}
+
+impl Provider {
+    /// Prepares the state directory and cgroups (the caller has run the isolation probe).
+    pub fn new(cfg: LocalProviderConfig) -> anyhow::Result<Provider> {
+        let sandboxes_dir = cfg.state_dir.join("sandboxes");
+        std::fs::create_dir_all(&sandboxes_dir)
+            .map_err(|e| anyhow::anyhow!("cannot create the state directory {}: {e}", sandboxes_dir.display()))?;
+        let cgroups = CgroupLayout::detect();
+        tracing::info!(?cgroups, state_dir = %cfg.state_dir.display(), "local provider state");
+        Ok(Provider { cfg, sandboxes_dir, cgroups, table: Mutex::new(HashMap::new()), pending: Mutex::new(0) })
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<SandboxEntry>>> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<SandboxEntry>> {
+        self.table().get(id).cloned()
+    }
+
+    /// Every live sandbox.
+    pub fn all(&self) -> Vec<Arc<SandboxEntry>> {
+        self.table().values().cloned().collect()
+    }
+
+    fn timeout_ms(&self, secs: Option<u64>) -> Result<i64, ProviderError> {
+        let secs = secs.unwrap_or(self.cfg.default_timeout_secs);
+        if secs > self.cfg.max_timeout_secs {
+            return Err(ProviderError::BadRequest(format!(
+                "timeout {secs} s exceeds the maximum of {} s",
+                self.cfg.max_timeout_secs
+            )));
+        }
+        Ok(secs as i64 * 1000)
+    }
+
+    /// Creates a sandbox and returns once its agent accepts connections.
+    pub async fn create(&self, params: CreateParams) -> Result<SandboxRecord, ProviderError> {
+        let template_root = self
+            .cfg
+            .template_root(&params.template)
+            .ok_or_else(|| ProviderError::TemplateNotFound(params.template.clone()))?;
+        let lifetime_ms = self.timeout_ms(params.timeout_secs)?;
+        {
+            let table = self.table();
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            if table.len() + *pending >= self.cfg.max_sandboxes {
+                return Err(ProviderError::TooMany(self.cfg.max_sandboxes));
+            }
+            *pending += 1;
+        }
+        let result = self.create_reserved(params, template_root, lifetime_ms).await;
+        *self.pending.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+        result
+    }
+
+    async fn create_reserved(
+        &self,
+        params: CreateParams,
+        template_root: PathBuf,
+        lifetime_ms: i64,
+    ) -> Result<SandboxRecord, ProviderError> {
+        let id = record::new_sandbox_id();
+        let dir = self.sandboxes_dir.join(&id);
+        let internal = |what: &str, e: &dyn std::fmt::Display| ProviderError::Internal(format!("{what}: {e}"));
+        for sub in ["", "upper", "work", "root"] {
+            std::fs::create_dir_all(dir.join(sub)).map_err(|e| internal("cannot create the sandbox directory", &e))?;
+        }
+        let spec = SandboxSpec {
+            sandbox_id: id.clone(),
+            template_root,
+            state_dir: self.cfg.state_dir.clone(),
+            env_vars: params.env_vars.clone(),
+            allow_internet_access: params.allow_internet_access,
+            user_uid: 1000,
+            user_gid: 1000,
+        };
+        if let Err(e) = write_json_atomic(&dir.join(SPEC_FILE), &spec) {
+            remove_sandbox_dir(&dir);
+            return Err(internal("cannot write the sandbox spec", &e));
+        }
+        let limits = Limits { memory_limit_mb: self.cfg.memory_limit_mb, pids_limit: self.cfg.pids_limit };
+        let cgroup_dirs = self.cgroups.create(&id, limits);
+        let spawned = super::spawn::spawn_agent(&dir, &dir.join(LOG_FILE), !params.allow_internet_access, |pid| {
+            cgroups::attach(&cgroup_dirs, pid)
+        });
+        let agent = match spawned {
+            Ok(agent) => agent,
+            Err(e) => {
+                cgroups::remove(&cgroup_dirs).await;
+                remove_sandbox_dir(&dir);
+                return Err(internal("cannot start the sandbox", &e));
+            }
+        };
+        let pid = agent.pid;
+        let start_time = process_start_time(pid).unwrap_or(0);
+        if let Err(message) = wait_ready(agent.ready).await {
+            tracing::warn!(sandbox = %id, %message, "sandbox agent failed to start");
+            process::kill_and_wait(pid, start_time, KILL_TIMEOUT, async || {}).await;
+            cgroups::remove(&cgroup_dirs).await;
+            let log = std::fs::read_to_string(dir.join(LOG_FILE)).unwrap_or_default();
+            remove_sandbox_dir(&dir);
+            let detail = log.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").to_owned();
+            return Err(ProviderError::Internal(format!("the sandbox failed to start: {message} {detail}")));
+        }
+        let now = now_ms();
+        let rec = SandboxRecord {
+            id: id.clone(),
+            template: params.template,
+            metadata: params.metadata,
+            env_vars: params.env_vars,
+            allow_internet_access: params.allow_internet_access,
+            started_at_ms: now,
+            end_at_ms: now + lifetime_ms,
+            state: SandboxState::Running,
+            envd_pid: pid,
+            envd_start_time: start_time,
+            envd_access_token: record::new_access_token(),
+            cgroups: cgroup_dirs,
+            pause_method: None,
+        };
+        if let Err(e) = write_json_atomic(&dir.join(RECORD_FILE), &rec) {
+            self.destroy(&rec, &dir).await;
+            return Err(internal("cannot write the sandbox record", &e));
+        }
+        let entry = Arc::new(SandboxEntry { dir, record: Mutex::new(rec.clone()), op: tokio::sync::Mutex::new(()) });
+        self.table().insert(id.clone(), entry);
+        tracing::info!(sandbox = %id, pid, "sandbox created");
+        Ok(rec)
+    }
+
+    /// Kills a sandbox: every process, its cgroups, its directory.
+    pub async fn kill(&self, id: &str) -> Result<(), ProviderError> {
+        let entry = self.table().remove(id).ok_or_else(|| ProviderError::NotFound(id.to_owned()))?;
+        let _op = entry.op.lock().await;
+        self.destroy(&entry.snapshot(), &entry.dir).await;
+        tracing::info!(sandbox = %id, "sandbox killed");
+        Ok(())
+    }
+
+    /// Tears down whatever remains of a sandbox (its agent verified by start time).
+    async fn destroy(&self, rec: &SandboxRecord, dir: &Path) {
+        let frozen_v1 = rec.state == SandboxState::Paused && rec.pause_method.as_deref() == Some("freezer");
+        let cgroup_dirs = rec.cgroups.clone();
+        let gone = process::kill_and_wait(rec.envd_pid, rec.envd_start_time, KILL_TIMEOUT, async || {
+            // Frozen tasks die only once thawed.
+            if frozen_v1 {
+                let _ = cgroups::set_frozen(&cgroup_dirs, false).await;
+            }
+        })
+        .await;
+        if !gone {
+            tracing::warn!(sandbox = %rec.id, pid = rec.envd_pid, "sandbox agent did not exit after SIGKILL");
+        }
+        cgroups::remove(&rec.cgroups).await;
+        remove_sandbox_dir(dir);
+    }
+
+    /// Sets the deadline to now + `timeout_secs`.
+    pub fn set_timeout(&self, id: &str, timeout_secs: u64) -> Result<(), ProviderError> {
+        let entry = self.get(id).ok_or_else(|| ProviderError::NotFound(id.to_owned()))?;
+        let end = now_ms() + self.timeout_ms(Some(timeout_secs))?;
+        entry.update(|rec| rec.end_at_ms = end)
+    }
+
+    /// Connects: resumes a paused sandbox (returns true) and extends the deadline to at least now + timeout.
+    pub async fn connect(&self, id: &str, timeout_secs: Option<u64>) -> Result<(SandboxRecord, bool), ProviderError> {
+        let entry = self.get(id).ok_or_else(|| ProviderError::NotFound(id.to_owned()))?;
+        let _op = entry.op.lock().await;
+        let rec = entry.snapshot();
+        let resumed = rec.state == SandboxState::Paused;
+        if resumed {
+            self.thaw(&rec).await?;
+        }
+        let wanted_end = match timeout_secs {
+            Some(secs) => Some(now_ms() + self.timeout_ms(Some(secs))?),
+            None if resumed => Some(now_ms() + self.timeout_ms(None)?),
+            None => None,
+        };
+        entry.update(|r| {
+            r.state = SandboxState::Running;
+            r.pause_method = None;
+            if let Some(end) = wanted_end {
+                r.end_at_ms = r.end_at_ms.max(end);
+            }
+        })?;
+        Ok((entry.snapshot(), resumed))
+    }
+
+    /// Pauses a running sandbox (cgroup freezer, or SIGSTOP to every process without one).
+    pub async fn pause(&self, id: &str) -> Result<(), ProviderError> {
+        let entry = self.get(id).ok_or_else(|| ProviderError::NotFound(id.to_owned()))?;
+        let _op = entry.op.lock().await;
+        let rec = entry.snapshot();
+        if rec.state == SandboxState::Paused {
+            return Err(ProviderError::AlreadyPaused(id.to_owned()));
+        }
+        let method = match cgroups::set_frozen(&rec.cgroups, true).await {
+            Ok(true) => "freezer",
+            Ok(false) => {
+                process::signal_namespace(rec.envd_pid, nix::sys::signal::Signal::SIGSTOP);
+                "sigstop"
+            }
+            Err(e) => return Err(ProviderError::Internal(format!("cannot freeze the sandbox: {e}"))),
+        };
+        entry.update(|r| {
+            r.state = SandboxState::Paused;
+            r.pause_method = Some(method.to_owned());
+        })
+    }
+
+    async fn thaw(&self, rec: &SandboxRecord) -> Result<(), ProviderError> {
+        match rec.pause_method.as_deref() {
+            Some("sigstop") => {
+                process::signal_namespace(rec.envd_pid, nix::sys::signal::Signal::SIGCONT);
+                Ok(())
+            }
+            _ => cgroups::set_frozen(&rec.cgroups, false)
+                .await
+                .map(|_| ())
+                .map_err(|e| ProviderError::Internal(format!("cannot thaw the sandbox: {e}"))),
+        }
+    }
+
+    /// Re-adopts sandboxes left by a previous run; cleans up those whose agent is gone.
+    pub async fn adopt_existing(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.sandboxes_dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let dir = entry.path();
+            let Some(id) = dir.file_name().and_then(|n| n.to_str()).map(str::to_owned) else {
+                continue;
+            };
+            match record::read_json::<SandboxRecord>(&dir.join(RECORD_FILE)) {
+                Ok(rec) if rec.id == id => {
+                    let alive = process_is(rec.envd_pid, rec.envd_start_time);
+                    let healthy = alive
+                        && (rec.state == SandboxState::Paused || super::proxy::agent_healthy(&dir.join(SOCKET_FILE)).await);
+                    if healthy {
+                        tracing::info!(sandbox = %id, pid = rec.envd_pid, "re-adopted running sandbox");
+                        let entry = SandboxEntry { dir, record: Mutex::new(rec), op: tokio::sync::Mutex::new(()) };
+                        self.table().insert(id, Arc::new(entry));
+                    } else {
+                        tracing::info!(sandbox = %id, alive, "cleaning up sandbox whose agent is gone");
+                        self.destroy(&rec, &dir).await;
+                    }
+                }
+                _ => {
+                    // No usable record: the previous run died mid-create. Kill whatever runs there.
+                    tracing::info!(dir = %dir.display(), "cleaning up a sandbox directory without a record");
+                    for pid in process::agents_for_dir(&dir) {
+                        if let Some(start) = process_start_time(pid) {
+                            process::kill_and_wait(pid, start, KILL_TIMEOUT, async || {}).await;
+                        }
+                    }
+                    cgroups::remove(&self.cgroups.paths_for(&id)).await;
+                    remove_sandbox_dir(&dir);
+                }
+            }
+        }
+    }
+
+    /// One pass of the reaper: kills sandboxes past their deadline and cleans up dead agents.
+    pub async fn reap_once(&self) {
+        let now = now_ms();
+        for entry in self.all() {
+            let rec = entry.snapshot();
+            let expired = rec.end_at_ms <= now;
+            let dead = !process_is(rec.envd_pid, rec.envd_start_time);
+            if expired || dead {
+                if dead {
+                    tracing::warn!(sandbox = %rec.id, "sandbox agent died; cleaning up");
+                }
+                let _ = self.kill(&rec.id).await;
+            }
+        }
+    }
+
+    /// Kills every sandbox (used by tests and by an explicit shutdown-with-cleanup).
+    pub async fn kill_all(&self) {
+        let ids: Vec<String> = self.table().keys().cloned().collect();
+        for id in ids {
+            let _ = self.kill(&id).await;
+        }
+    }
+}
+
+/// Waits for the agent's `ok` on its readiness pipe; any other text is its set-up error.
+async fn wait_ready(ready: OwnedFd) -> Result<(), String> {
+    let mut pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(ready).map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(READY_TIMEOUT, async {
+        let mut chunk = [0u8; 512];
+        loop {
+            match pipe.read(&mut chunk).await {
+                Ok(0) => break,
+                Ok(n) => {
+                    buf.extend_from_slice(&chunk[..n]);
+                    if buf.starts_with(b"ok\n") || buf.len() > 4096 {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+    })
+    .await;
+    let text = String::from_utf8_lossy(&buf).trim().to_owned();
+    match (read, text.as_str()) {
+        (Err(_), _) => Err(format!("the sandbox agent did not become ready within {} s", READY_TIMEOUT.as_secs())),
+        (Ok(()), "ok") => Ok(()),
+        (Ok(()), "") => Err("the sandbox agent exited during set-up".to_owned()),
+        (Ok(()), msg) => Err(msg.to_owned()),
+    }
+}
+
+/// Removes a sandbox directory, first detaching anything still mounted under it on the host.
+fn remove_sandbox_dir(dir: &Path) {
+    for mount_point in process::host_mounts_under(dir).into_iter().rev() {
+        tracing::warn!(%mount_point, "detaching a leftover mount");
+        let _ = nix::mount::umount2(mount_point.as_str(), nix::mount::MntFlags::MNT_DETACH);
+    }
+    if let Err(err) = std::fs::remove_dir_all(dir)
+        && err.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(%err, dir = %dir.display(), "cannot remove sandbox directory");
+    }
+}

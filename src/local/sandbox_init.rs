@@ -1,0 +1,207 @@
+//! In-sandbox set-up, run by `sandbox-mcp envd` as PID 1 of the new PID
+//! namespace before any thread exists: private mounts, the copy-on-write root
+//! (overlayfs over the template), fresh `/proc`, a minimal `/dev`, private
+//! `/tmp` and `/home/user`, the provider's state directory hidden, the
+//! `user` account (uid 1000), the hostname, the agent's Unix socket, and
+//! finally `pivot_root` into the new root.
+
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+
+use super::record::{SOCKET_FILE, SandboxSpec};
+
+/// Builds the sandbox around the calling process and returns the bound agent socket.
+pub fn enter_sandbox(sandbox_dir: &Path, spec: &SandboxSpec) -> anyhow::Result<UnixListener> {
+    let root = sandbox_dir.join("root");
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .context("making / private in the sandbox's mount namespace")?;
+
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        spec.template_root.display(),
+        sandbox_dir.join("upper").display(),
+        sandbox_dir.join("work").display()
+    );
+    mount(Some("overlay"), &root, Some("overlay"), MsFlags::empty(), Some(opts.as_str()))
+        .with_context(|| format!("mounting the overlay root ({opts})"))?;
+
+    let nosuid_nodev_noexec = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    let proc_dir = ensure_dir(&root, "proc", 0o555)?;
+    mount(Some("proc"), &proc_dir, Some("proc"), nosuid_nodev_noexec, None::<&str>).context("mounting /proc")?;
+    let sys_dir = ensure_dir(&root, "sys", 0o555)?;
+    if let Err(err) = mount(
+        Some("sysfs"),
+        &sys_dir,
+        Some("sysfs"),
+        nosuid_nodev_noexec | MsFlags::MS_RDONLY,
+        None::<&str>,
+    ) {
+        eprintln!("sandbox-mcp envd: /sys not mounted: {err}");
+    }
+    build_dev(&root)?;
+
+    // Private /tmp, /home (with /home/user) and /root, backed by the sandbox directory.
+    bind_private(sandbox_dir, &root, "tmp", 0o1777, 0, 0)?;
+    let home = bind_private(sandbox_dir, &root, "home", 0o755, 0, 0)?;
+    let user_home = home.join("user");
+    std::fs::DirBuilder::new().mode(0o755).recursive(true).create(&user_home).context("creating /home/user")?;
+    nix::unistd::chown(&user_home, Some(spec.user_uid.into()), Some(spec.user_gid.into()))
+        .context("chown /home/user")?;
+    bind_private(sandbox_dir, &root, "root", 0o700, 0, 0)?;
+
+    // Hide the provider's state directory (other sandboxes' layers) behind an empty read-only tmpfs.
+    let state_inside = root.join(spec.state_dir.strip_prefix("/").unwrap_or(&spec.state_dir));
+    if std::fs::create_dir_all(&state_inside).is_ok() {
+        mount(
+            Some("tmpfs"),
+            &state_inside,
+            Some("tmpfs"),
+            MsFlags::MS_RDONLY | nosuid_nodev_noexec,
+            Some("size=4k,mode=755"),
+        )
+        .context("hiding the state directory")?;
+    } else {
+        anyhow::bail!("cannot create {} to hide the state directory", state_inside.display());
+    }
+
+    write_accounts(&root, spec)?;
+    nix::unistd::sethostname(&spec.sandbox_id).context("sethostname")?;
+    let _ = std::fs::write(root.join("etc/hostname"), format!("{}\n", spec.sandbox_id));
+    append_hosts(&root, &spec.sandbox_id);
+    if !spec.allow_internet_access {
+        loopback_up().context("bringing up lo in the sandbox's network namespace")?;
+    }
+
+    // Bind the agent's socket on the host-visible path before leaving the host's view.
+    let socket = sandbox_dir.join(SOCKET_FILE);
+    let _ = std::fs::remove_file(&socket);
+    let listener = UnixListener::bind(&socket).with_context(|| format!("binding {}", socket.display()))?;
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600)).context("chmod envd socket")?;
+
+    nix::unistd::chdir(&root).context("chdir into the new root")?;
+    nix::unistd::pivot_root(".", ".").context("pivot_root")?;
+    umount2(".", MntFlags::MNT_DETACH).context("detaching the old root")?;
+    nix::unistd::chdir("/").context("chdir /")?;
+    Ok(listener)
+}
+
+fn ensure_dir(root: &Path, rel: &str, mode: u32) -> anyhow::Result<PathBuf> {
+    let path = root.join(rel);
+    std::fs::DirBuilder::new().mode(mode).recursive(true).create(&path).with_context(|| format!("creating /{rel}"))?;
+    Ok(path)
+}
+
+/// Bind-mounts a fresh directory `DIR/<name>` over `/<name>` of the new root.
+fn bind_private(sandbox_dir: &Path, root: &Path, name: &str, mode: u32, uid: u32, gid: u32) -> anyhow::Result<PathBuf> {
+    let source = sandbox_dir.join(format!("{name}.d"));
+    std::fs::DirBuilder::new().mode(mode).recursive(true).create(&source).with_context(|| format!("creating {name}"))?;
+    std::fs::set_permissions(&source, std::fs::Permissions::from_mode(mode)).ok();
+    nix::unistd::chown(&source, Some(uid.into()), Some(gid.into())).ok();
+    let target = ensure_dir(root, name, mode)?;
+    mount(Some(&source), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        .with_context(|| format!("mounting a private /{name}"))?;
+    Ok(target)
+}
+
+/// A tmpfs `/dev` with the usual device nodes bound from the host, a private devpts and `/dev/shm`.
+fn build_dev(root: &Path) -> anyhow::Result<()> {
+    let dev = ensure_dir(root, "dev", 0o755)?;
+    mount(Some("tmpfs"), &dev, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_STRICTATIME, Some("mode=755,size=64k"))
+        .context("mounting /dev")?;
+    for node in ["null", "zero", "full", "random", "urandom", "tty"] {
+        let target = dev.join(node);
+        std::fs::File::create(&target).with_context(|| format!("creating /dev/{node}"))?;
+        mount(Some(Path::new("/dev").join(node).as_path()), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            .with_context(|| format!("binding /dev/{node}"))?;
+    }
+    let pts = ensure_dir(&dev, "pts", 0o755)?;
+    mount(
+        Some("devpts"),
+        &pts,
+        Some("devpts"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620,gid=5"),
+    )
+    .context("mounting /dev/pts")?;
+    std::os::unix::fs::symlink("pts/ptmx", dev.join("ptmx")).context("linking /dev/ptmx")?;
+    let shm = ensure_dir(&dev, "shm", 0o1777)?;
+    mount(
+        Some("tmpfs"),
+        &shm,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=1777"),
+    )
+    .context("mounting /dev/shm")?;
+    for (name, target) in
+        [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")]
+    {
+        std::os::unix::fs::symlink(target, dev.join(name)).with_context(|| format!("linking /dev/{name}"))?;
+    }
+    Ok(())
+}
+
+/// Makes `user` (uid/gid from the spec, home /home/user) the only account with that uid.
+fn write_accounts(root: &Path, spec: &SandboxSpec) -> anyhow::Result<()> {
+    let (uid, gid) = (spec.user_uid, spec.user_gid);
+    let passwd_line = format!("user:x:{uid}:{gid}:sandbox user:/home/user:/bin/bash");
+    let group_line = format!("user:x:{gid}:");
+    rewrite_table(&root.join("etc/passwd"), &passwd_line, |fields| {
+        fields.first() == Some(&"user") || fields.get(2) == Some(&uid.to_string().as_str())
+    })?;
+    rewrite_table(&root.join("etc/group"), &group_line, |fields| {
+        fields.first() == Some(&"user") || fields.get(2) == Some(&gid.to_string().as_str())
+    })?;
+    Ok(())
+}
+
+fn rewrite_table(path: &Path, new_line: &str, replaces: impl Fn(&[&str]) -> bool) -> anyhow::Result<()> {
+    let old = std::fs::read_to_string(path).unwrap_or_default();
+    let mut out = String::with_capacity(old.len() + new_line.len() + 1);
+    for line in old.lines() {
+        let fields: Vec<&str> = line.split(':').collect();
+        if !replaces(&fields) {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out.push_str(new_line);
+    out.push('\n');
+    let mut file = std::fs::File::create(path).with_context(|| format!("writing {}", path.display()))?;
+    file.write_all(out.as_bytes()).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+fn append_hosts(root: &Path, sandbox_id: &str) {
+    let path = root.join("etc/hosts");
+    let old = std::fs::read_to_string(&path).unwrap_or_default();
+    let _ = std::fs::write(&path, format!("{old}127.0.1.1\t{sandbox_id}\n"));
+}
+
+/// `ip link set lo up`, with an ioctl on a throw-away socket.
+fn loopback_up() -> std::io::Result<()> {
+    // SAFETY: socket/ioctl/close on a zeroed ifreq whose name is a NUL-terminated "lo".
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+            *dst = *src as libc::c_char;
+        }
+        let result = if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+            if libc::ioctl(fd, libc::SIOCSIFFLAGS, &req) < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+        };
+        libc::close(fd);
+        result
+    }
+}

@@ -1,0 +1,220 @@
+//! Host side of sandbox creation: clones the in-sandbox agent (`sandbox-mcp
+//! envd`) into new PID, mount, UTS and IPC namespaces (plus a network
+//! namespace when internet access is off), puts it into its cgroups before it
+//! runs, and detaches it into its own session so it outlives the provider.
+//! Also the start-up probe that checks namespaces and overlayfs are permitted.
+//!
+//! The child of `clone` lives in a copy of a multi-threaded process, so it only
+//! makes async-signal-safe system calls on data prepared before the clone.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// File descriptor on which envd reports readiness (`ok`) or its set-up error.
+pub const READY_FD: i32 = 3;
+
+/// Errors of spawning an agent.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error("{what}: {source}")]
+    Sys { what: &'static str, source: nix::Error },
+    #[error("{what}: {source}")]
+    Io { what: &'static str, source: std::io::Error },
+    #[error("path contains a NUL byte")]
+    Nul,
+}
+
+fn sys(what: &'static str) -> impl FnOnce(nix::Error) -> SpawnError {
+    move |source| SpawnError::Sys { what, source }
+}
+
+/// A freshly cloned agent: its host pid and the read end of its readiness pipe.
+pub struct SpawnedAgent {
+    pub pid: i32,
+    pub ready: OwnedFd,
+}
+
+fn pipe_cloexec() -> Result<(OwnedFd, OwnedFd), SpawnError> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys("pipe2"))
+}
+
+/// Raw `clone(2)` that behaves like `fork` (no new stack, no shared memory).
+/// Returns 0 in the child, the child's pid in the parent.
+fn raw_clone(flags: libc::c_int) -> Result<libc::pid_t, nix::Error> {
+    // SAFETY: without CLONE_VM the child gets a copy-on-write copy of our address space and
+    // continues on its own copy of this stack, exactly like fork(2). The null pointers are
+    // the stack / tid / tls arguments that these flags do not use.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (flags | libc::SIGCHLD) as libc::c_ulong,
+            std::ptr::null_mut::<libc::c_void>(),
+            std::ptr::null_mut::<libc::c_void>(),
+            std::ptr::null_mut::<libc::c_void>(),
+            0 as libc::c_ulong,
+        )
+    };
+    if ret < 0 { Err(nix::Error::last()) } else { Ok(ret as libc::pid_t) }
+}
+
+/// Namespaces every sandbox gets.
+fn sandbox_clone_flags(new_network: bool) -> libc::c_int {
+    let mut flags = libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC;
+    if new_network {
+        flags |= libc::CLONE_NEWNET;
+    }
+    flags
+}
+
+/// Clones `sandbox-mcp envd --sandbox-dir DIR` into new namespaces. `attach` is called with the
+/// child's pid before the child may exec (to place it into its cgroups).
+pub fn spawn_agent(
+    sandbox_dir: &Path,
+    log_file: &Path,
+    new_network: bool,
+    attach: impl FnOnce(i32),
+) -> Result<SpawnedAgent, SpawnError> {
+    let exe = CString::new("/proc/self/exe").map_err(|_| SpawnError::Nul)?;
+    let dir = CString::new(sandbox_dir.as_os_str().as_bytes()).map_err(|_| SpawnError::Nul)?;
+    let argv_owned = [
+        CString::new("sandbox-mcp").map_err(|_| SpawnError::Nul)?,
+        CString::new("envd").map_err(|_| SpawnError::Nul)?,
+        CString::new("--sandbox-dir").map_err(|_| SpawnError::Nul)?,
+        dir,
+        CString::new("--ready-fd").map_err(|_| SpawnError::Nul)?,
+        CString::new(READY_FD.to_string()).map_err(|_| SpawnError::Nul)?,
+    ];
+    // A minimal environment: the provider's own (which may hold its API key) never leaks in.
+    let mut env_owned =
+        vec![CString::new("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin").map_err(|_| SpawnError::Nul)?];
+    if let Ok(filter) = std::env::var("RUST_LOG") {
+        env_owned.push(CString::new(format!("RUST_LOG={filter}")).map_err(|_| SpawnError::Nul)?);
+    }
+    let mut argv: Vec<*const libc::c_char> = argv_owned.iter().map(|s| s.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    let mut envp: Vec<*const libc::c_char> = env_owned.iter().map(|s| s.as_ptr()).collect();
+    envp.push(std::ptr::null());
+
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_file)
+        .map_err(|source| SpawnError::Io { what: "open envd log", source })?;
+    let devnull = std::fs::File::open("/dev/null").map_err(|source| SpawnError::Io { what: "open /dev/null", source })?;
+    let (sync_r, sync_w) = pipe_cloexec()?;
+    let (ready_r, ready_w) = pipe_cloexec()?;
+    let (log_fd, null_fd) = (log.as_raw_fd(), devnull.as_raw_fd());
+    let (sync_r_fd, sync_w_fd, ready_w_fd) = (sync_r.as_raw_fd(), sync_w.as_raw_fd(), ready_w.as_raw_fd());
+
+    let pid = raw_clone(sandbox_clone_flags(new_network)).map_err(sys("clone(CLONE_NEWPID|CLONE_NEWNS|CLONE_NEWUTS|CLONE_NEWIPC)"))?;
+    if pid == 0 {
+        // Child: async-signal-safe calls only.
+        // SAFETY: plain system calls on descriptors and buffers prepared before the clone.
+        unsafe {
+            libc::close(sync_w_fd);
+            let mut byte = 0u8;
+            if libc::read(sync_r_fd, (&mut byte as *mut u8).cast(), 1) != 1 || byte != b'g' {
+                libc::_exit(121);
+            }
+            libc::setsid();
+            let empty: libc::sigset_t = std::mem::zeroed();
+            libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            libc::dup2(null_fd, 0);
+            libc::dup2(log_fd, 1);
+            libc::dup2(log_fd, 2);
+            if ready_w_fd == READY_FD {
+                libc::fcntl(READY_FD, libc::F_SETFD, 0);
+            } else {
+                libc::dup2(ready_w_fd, READY_FD);
+            }
+            libc::execve(exe.as_ptr(), argv.as_ptr(), envp.as_ptr());
+            libc::_exit(127);
+        }
+    }
+    drop((sync_r, ready_w, log, devnull));
+    attach(pid);
+    // SAFETY: sync_w is an open pipe end we own; File takes it over and closes it.
+    let mut go = unsafe { std::fs::File::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(sync_w)) };
+    if let Err(source) = std::io::Write::write_all(&mut go, b"g") {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+        return Err(SpawnError::Io { what: "start the sandbox agent", source });
+    }
+    Ok(SpawnedAgent { pid, ready: ready_r })
+}
+
+/// Checks, in a throw-away child, that this process may create the namespaces and the overlay
+/// mount sandboxes need. `scratch` is an empty directory on the state filesystem. Returns one
+/// clear sentence on failure.
+pub fn probe_isolation(scratch: &Path) -> Result<(), String> {
+    let hint = "run the provider as root (or with CAP_SYS_ADMIN; in a container: --cap-add SYS_ADMIN \
+                and an unconfined seccomp/AppArmor profile)";
+    let mk = |name: &str| -> Result<CString, String> {
+        let path = scratch.join(name);
+        std::fs::create_dir_all(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        CString::new(path.as_os_str().as_bytes()).map_err(|_| "state directory path contains a NUL byte".to_owned())
+    };
+    let (upper, work, merged) = (mk("upper")?, mk("work")?, mk("merged")?);
+    let opts = CString::new(format!(
+        "lowerdir=/,upperdir={},workdir={}",
+        upper.to_string_lossy(),
+        work.to_string_lossy()
+    ))
+    .map_err(|_| "bad path".to_owned())?;
+    let overlay = CString::new("overlay").map_err(|_| "nul")?;
+    let root = CString::new("/").map_err(|_| "nul")?;
+    let (report_r, report_w) = pipe_cloexec().map_err(|e| e.to_string())?;
+    let report_fd = report_w.as_raw_fd();
+
+    let flags = sandbox_clone_flags(false);
+    let pid = match raw_clone(flags) {
+        Ok(pid) => pid,
+        Err(err) => {
+            return Err(format!(
+                "sandbox-mcp provider needs permission to create PID/mount/UTS/IPC namespaces ({hint}): \
+                 clone(CLONE_NEWPID|CLONE_NEWNS|CLONE_NEWUTS|CLONE_NEWIPC) failed: {err}"
+            ));
+        }
+    };
+    if pid == 0 {
+        // SAFETY: async-signal-safe system calls on buffers prepared before the clone.
+        unsafe {
+            let fail = |step: u8| {
+                let errno = *libc::__errno_location();
+                let msg = [step, errno as u8];
+                libc::write(report_fd, msg.as_ptr().cast(), 2);
+                libc::_exit(1);
+            };
+            if libc::mount(std::ptr::null(), root.as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) != 0 {
+                fail(1);
+            }
+            if libc::mount(overlay.as_ptr(), merged.as_ptr(), overlay.as_ptr(), 0, opts.as_ptr().cast()) != 0 {
+                fail(2);
+            }
+            libc::_exit(0);
+        }
+    }
+    drop(report_w);
+    let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+    let mut report = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut std::fs::File::from(report_r), &mut report);
+    let _ = std::fs::remove_dir_all(scratch);
+    match (status, report.as_slice()) {
+        (Ok(nix::sys::wait::WaitStatus::Exited(_, 0)), _) => Ok(()),
+        (_, [step, errno]) => {
+            let err = nix::Error::from_raw(i32::from(*errno));
+            Err(match step {
+                1 => format!("sandbox-mcp provider cannot make mounts private in a new mount namespace ({hint}): {err}"),
+                _ => format!(
+                    "sandbox-mcp provider cannot mount an overlay filesystem (the kernel needs overlayfs, and the \
+                     state directory {} must be on a filesystem that can be an overlay upper layer, not on \
+                     overlayfs itself; {hint}): {err}",
+                    scratch.parent().map(|p| p.display().to_string()).unwrap_or_default()
+                ),
+            })
+        }
+        (status, _) => Err(format!("sandbox-mcp provider's isolation probe failed unexpectedly: {status:?}")),
+    }
+}
