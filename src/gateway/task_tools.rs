@@ -273,12 +273,12 @@ impl SupervisorTransport for EnvdTransport<'_> {
 
     async fn install(&self, path: &str, content: &'static [u8]) -> Result<(), TransportError> {
         // The files API creates the parent directory; the supervisor tightens it to 0700 on first use.
+        // Written aside and renamed over, so a concurrent reader never runs a half-written script.
         let options = CallOptions::user(TASK_USER);
-        self.sandbox
-            .envd
-            .write_file(path, Bytes::from_static(content), &options)
-            .await
-            .map_err(|e| self.classify(&e))?;
+        let tmp = format!("{path}.tmp{:016x}", rand::random::<u64>());
+        let envd = &self.sandbox.envd;
+        envd.write_file(&tmp, Bytes::from_static(content), &options).await.map_err(|e| self.classify(&e))?;
+        envd.rename(&tmp, path, &options).await.map_err(|e| self.classify(&e))?;
         Ok(())
     }
 }

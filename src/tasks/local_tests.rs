@@ -41,7 +41,9 @@ impl SupervisorTransport for LocalPython {
     async fn install(&self, path: &str, content: &'static [u8]) -> Result<(), TransportError> {
         let path = PathBuf::from(path);
         std::fs::create_dir_all(path.parent().unwrap()).map_err(|e| TransportError::NotSent(e.to_string()))?;
-        std::fs::write(&path, content).map_err(|e| TransportError::NotSent(e.to_string()))
+        let tmp = path.with_extension(format!("tmp{}", rand::random::<u32>()));
+        std::fs::write(&tmp, content).map_err(|e| TransportError::NotSent(e.to_string()))?;
+        std::fs::rename(&tmp, &path).map_err(|e| TransportError::NotSent(e.to_string()))
     }
 }
 
@@ -150,4 +152,27 @@ async fn cancel_and_timeout_end_tasks() {
     svc.start(&t, "sbx", &id, &spec("sleep 30", &[], Some(1))).await.unwrap();
     let v = wait_terminal(&svc, &t, &id).await;
     assert_eq!(v.state, TaskState::TimedOut);
+}
+
+#[tokio::test]
+async fn concurrent_first_calls_install_once() {
+    let t = LocalPython::new();
+    let svc = t.service(&[]);
+    let before = SUPERVISOR_INSTALLS.load(Ordering::Relaxed);
+    let starts = (0..8).map(|_| {
+        let (svc, t) = (&svc, &t);
+        async move {
+            let id = TaskId::generate();
+            let s = svc.start(t, "sbx-concurrent", &id, &spec("echo hi", &[], None)).await.unwrap();
+            assert_ne!(s.state, TaskState::Unknown, "{s:?}");
+            id
+        }
+    });
+    let ids = futures_util::future::join_all(starts).await;
+    // Other tests may install concurrently, so only an upper bound on our own share is checked via the cache.
+    assert!(SUPERVISOR_INSTALLS.load(Ordering::Relaxed) > before);
+    for id in &ids {
+        let v = wait_terminal(&svc, &t, id).await;
+        assert_eq!((v.state, v.stdout.as_str()), (TaskState::Succeeded, "hi\n"));
+    }
 }

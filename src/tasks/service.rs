@@ -4,9 +4,9 @@
 //! The transport (envd process + files API in production) is a trait so the
 //! same logic runs against a local python3 in unit tests.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -43,7 +43,8 @@ pub enum TransportError {
 pub trait SupervisorTransport: Send + Sync {
     /// Runs `argv` (argv[0] is the program, found on PATH) and collects its output.
     fn exec(&self, argv: Vec<String>, timeout: Duration) -> impl Future<Output = Result<ExecOutput, TransportError>> + Send;
-    /// Writes `content` to `path` (creating parent directories).
+    /// Replaces `path` with `content` atomically (creating parent directories),
+    /// so a concurrent reader sees the old or the new script, never a mix.
     fn install(&self, path: &str, content: &'static [u8]) -> impl Future<Output = Result<(), TransportError>> + Send;
 }
 
@@ -80,6 +81,8 @@ pub struct TaskService {
     script_path: String,
     /// Sandboxes known to hold the embedded supervisor version.
     installed: Mutex<HashSet<String>>,
+    /// One lock per sandbox, so concurrent first calls check and install once.
+    install_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     masker: SecretMasker,
 }
 
@@ -99,7 +102,12 @@ impl TaskService {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        Self { script_path: script_path.to_owned(), installed: Mutex::new(HashSet::new()), masker: SecretMasker::new(secrets) }
+        Self {
+            script_path: script_path.to_owned(),
+            installed: Mutex::new(HashSet::new()),
+            install_locks: Mutex::new(HashMap::new()),
+            masker: SecretMasker::new(secrets),
+        }
     }
 
     pub fn masker(&self) -> &SecretMasker {
@@ -129,6 +137,14 @@ impl TaskService {
         }
     }
 
+    fn install_lock(&self, sandbox_id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let Ok(mut locks) = self.install_locks.lock() else { return Arc::default() };
+        if locks.len() >= MAX_CACHED_SANDBOXES {
+            locks.retain(|_, lock| Arc::strong_count(lock) > 1);
+        }
+        Arc::clone(locks.entry(sandbox_id.to_owned()).or_default())
+    }
+
     async fn install<T: SupervisorTransport>(&self, t: &T, sandbox_id: &str) -> Result<(), TransportError> {
         t.install(&self.script_path, SUPERVISOR_SOURCE.as_bytes()).await?;
         SUPERVISOR_INSTALLS.fetch_add(1, Ordering::Relaxed);
@@ -140,6 +156,11 @@ impl TaskService {
     /// Makes sure this sandbox runs the embedded supervisor version (one
     /// `version` call per sandbox per gateway process; cached afterwards).
     async fn ensure_installed<T: SupervisorTransport>(&self, t: &T, sandbox_id: &str) -> Result<(), TransportError> {
+        if self.is_installed(sandbox_id) {
+            return Ok(());
+        }
+        let lock = self.install_lock(sandbox_id);
+        let _guard = lock.lock().await;
         if self.is_installed(sandbox_id) {
             return Ok(());
         }
@@ -174,7 +195,13 @@ impl TaskService {
             return Ok(reply);
         }
         self.mark_installed(sandbox_id, false);
-        self.install(t, sandbox_id).await?;
+        {
+            let lock = self.install_lock(sandbox_id);
+            let _guard = lock.lock().await;
+            if !self.is_installed(sandbox_id) {
+                self.install(t, sandbox_id).await?;
+            }
+        }
         let out = t.exec(argv, timeout).await?;
         Ok(protocol::parse_reply(out.exit_code, &out.stdout, &out.stderr))
     }
