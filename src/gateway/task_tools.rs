@@ -46,7 +46,7 @@ pub struct StartTaskArgs {
     /// Seconds after which the task is stopped (TERM, then KILL) and ends as timed_out: 1-3600, default 300.
     /// The sandbox's own deadline still applies and is not extended by task tools.
     #[serde(default)]
-    pub timeout: Option<u64>,
+    pub timeout: Option<i64>,
     /// Extra environment variables. Values of variables whose names contain KEY, TOKEN, SECRET or PASSWORD are
     /// masked in the saved output.
     #[serde(default)]
@@ -63,13 +63,13 @@ pub struct GetTaskArgs {
     /// Byte offset into the saved stdout to read from (0-1,048,576; default 0). Pass the previous
     /// stdout_next_offset to read on.
     #[serde(default)]
-    pub stdout_offset: Option<u64>,
+    pub stdout_offset: Option<i64>,
     /// Byte offset into the saved stderr (0-1,048,576; default 0).
     #[serde(default)]
-    pub stderr_offset: Option<u64>,
+    pub stderr_offset: Option<i64>,
     /// Most bytes returned per stream (1-65,536; default 16,384).
     #[serde(default)]
-    pub limit: Option<u64>,
+    pub limit: Option<i64>,
     /// Wait up to this many seconds (0-30, default 0) for new output past the offsets or a state change
     /// before answering.
     #[serde(default)]
@@ -85,13 +85,13 @@ pub struct CancelTaskArgs {
     pub task_id: String,
     /// Byte offset into the saved stdout for the returned page (0-1,048,576; default 0).
     #[serde(default)]
-    pub stdout_offset: Option<u64>,
+    pub stdout_offset: Option<i64>,
     /// Byte offset into the saved stderr for the returned page (0-1,048,576; default 0).
     #[serde(default)]
-    pub stderr_offset: Option<u64>,
+    pub stderr_offset: Option<i64>,
     /// Most bytes returned per stream (1-65,536; default 16,384).
     #[serde(default)]
-    pub limit: Option<u64>,
+    pub limit: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]

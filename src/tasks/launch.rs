@@ -30,7 +30,7 @@ pub enum LaunchError {
     #[error("command must not contain NUL characters")]
     NulInCommand,
     #[error("timeout must be between 1 and 3600 seconds (got {0})")]
-    TimeoutOutOfRange(u64),
+    TimeoutOutOfRange(i64),
     #[error("cwd must be an absolute path without NUL characters, at most 4096 bytes")]
     BadCwd,
     #[error(
@@ -60,7 +60,7 @@ impl TaskSpec {
         command: String,
         cwd: Option<String>,
         envs: BTreeMap<String, String>,
-        timeout: Option<u64>,
+        timeout: Option<i64>,
     ) -> Result<Self, LaunchError> {
         let chars = command.chars().count();
         if chars > MAX_COMMAND_CHARS {
@@ -72,10 +72,11 @@ impl TaskSpec {
         if command.contains('\0') {
             return Err(LaunchError::NulInCommand);
         }
-        let timeout = timeout.unwrap_or(DEFAULT_TASK_TIMEOUT);
-        if !(MIN_TASK_TIMEOUT..=MAX_TASK_TIMEOUT).contains(&timeout) {
-            return Err(LaunchError::TimeoutOutOfRange(timeout));
-        }
+        let raw = timeout.unwrap_or(DEFAULT_TASK_TIMEOUT as i64);
+        let timeout = u64::try_from(raw)
+            .ok()
+            .filter(|t| (MIN_TASK_TIMEOUT..=MAX_TASK_TIMEOUT).contains(t))
+            .ok_or(LaunchError::TimeoutOutOfRange(raw))?;
         if let Some(dir) = &cwd
             && (!dir.starts_with('/') || dir.contains('\0') || dir.len() > MAX_CWD_BYTES)
         {
@@ -160,6 +161,7 @@ mod tests {
         assert_eq!(t(0).unwrap_err(), LaunchError::TimeoutOutOfRange(0));
         assert_eq!(t(3601).unwrap_err(), LaunchError::TimeoutOutOfRange(3601));
         assert_eq!(t(3600).unwrap().timeout, 3600);
+        assert_eq!(t(-1).unwrap_err(), LaunchError::TimeoutOutOfRange(-1));
         assert_eq!(spec("x").unwrap().timeout, 300);
         let c = |c: &str| TaskSpec::new("x".into(), Some(c.into()), BTreeMap::new(), None);
         assert_eq!(c("relative").unwrap_err(), LaunchError::BadCwd);

@@ -47,12 +47,12 @@ impl SupervisorTransport for LocalPython {
     }
 }
 
-fn spec(command: &str, envs: &[(&str, &str)], timeout: Option<u64>) -> TaskSpec {
+fn spec(command: &str, envs: &[(&str, &str)], timeout: Option<i64>) -> TaskSpec {
     let envs: BTreeMap<String, String> = envs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     TaskSpec::new(command.to_owned(), None, envs, timeout).unwrap()
 }
 
-fn page(out: u64, err: u64, limit: u64) -> PageRequest {
+fn page(out: i64, err: i64, limit: i64) -> PageRequest {
     PageRequest::new(Some(out), Some(err), Some(limit)).unwrap()
 }
 

@@ -40,19 +40,17 @@ pub struct PageRequest {
 }
 
 impl PageRequest {
-    pub fn new(stdout_offset: Option<u64>, stderr_offset: Option<u64>, limit: Option<u64>) -> Result<Self, PageError> {
-        let stdout_offset = stdout_offset.unwrap_or(0);
-        let stderr_offset = stderr_offset.unwrap_or(0);
-        if stdout_offset > MAX_OFFSET {
-            return Err(PageError::OffsetOutOfRange("stdout_offset"));
-        }
-        if stderr_offset > MAX_OFFSET {
-            return Err(PageError::OffsetOutOfRange("stderr_offset"));
-        }
-        let limit = limit.unwrap_or(DEFAULT_LIMIT);
-        if !(MIN_LIMIT..=MAX_LIMIT).contains(&limit) {
-            return Err(PageError::LimitOutOfRange);
-        }
+    /// Signed inputs, so that a negative value gets the same clear message as a too-large one.
+    pub fn new(stdout_offset: Option<i64>, stderr_offset: Option<i64>, limit: Option<i64>) -> Result<Self, PageError> {
+        let offset = |v: Option<i64>, name| {
+            u64::try_from(v.unwrap_or(0)).ok().filter(|v| *v <= MAX_OFFSET).ok_or(PageError::OffsetOutOfRange(name))
+        };
+        let stdout_offset = offset(stdout_offset, "stdout_offset")?;
+        let stderr_offset = offset(stderr_offset, "stderr_offset")?;
+        let limit = u64::try_from(limit.unwrap_or(DEFAULT_LIMIT as i64))
+            .ok()
+            .filter(|l| (MIN_LIMIT..=MAX_LIMIT).contains(l))
+            .ok_or(PageError::LimitOutOfRange)?;
         Ok(Self { stdout_offset, stderr_offset, limit })
     }
 }
@@ -205,6 +203,8 @@ mod tests {
         assert_eq!(PageRequest::new(None, Some(1_048_577), None), Err(PageError::OffsetOutOfRange("stderr_offset")));
         assert_eq!(PageRequest::new(None, None, Some(0)), Err(PageError::LimitOutOfRange));
         assert_eq!(PageRequest::new(None, None, Some(65_537)), Err(PageError::LimitOutOfRange));
+        assert_eq!(PageRequest::new(Some(-1), None, None), Err(PageError::OffsetOutOfRange("stdout_offset")));
+        assert_eq!(PageRequest::new(None, None, Some(-5)), Err(PageError::LimitOutOfRange));
         assert_eq!(PageRequest::new(None, None, None).unwrap().limit, 16_384);
         assert_eq!(check_wait(Some(30.5)), Err(PageError::WaitOutOfRange));
         assert_eq!(check_wait(Some(f64::NAN)), Err(PageError::WaitOutOfRange));
