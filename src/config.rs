@@ -257,7 +257,9 @@ impl Config {
         }
         for origin in &s.allowed_origins {
             if origin != "null" && !origin.contains("://") {
-                return invalid(format!("server.allowed_origins: {origin:?} needs a scheme, like https://app.example.com"));
+                return invalid(format!(
+                    "server.allowed_origins: {origin:?} needs a scheme, like https://app.example.com"
+                ));
             }
         }
         if self.provider.kind == ProviderKind::E2b {
@@ -399,8 +401,8 @@ mod tests {
     #[test]
     fn tokens_from_env_convenience_and_validation() {
         let hash = "a".repeat(64);
-        let c = Config::load_with_env(None, &env(&[("SANDBOX_MCP_TOKENS", &format!("acme:{hash}, beta:{hash}"))]))
-            .unwrap();
+        let c =
+            Config::load_with_env(None, &env(&[("SANDBOX_MCP_TOKENS", &format!("acme:{hash}, beta:{hash}"))])).unwrap();
         assert_eq!(c.auth.tokens.len(), 2);
         assert_eq!(c.auth.tokens[1].tenant, "beta");
         let err = Config::load_with_env(None, &env(&[("SANDBOX_MCP_TOKENS", "acme:plaintext-token")])).unwrap_err();

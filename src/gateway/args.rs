@@ -99,10 +99,15 @@ pub fn validate_metadata(metadata: &HashMap<String, String>, reserved_prefix: &s
             return Err(format!("metadata keys must be 1-{MAX_METADATA_KEY_BYTES} bytes; got {:?}", clip(key, 80)));
         }
         if key.starts_with(reserved_prefix) {
-            return Err(format!("metadata key {key:?} is reserved (keys starting with {reserved_prefix:?} are set by the gateway)"));
+            return Err(format!(
+                "metadata key {key:?} is reserved (keys starting with {reserved_prefix:?} are set by the gateway)"
+            ));
         }
         if value.len() > MAX_METADATA_VALUE_BYTES {
-            return Err(format!("metadata value of {key:?} is {} bytes; the limit is {MAX_METADATA_VALUE_BYTES}", value.len()));
+            return Err(format!(
+                "metadata value of {key:?} is {} bytes; the limit is {MAX_METADATA_VALUE_BYTES}",
+                value.len()
+            ));
         }
     }
     Ok(())

@@ -6,12 +6,12 @@ use std::time::{Duration, Instant};
 use http::request::Parts;
 use rmcp::handler::server::tool::Extension;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::{tool, tool_router};
+use rmcp::{Json, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::args::{MAX_COMMAND_BYTES, RunAs, validate_envs, validate_path, validate_range};
-use super::handler::{CallContext, Gateway, ToolResult};
+use super::handler::{CallContext, Gateway};
 use crate::e2b::{CallOptions, E2bError, OutputLimits, wire};
 
 /// Default and longest foreground timeout, seconds.
@@ -67,17 +67,15 @@ pub struct RunCommandResult {
 
 #[tool_router(router = exec_router, vis = "pub(crate)")]
 impl Gateway {
-    #[tool(
-        description = "Run a shell command in a sandbox and wait for it (bash -l -c). Returns exit_code, \
+    #[tool(description = "Run a shell command in a sandbox and wait for it (bash -l -c). Returns exit_code, \
         stdout and stderr (each capped at 64 KiB, with a truncation flag). A non-zero exit code is a normal \
         result. Timeout 1-600 s (default 60); for longer work use start_task. Runs as user 'user' unless \
-        user is 'root'. Omit sandbox_id to use the session's default sandbox."
-    )]
+        user is 'root'. Omit sandbox_id to use the session's default sandbox.")]
     pub async fn run_command(
         &self,
         Parameters(args): Parameters<RunCommandArgs>,
         Extension(parts): Extension<Parts>,
-    ) -> ToolResult<RunCommandResult> {
+    ) -> Result<Json<RunCommandResult>, String> {
         let call = self.call_context("run_command", &parts)?;
         self.logged("run_command", &call, self.run_command_impl(&call, args)).await
     }

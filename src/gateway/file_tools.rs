@@ -6,12 +6,12 @@ use bytes::Bytes;
 use http::request::Parts;
 use rmcp::handler::server::tool::Extension;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::{tool, tool_router};
+use rmcp::{Json, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::args::{RunAs, validate_path, validate_range};
-use super::handler::{CallContext, Gateway, ToolResult};
+use super::handler::{CallContext, Gateway};
 use crate::e2b::{CallOptions, E2bError, wire};
 
 /// Largest file `read_file` returns / `write_file` accepts, bytes (decoded).
@@ -130,42 +130,36 @@ pub struct ListFilesResult {
 
 #[tool_router(router = file_router, vis = "pub(crate)")]
 impl Gateway {
-    #[tool(
-        description = "Read a file from a sandbox (at most 10 MiB). Returns text when the file is UTF-8, \
-        else base64 (force either with encoding). Omit sandbox_id to use the session's default sandbox."
-    )]
+    #[tool(description = "Read a file from a sandbox (at most 10 MiB). Returns text when the file is UTF-8, \
+        else base64 (force either with encoding). Omit sandbox_id to use the session's default sandbox.")]
     pub async fn read_file(
         &self,
         Parameters(args): Parameters<ReadFileArgs>,
         Extension(parts): Extension<Parts>,
-    ) -> ToolResult<ReadFileResult> {
+    ) -> Result<Json<ReadFileResult>, String> {
         let call = self.call_context("read_file", &parts)?;
         self.logged("read_file", &call, self.read_file_impl(&call, args)).await
     }
 
-    #[tool(
-        description = "Write a file in a sandbox (creating parent directories, replacing an existing file). \
+    #[tool(description = "Write a file in a sandbox (creating parent directories, replacing an existing file). \
         content is text, or base64 with encoding \"base64\" (at most 10 MiB decoded). Omit sandbox_id to use \
-        the session's default sandbox."
-    )]
+        the session's default sandbox.")]
     pub async fn write_file(
         &self,
         Parameters(args): Parameters<WriteFileArgs>,
         Extension(parts): Extension<Parts>,
-    ) -> ToolResult<WriteFileResult> {
+    ) -> Result<Json<WriteFileResult>, String> {
         let call = self.call_context("write_file", &parts)?;
         self.logged("write_file", &call, self.write_file_impl(&call, args)).await
     }
 
-    #[tool(
-        description = "List a directory in a sandbox (depth 1-10, default 1; at most 5000 entries). \
-        Omit sandbox_id to use the session's default sandbox."
-    )]
+    #[tool(description = "List a directory in a sandbox (depth 1-10, default 1; at most 5000 entries). \
+        Omit sandbox_id to use the session's default sandbox.")]
     pub async fn list_files(
         &self,
         Parameters(args): Parameters<ListFilesArgs>,
         Extension(parts): Extension<Parts>,
-    ) -> ToolResult<ListFilesResult> {
+    ) -> Result<Json<ListFilesResult>, String> {
         let call = self.call_context("list_files", &parts)?;
         self.logged("list_files", &call, self.list_files_impl(&call, args)).await
     }
@@ -199,10 +193,7 @@ impl Gateway {
         let (encoding, content) = match (args.encoding, std::str::from_utf8(&data)) {
             (Some(Encoding::Base64), _) | (None, Err(_)) => (Encoding::Base64, BASE64.encode(&data)),
             (Some(Encoding::Text), Err(_)) => {
-                return Err(format!(
-                    "{} is not valid UTF-8 text; read it with encoding \"base64\"",
-                    args.path
-                ));
+                return Err(format!("{} is not valid UTF-8 text; read it with encoding \"base64\"", args.path));
             }
             (_, Ok(text)) => (Encoding::Text, self.mask(text).into_owned()),
         };
@@ -213,11 +204,9 @@ impl Gateway {
         validate_path("path", &args.path)?;
         let data = match args.encoding.unwrap_or(Encoding::Text) {
             Encoding::Text => Bytes::from(args.content.into_bytes()),
-            Encoding::Base64 => Bytes::from(
-                BASE64
-                    .decode(args.content.trim())
-                    .map_err(|e| format!("content is not valid base64 ({e}); send standard base64 or use encoding \"text\""))?,
-            ),
+            Encoding::Base64 => Bytes::from(BASE64.decode(args.content.trim()).map_err(|e| {
+                format!("content is not valid base64 ({e}); send standard base64 or use encoding \"text\"")
+            })?),
         };
         if data.len() as u64 > MAX_FILE_BYTES {
             return Err(format!("content is {} bytes; the limit is {MAX_FILE_BYTES}", data.len()));

@@ -130,8 +130,7 @@ impl SessionEndHook for GatewayCore {
     fn session_ended(&self, session_id: String, state: SessionState, reason: EndReason) {
         let to_kill: Vec<String> = state.owned.difference(&state.retained).cloned().collect();
         let retained: Vec<String> = state.retained.iter().cloned().collect();
-        let connected: Vec<String> =
-            state.verified.keys().filter(|id| !state.owned.contains(*id)).cloned().collect();
+        let connected: Vec<String> = state.verified.keys().filter(|id| !state.owned.contains(*id)).cloned().collect();
         let tenant = state.tenant.clone().unwrap_or_default();
         if to_kill.is_empty() {
             tracing::info!(session = %session_id, tenant = %tenant, reason = reason.as_str(), ?retained,
@@ -252,7 +251,9 @@ impl Gateway {
         let session_id = parts.headers.get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_string);
         let result = match (tenant, session_id) {
             (None, _) => Err("internal error: the request carries no tenant".to_string()),
-            (Some(_), None) => Err("this tool needs an MCP session (Mcp-Session-Id); initialize a session first".into()),
+            (Some(_), None) => {
+                Err("this tool needs an MCP session (Mcp-Session-Id); initialize a session first".into())
+            }
             (Some(tenant), Some(session_id)) => match self.core.sessions.with_session(&session_id, &tenant, |_| ()) {
                 Ok(()) => Ok(CallContext { tenant, session_id, sandbox: Mutex::new(None) }),
                 Err(err) => Err(err.to_string()),
@@ -274,7 +275,7 @@ impl Gateway {
         let _in_flight = self.core.in_flight.enter();
         let started = Instant::now();
         let result = body.await.map_err(|e| self.core.masker.mask(&e).into_owned());
-        let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+        let duration_ms = (started.elapsed().as_secs_f64() * 10_000.0).round() / 10.0;
         match &result {
             Ok(_) => tracing::info!(tool, session = %call.session_id, tenant = %call.tenant,
                 sandbox = %call.sandbox(), duration_ms, outcome = "ok", "tool call"),
@@ -327,7 +328,12 @@ impl Gateway {
     async fn verify_and_connect(&self, call: &CallContext, id: &str) -> Result<wire::Sandbox, String> {
         let detail = self.check_owner(call, id).await?;
         if detail.state == wire::SandboxState::Paused {
-            return self.core.provider.connect_sandbox(id, None).await.map_err(|e| self.provider_error("resume", id, &e));
+            return self
+                .core
+                .provider
+                .connect_sandbox(id, None)
+                .await
+                .map_err(|e| self.provider_error("resume", id, &e));
         }
         Ok(wire::Sandbox {
             template_id: detail.template_id,

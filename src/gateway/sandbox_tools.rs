@@ -7,14 +7,14 @@ use std::time::{Duration, SystemTime};
 use http::request::Parts;
 use rmcp::handler::server::tool::Extension;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::{tool, tool_router};
+use rmcp::{Json, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::args::{validate_envs, validate_metadata, validate_range, validate_template};
 use super::handler::{
-    CallContext, Gateway, META_DEPLOYMENT, META_RESERVED_PREFIX, META_SESSION, META_TENANT, ToolResult,
-    not_found_message, validate_sandbox_id,
+    CallContext, Gateway, META_DEPLOYMENT, META_RESERVED_PREFIX, META_SESSION, META_TENANT, not_found_message,
+    validate_sandbox_id,
 };
 use crate::e2b::wire;
 
@@ -106,29 +106,25 @@ pub struct ListSandboxesResult {
 
 #[tool_router(router = sandbox_router, vis = "pub(crate)")]
 impl Gateway {
-    #[tool(
-        description = "Create a new Linux sandbox. It becomes this session's default sandbox (tools that \
+    #[tool(description = "Create a new Linux sandbox. It becomes this session's default sandbox (tools that \
         omit sandbox_id use it) and is owned by this session: it is killed when the MCP session ends, \
-        unless a task was started in it. Returns its sandbox_id."
-    )]
+        unless a task was started in it. Returns its sandbox_id.")]
     pub async fn create_sandbox(
         &self,
         Parameters(args): Parameters<CreateSandboxArgs>,
         Extension(parts): Extension<Parts>,
-    ) -> ToolResult<CreateSandboxResult> {
+    ) -> Result<Json<CreateSandboxResult>, String> {
         let call = self.call_context("create_sandbox", &parts)?;
         self.logged("create_sandbox", &call, self.create_sandbox_impl(&call, args)).await
     }
 
-    #[tool(
-        description = "Connect to an existing sandbox of yours (resuming it if paused) and make it this \
-        session's default sandbox. The session does not own it: it is not killed when the session ends."
-    )]
+    #[tool(description = "Connect to an existing sandbox of yours (resuming it if paused) and make it this \
+        session's default sandbox. The session does not own it: it is not killed when the session ends.")]
     pub async fn connect_sandbox(
         &self,
         Parameters(args): Parameters<SandboxIdArgs>,
         Extension(parts): Extension<Parts>,
-    ) -> ToolResult<ConnectSandboxResult> {
+    ) -> Result<Json<ConnectSandboxResult>, String> {
         let call = self.call_context("connect_sandbox", &parts)?;
         self.logged("connect_sandbox", &call, self.connect_sandbox_impl(&call, args)).await
     }
@@ -139,27 +135,29 @@ impl Gateway {
         &self,
         Parameters(args): Parameters<SandboxIdArgs>,
         Extension(parts): Extension<Parts>,
-    ) -> ToolResult<KillSandboxResult> {
+    ) -> Result<Json<KillSandboxResult>, String> {
         let call = self.call_context("kill_sandbox", &parts)?;
         self.logged("kill_sandbox", &call, self.kill_sandbox_impl(&call, args)).await
     }
 
-    #[tool(
-        description = "List your sandboxes (running or paused), with what this session thinks of each: \
-        default, owned (killed when this session ends) or retained (kept: a task runs in it)."
-    )]
+    #[tool(description = "List your sandboxes (running or paused), with what this session thinks of each: \
+        default, owned (killed when this session ends) or retained (kept: a task runs in it).")]
     pub async fn list_sandboxes(
         &self,
         Parameters(_args): Parameters<ListSandboxesArgs>,
         Extension(parts): Extension<Parts>,
-    ) -> ToolResult<ListSandboxesResult> {
+    ) -> Result<Json<ListSandboxesResult>, String> {
         let call = self.call_context("list_sandboxes", &parts)?;
         self.logged("list_sandboxes", &call, self.list_sandboxes_impl(&call)).await
     }
 }
 
 impl Gateway {
-    async fn create_sandbox_impl(&self, call: &CallContext, args: CreateSandboxArgs) -> Result<CreateSandboxResult, String> {
+    async fn create_sandbox_impl(
+        &self,
+        call: &CallContext,
+        args: CreateSandboxArgs,
+    ) -> Result<CreateSandboxResult, String> {
         let cfg = &self.core.config.sandbox;
         let template = args.template.unwrap_or_else(|| cfg.default_template.clone());
         validate_template(&template)?;
@@ -204,12 +202,21 @@ impl Gateway {
         Ok(CreateSandboxResult { sandbox_id: id, template, timeout_secs: timeout, owned: true })
     }
 
-    async fn connect_sandbox_impl(&self, call: &CallContext, args: SandboxIdArgs) -> Result<ConnectSandboxResult, String> {
+    async fn connect_sandbox_impl(
+        &self,
+        call: &CallContext,
+        args: SandboxIdArgs,
+    ) -> Result<ConnectSandboxResult, String> {
         validate_sandbox_id(&args.sandbox_id)?;
         let id = args.sandbox_id;
         call.set_sandbox(&id);
         let detail = self.check_owner(call, &id).await?;
-        let sandbox = self.core.provider.connect_sandbox(&id, None).await.map_err(|e| self.provider_error("connect to", &id, &e))?;
+        let sandbox = self
+            .core
+            .provider
+            .connect_sandbox(&id, None)
+            .await
+            .map_err(|e| self.provider_error("connect to", &id, &e))?;
         let owned = self
             .core
             .sessions
@@ -224,7 +231,13 @@ impl Gateway {
             Ok(fresh) => fresh.end_at,
             Err(_) => detail.end_at,
         };
-        Ok(ConnectSandboxResult { sandbox_id: id, template: detail.template_id, state: "running".into(), end_at, owned })
+        Ok(ConnectSandboxResult {
+            sandbox_id: id,
+            template: detail.template_id,
+            state: "running".into(),
+            end_at,
+            owned,
+        })
     }
 
     async fn kill_sandbox_impl(&self, call: &CallContext, args: SandboxIdArgs) -> Result<KillSandboxResult, String> {
@@ -254,7 +267,8 @@ impl Gateway {
                 format!("could not list sandboxes: {err}")
             }
         })?;
-        let state = self.core.sessions.snapshot(&call.session_id).ok_or("this MCP session has ended; start a new one")?;
+        let state =
+            self.core.sessions.snapshot(&call.session_id).ok_or("this MCP session has ended; start a new one")?;
         let sandboxes = details
             .into_iter()
             // Belt and braces: never show another tenant's sandbox even if a provider ignores the filter.

@@ -59,7 +59,11 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
 }
 
 /// Runs the gateway on `listener` until `stop` is cancelled.
-pub async fn serve_on(config: Config, listener: tokio::net::TcpListener, stop: CancellationToken) -> anyhow::Result<()> {
+pub async fn serve_on(
+    config: Config,
+    listener: tokio::net::TcpListener,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
     let config = Arc::new(config);
     let connection = provider::connect(&config).await?;
     let secrets = config.tasks.secrets.iter().cloned().chain(connection.api_key.clone());
@@ -97,9 +101,8 @@ pub async fn serve_on(config: Config, listener: tokio::net::TcpListener, stop: C
         http_config,
     );
     let auth = AuthState { tokens: TokenSet::new(&config.auth.tokens), sessions: Arc::clone(&sessions) };
-    let mcp = Router::new()
-        .nest_service("/mcp", service)
-        .layer(axum::middleware::from_fn_with_state(auth, require_tenant));
+    let mcp =
+        Router::new().nest_service("/mcp", service).layer(axum::middleware::from_fn_with_state(auth, require_tenant));
     let app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -131,7 +134,11 @@ pub async fn serve_on(config: Config, listener: tokio::net::TcpListener, stop: C
 
     let grace = Duration::from_secs(config.server.shutdown_grace_secs);
     core.shutting_down.store(true, Ordering::SeqCst);
-    tracing::info!(in_flight = core.in_flight.current(), grace_secs = grace.as_secs(), "shutting down: readiness off, waiting for in-flight calls");
+    tracing::info!(
+        in_flight = core.in_flight.current(),
+        grace_secs = grace.as_secs(),
+        "shutting down: readiness off, waiting for in-flight calls"
+    );
     let left = core.in_flight.wait_idle(grace).await;
     if left > 0 {
         tracing::warn!(in_flight = left, "grace period over; ending sessions with calls still running");
@@ -163,7 +170,9 @@ async fn readyz(State(core): State<Arc<GatewayCore>>) -> impl IntoResponse {
     }
     match tokio::time::timeout(READY_CHECK_TIMEOUT, core.provider.health()).await {
         Ok(Ok(())) => (StatusCode::OK, "ready\n".to_string()),
-        Ok(Err(err)) => (StatusCode::SERVICE_UNAVAILABLE, format!("provider unreachable: {}\n", core.masker.mask(&err.to_string()))),
+        Ok(Err(err)) => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("provider unreachable: {}\n", core.masker.mask(&err.to_string())))
+        }
         Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "provider health check timed out\n".to_string()),
     }
 }

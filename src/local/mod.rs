@@ -8,7 +8,6 @@
 pub mod api;
 pub mod cgroups;
 pub mod config;
-#[path = "envd_stub.rs"]
 pub mod envd;
 pub mod list_query;
 pub mod process;
@@ -28,7 +27,6 @@ use anyhow::Context;
 
 pub use config::LocalProviderConfig;
 
-pub mod envd;
 
 /// Arguments of `sandbox-mcp provider`.
 #[derive(Debug, Clone, clap::Args)]

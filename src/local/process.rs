@@ -30,38 +30,47 @@ fn pidfd_send_signal(pidfd: &OwnedFd, signal: i32) -> std::io::Result<()> {
     if ret < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
 }
 
-/// Kills the agent `pid` (only if it is still the process that started at `start_time`) with
-/// SIGKILL, which, as PID 1 of its namespace, takes every process of the sandbox with it; waits
-/// up to `timeout` for it to be gone and reaps it if it is our child. Returns true if nothing of
-/// it remains.
-pub async fn kill_and_wait(pid: i32, start_time: u64, timeout: Duration, after_signal: impl AsyncFnOnce()) -> bool {
-    let pidfd = match pidfd_open(pid) {
-        Ok(fd) => fd,
-        Err(_) => {
-            reap_if_child(pid);
-            return true; // already gone
-        }
+/// Sends SIGKILL to the agent `pid` if it is still the process that started at `start_time`. As
+/// PID 1 of its namespace, its death takes every process of the sandbox with it. Returns a pidfd
+/// to wait on, or None if the process is already gone.
+pub fn send_kill(pid: i32, start_time: u64) -> Option<OwnedFd> {
+    let Ok(pidfd) = pidfd_open(pid) else {
+        reap_if_child(pid);
+        return None;
     };
-    if process_is(pid, start_time) {
-        if let Err(err) = pidfd_send_signal(&pidfd, libc::SIGKILL) {
-            tracing::warn!(%err, pid, "cannot signal sandbox agent");
-        }
+    if process_is(pid, start_time)
+        && let Err(err) = pidfd_send_signal(&pidfd, libc::SIGKILL)
+    {
+        tracing::warn!(%err, pid, "cannot signal sandbox agent");
     }
-    after_signal().await;
-    // SAFETY: the OwnedFd is moved into the AsyncFd, which neither replaces nor closes it early.
-    let registered = unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) };
-    let gone = match registered {
-        Ok(async_fd) => tokio::time::timeout(timeout, async_fd.readable()).await.is_ok(),
-        Err(_) => {
-            let deadline = tokio::time::Instant::now() + timeout;
-            while process_is(pid, start_time) && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(2)).await;
+    Some(pidfd)
+}
+
+/// Waits up to `timeout` for the process behind `pidfd` to exit, then reaps it if it is our child.
+/// Returns true if it is gone.
+pub async fn wait_gone(pidfd: Option<OwnedFd>, pid: i32, start_time: u64, timeout: Duration) -> bool {
+    let gone = match pidfd {
+        None => true,
+        // SAFETY: the OwnedFd is moved into the AsyncFd, which neither replaces nor closes it early.
+        Some(fd) => match unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) } {
+            Ok(async_fd) => tokio::time::timeout(timeout, async_fd.readable()).await.is_ok(),
+            Err(_) => {
+                let deadline = tokio::time::Instant::now() + timeout;
+                while process_is(pid, start_time) && tokio::time::Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                !process_is(pid, start_time)
             }
-            !process_is(pid, start_time)
-        }
+        },
     };
     reap_if_child(pid);
     gone
+}
+
+/// [`send_kill`] then [`wait_gone`].
+pub async fn kill_and_wait(pid: i32, start_time: u64, timeout: Duration) -> bool {
+    let pidfd = send_kill(pid, start_time);
+    wait_gone(pidfd, pid, start_time, timeout).await
 }
 
 /// Collects `pid`'s exit status if it is a child of ours (no-op otherwise).

@@ -93,6 +93,8 @@ pub struct Provider {
     table: Mutex<HashMap<String, Arc<SandboxEntry>>>,
     /// Creates in flight (counted against `max_sandboxes`).
     pending: Mutex<usize>,
+    /// Background clean-ups of killed sandboxes still running.
+    cleanups: Arc<Mutex<usize>>,
 }
 
 impl Provider {
@@ -103,7 +105,7 @@ impl Provider {
             .map_err(|e| anyhow::anyhow!("cannot create the state directory {}: {e}", sandboxes_dir.display()))?;
         let cgroups = CgroupLayout::detect();
         tracing::info!(?cgroups, state_dir = %cfg.state_dir.display(), "local provider state");
-        Ok(Provider { cfg, sandboxes_dir, cgroups, table: Mutex::new(HashMap::new()), pending: Mutex::new(0) })
+        Ok(Provider { cfg, sandboxes_dir, cgroups, table: Mutex::new(HashMap::new()), pending: Mutex::new(0), cleanups: Arc::new(Mutex::new(0)) })
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<SandboxEntry>>> {
@@ -192,7 +194,7 @@ impl Provider {
         let start_time = process_start_time(pid).unwrap_or(0);
         if let Err(message) = wait_ready(agent.ready).await {
             tracing::warn!(sandbox = %id, %message, "sandbox agent failed to start");
-            process::kill_and_wait(pid, start_time, KILL_TIMEOUT, async || {}).await;
+            process::kill_and_wait(pid, start_time, KILL_TIMEOUT).await;
             cgroups::remove(&cgroup_dirs).await;
             let log = std::fs::read_to_string(dir.join(LOG_FILE)).unwrap_or_default();
             remove_sandbox_dir(&dir);
@@ -225,31 +227,41 @@ impl Provider {
         Ok(rec)
     }
 
-    /// Kills a sandbox: every process, its cgroups, its directory.
+    /// Kills a sandbox. Returns once its agent got SIGKILL (the kernel then kills every process of
+    /// its PID namespace); waiting for the exit, removing the cgroups and the directory continue in
+    /// the background (see [`Provider::cleanups_in_flight`]).
     pub async fn kill(&self, id: &str) -> Result<(), ProviderError> {
         let entry = self.table().remove(id).ok_or_else(|| ProviderError::NotFound(id.to_owned()))?;
         let _op = entry.op.lock().await;
-        self.destroy(&entry.snapshot(), &entry.dir).await;
-        tracing::info!(sandbox = %id, "sandbox killed");
+        let rec = entry.snapshot();
+        let pidfd = process::send_kill(rec.envd_pid, rec.envd_start_time);
+        if rec.state == SandboxState::Paused && rec.pause_method.as_deref() == Some("freezer") {
+            // Frozen tasks die only once thawed.
+            let _ = cgroups::set_frozen(&rec.cgroups, false).await;
+        }
+        let in_flight = self.cleanups.clone();
+        *in_flight.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        let dir = entry.dir.clone();
+        tokio::spawn(async move {
+            finish_destroy(pidfd, &rec, &dir).await;
+            *in_flight.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+            tracing::info!(sandbox = %rec.id, "sandbox removed");
+        });
         Ok(())
     }
 
-    /// Tears down whatever remains of a sandbox (its agent verified by start time).
+    /// Number of killed sandboxes whose clean-up is still running.
+    pub fn cleanups_in_flight(&self) -> usize {
+        *self.cleanups.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Tears down whatever remains of a sandbox (its agent verified by start time), waiting for it.
     async fn destroy(&self, rec: &SandboxRecord, dir: &Path) {
-        let frozen_v1 = rec.state == SandboxState::Paused && rec.pause_method.as_deref() == Some("freezer");
-        let cgroup_dirs = rec.cgroups.clone();
-        let gone = process::kill_and_wait(rec.envd_pid, rec.envd_start_time, KILL_TIMEOUT, async || {
-            // Frozen tasks die only once thawed.
-            if frozen_v1 {
-                let _ = cgroups::set_frozen(&cgroup_dirs, false).await;
-            }
-        })
-        .await;
-        if !gone {
-            tracing::warn!(sandbox = %rec.id, pid = rec.envd_pid, "sandbox agent did not exit after SIGKILL");
+        let pidfd = process::send_kill(rec.envd_pid, rec.envd_start_time);
+        if rec.state == SandboxState::Paused && rec.pause_method.as_deref() == Some("freezer") {
+            let _ = cgroups::set_frozen(&rec.cgroups, false).await;
         }
-        cgroups::remove(&rec.cgroups).await;
-        remove_sandbox_dir(dir);
+        finish_destroy(pidfd, rec, dir).await;
     }
 
     /// Sets the deadline to now + `timeout_secs`.
@@ -347,7 +359,7 @@ impl Provider {
                     tracing::info!(dir = %dir.display(), "cleaning up a sandbox directory without a record");
                     for pid in process::agents_for_dir(&dir) {
                         if let Some(start) = process_start_time(pid) {
-                            process::kill_and_wait(pid, start, KILL_TIMEOUT, async || {}).await;
+                            process::kill_and_wait(pid, start, KILL_TIMEOUT).await;
                         }
                     }
                     cgroups::remove(&self.cgroups.paths_for(&id)).await;
@@ -380,6 +392,15 @@ impl Provider {
             let _ = self.kill(&id).await;
         }
     }
+}
+
+/// Waits for a killed agent to be gone, then removes its cgroups and directory.
+async fn finish_destroy(pidfd: Option<OwnedFd>, rec: &SandboxRecord, dir: &Path) {
+    if !process::wait_gone(pidfd, rec.envd_pid, rec.envd_start_time, KILL_TIMEOUT).await {
+        tracing::warn!(sandbox = %rec.id, pid = rec.envd_pid, "sandbox agent did not exit after SIGKILL");
+    }
+    cgroups::remove(&rec.cgroups).await;
+    remove_sandbox_dir(dir);
 }
 
 /// Waits for the agent's `ok` on its readiness pipe; any other text is its set-up error.

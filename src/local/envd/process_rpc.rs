@@ -55,7 +55,8 @@ pub async fn handle(state: Arc<EnvdState>, method: &str, headers: HeaderMap, bod
     let result = match method {
         "Start" => start(&state, &headers, &body).await,
         "Connect" => connect(&state, &headers, &body),
-        "List" => Ok(rpc::unary_ok(&ListProcessesResponse { processes: state.processes.list() })),
+        "List" => rpc::decode_unary::<serde_json::Map<String, serde_json::Value>>(&body)
+            .map(|_| rpc::unary_ok(&ListProcessesResponse { processes: state.processes.list() })),
         "SendSignal" => send_signal(&state, &body),
         "SendInput" => send_input(&state, &body).await,
         _ => close_stdin(&state, &body).await,

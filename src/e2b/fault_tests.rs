@@ -1,0 +1,304 @@
+//! Fault-injection tests of the client against a scripted axum server, for
+//! faults the real local provider cannot be made to produce: end-stream
+//! errors mid-stream, truncated envelopes, byte-by-byte chunking, 503 with
+//! `Retry-After`, stalled streams, and the exact request headers sent.
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use bytes::Bytes;
+
+use super::*;
+use crate::connect_rpc::{Code, ConnectError, encode_end_stream, encode_json_message};
+use crate::e2b::wire::{DataEvent, EndEvent, ProcessEvent, ProcessEventMessage, StartEvent};
+
+#[derive(Default)]
+struct Recorder {
+    requests: Mutex<Vec<(String, HeaderMap)>>,
+}
+
+impl Recorder {
+    fn push(&self, path: &str, headers: &HeaderMap) {
+        self.requests.lock().unwrap().push((path.to_owned(), headers.clone()));
+    }
+    fn count(&self, path: &str) -> usize {
+        self.requests.lock().unwrap().iter().filter(|(p, _)| p == path).count()
+    }
+    fn headers(&self, path: &str) -> HeaderMap {
+        self.requests.lock().unwrap().iter().find(|(p, _)| p == path).map(|(_, h)| h.clone()).unwrap()
+    }
+}
+
+async fn serve(router: Router) -> (url::Url, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, router).await.unwrap();
+    });
+    (format!("http://{addr}").parse().unwrap(), task)
+}
+
+fn client(url: &url::Url) -> E2bClient {
+    E2bClient::new(ProviderEndpoint {
+        api_url: url.clone(),
+        sandbox_url: Some(url.clone()),
+        domain: "local".into(),
+        api_key: Some("e2b_0123456789abcdef0123456789abcdef01234567".into()),
+        request_timeout: Duration::from_secs(5),
+    })
+    .unwrap()
+}
+
+fn sandbox(id: &str, token: Option<&str>) -> wire::Sandbox {
+    wire::Sandbox {
+        template_id: "base".into(),
+        sandbox_id: id.into(),
+        client_id: "local".into(),
+        envd_version: wire::ENVD_VERSION.into(),
+        envd_access_token: token.map(str::to_owned),
+        ..Default::default()
+    }
+}
+
+fn event(event: ProcessEvent) -> Bytes {
+    encode_json_message(&ProcessEventMessage { event })
+}
+
+fn stream_response(chunks: Vec<Bytes>) -> Response {
+    let body = Body::from_stream(futures_util::stream::iter(chunks.into_iter().map(Ok::<_, Infallible>)));
+    ([("content-type", "application/connect+json")], body).into_response()
+}
+
+fn echo_request() -> wire::StartRequest {
+    wire::StartRequest {
+        process: wire::ProcessConfig {
+            cmd: "/bin/bash".into(),
+            args: vec!["-l".into(), "-c".into(), "echo hi".into()],
+            ..Default::default()
+        },
+        stdin: Some(false),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn end_stream_error_mid_stream_is_surfaced_with_op_and_sandbox() {
+    let router = Router::new().route(
+        "/process.Process/Start",
+        post(|| async {
+            stream_response(vec![
+                event(ProcessEvent::Start(StartEvent { pid: 7 })),
+                event(ProcessEvent::Data(DataEvent { stdout: Some(b"partial".to_vec()), ..Default::default() })),
+                encode_end_stream(Some(&ConnectError::new(Code::Internal, "envd blew up"))),
+            ])
+        }),
+    );
+    let (url, server) = serve(router).await;
+    let envd = client(&url).envd(&sandbox("sbx-a", None));
+    let mut stream = envd.start(&echo_request(), &CallOptions::default()).await.unwrap();
+    assert_eq!(stream.pid(), 7);
+    let first = stream.next_event().await.unwrap().unwrap();
+    assert!(matches!(first, ProcessEvent::Data(DataEvent { stdout: Some(ref b), .. }) if b == b"partial"));
+    let err = stream.next_event().await.unwrap_err();
+    assert!(matches!(err, E2bError::Rpc { code: Code::Internal, .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains("process.Start") && text.contains("sbx-a") && text.contains("envd blew up"), "{text}");
+    assert!(stream.next_event().await.unwrap().is_none());
+    // `run` reports the same failure instead of a result.
+    let err = envd.run(&echo_request(), &CallOptions::default(), OutputLimits::default()).await.unwrap_err();
+    assert!(matches!(err, E2bError::Rpc { code: Code::Internal, .. }), "{err:?}");
+    server.abort();
+}
+
+#[tokio::test]
+async fn truncated_envelope_is_a_protocol_error() {
+    let router = Router::new().route(
+        "/process.Process/Start",
+        post(|| async {
+            let data = event(ProcessEvent::Data(DataEvent { stdout: Some(vec![b'x'; 100]), ..Default::default() }));
+            stream_response(vec![event(ProcessEvent::Start(StartEvent { pid: 9 })), data.slice(..40)])
+        }),
+    );
+    let (url, server) = serve(router).await;
+    let envd = client(&url).envd(&sandbox("sbx-t", None));
+    let mut stream = envd.start(&echo_request(), &CallOptions::default()).await.unwrap();
+    let err = stream.next_event().await.unwrap_err();
+    assert!(matches!(err, E2bError::Protocol { .. }), "{err:?}");
+    assert!(err.to_string().contains("stream ended inside an envelope"), "{err}");
+    server.abort();
+}
+
+#[tokio::test]
+async fn envelopes_split_byte_by_byte_decode_incrementally() {
+    let router = Router::new().route(
+        "/process.Process/Start",
+        post(|| async {
+            let mut wire = Vec::new();
+            for frame in [
+                event(ProcessEvent::Start(StartEvent { pid: 3 })),
+                event(ProcessEvent::Keepalive(Default::default())),
+                event(ProcessEvent::Data(DataEvent { stdout: Some(b"out".to_vec()), ..Default::default() })),
+                event(ProcessEvent::Data(DataEvent { stderr: Some(b"err".to_vec()), ..Default::default() })),
+                event(ProcessEvent::End(EndEvent {
+                    exit_code: 3,
+                    exited: true,
+                    status: "exit status 3".into(),
+                    error: Some("exit status 3".into()),
+                })),
+                encode_end_stream(None),
+            ] {
+                wire.extend_from_slice(&frame);
+            }
+            stream_response(wire.into_iter().map(|b| Bytes::from(vec![b])).collect())
+        }),
+    );
+    let (url, server) = serve(router).await;
+    let envd = client(&url).envd(&sandbox("sbx-b", None));
+    let out = envd.run(&echo_request(), &CallOptions::default(), OutputLimits::unlimited()).await.unwrap();
+    assert_eq!((out.pid, out.exit_code, out.exited), (3, 3, true));
+    assert_eq!(out.stdout, b"out");
+    assert_eq!(out.stderr, b"err");
+    assert_eq!(out.status, "exit status 3");
+    server.abort();
+}
+
+#[tokio::test]
+async fn stalled_stream_times_out_and_run_kills_the_process() {
+    let recorder = Arc::new(Recorder::default());
+    let rec = recorder.clone();
+    let rec2 = recorder.clone();
+    let router = Router::new()
+        .route(
+            "/process.Process/Start",
+            post(move |headers: HeaderMap| async move {
+                rec.push("/process.Process/Start", &headers);
+                let start = futures_util::stream::iter([Ok::<_, Infallible>(event(ProcessEvent::Start(StartEvent {
+                    pid: 11,
+                })))]);
+                let body = Body::from_stream(futures_util::StreamExt::chain(start, futures_util::stream::pending()));
+                ([("content-type", "application/connect+json")], body).into_response()
+            }),
+        )
+        .route(
+            "/process.Process/SendSignal",
+            post(move |headers: HeaderMap, body: String| async move {
+                rec2.push("/process.Process/SendSignal", &headers);
+                assert!(body.contains("SIGNAL_SIGKILL") && body.contains("11"), "{body}");
+                ([("content-type", "application/json")], "{}")
+            }),
+        );
+    let (url, server) = serve(router).await;
+    let envd = client(&url).envd(&sandbox("sbx-s", None));
+    let opts = CallOptions { user: None, timeout: Some(Duration::from_millis(300)) };
+    let started = std::time::Instant::now();
+    let err = envd.run(&echo_request(), &opts, OutputLimits::default()).await.unwrap_err();
+    assert!(matches!(err, E2bError::Timeout { .. }), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(recorder.count("/process.Process/SendSignal"), 1);
+    // envd is told the deadline plus the grace period.
+    let sent = recorder.headers("/process.Process/Start");
+    assert_eq!(sent["connect-timeout-ms"], "2300");
+    server.abort();
+}
+
+#[tokio::test]
+async fn retries_idempotent_get_on_503_honouring_retry_after() {
+    let recorder = Arc::new(Recorder::default());
+    let rec = recorder.clone();
+    let router = Router::new().route(
+        "/sandboxes/{id}",
+        get(move |headers: HeaderMap| async move {
+            rec.push("get", &headers);
+            if rec.count("get") == 1 {
+                return (StatusCode::SERVICE_UNAVAILABLE, [("retry-after", "1")], r#"{"code":503,"message":"busy"}"#)
+                    .into_response();
+            }
+            let detail = serde_json::json!({
+                "templateID": "base", "sandboxID": "sbx-r", "clientID": "local",
+                "startedAt": "2026-01-01T00:00:00Z", "endAt": "2026-01-01T00:05:00Z",
+                "envdVersion": "0.6.13", "cpuCount": 1, "memoryMB": 512, "diskSizeMB": 1024, "state": "running"
+            });
+            axum::Json(detail).into_response()
+        }),
+    );
+    let (url, server) = serve(router).await;
+    let client = client(&url);
+    let started = std::time::Instant::now();
+    let detail = client.get_sandbox("sbx-r").await.unwrap();
+    assert_eq!(detail.sandbox_id, "sbx-r");
+    assert_eq!(recorder.count("get"), 2);
+    assert!(started.elapsed() >= Duration::from_millis(950), "Retry-After was not honoured");
+    let sent = recorder.headers("get");
+    assert_eq!(sent["x-api-key"], "e2b_0123456789abcdef0123456789abcdef01234567");
+    assert!(sent.get("e2b-sandbox-id").is_none());
+    server.abort();
+}
+
+#[tokio::test]
+async fn create_is_never_retried() {
+    let recorder = Arc::new(Recorder::default());
+    let rec = recorder.clone();
+    let router = Router::new().route(
+        "/v2/sandboxes",
+        post(move |headers: HeaderMap| async move {
+            rec.push("create", &headers);
+            (StatusCode::SERVICE_UNAVAILABLE, [("retry-after", "0")], r#"{"code":503,"message":"no capacity"}"#)
+        }),
+    );
+    let (url, server) = serve(router).await;
+    let err = client(&url)
+        .create_sandbox(&wire::NewSandbox { template_id: "base".into(), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, E2bError::Api { status: 503, .. }), "{err:?}");
+    assert!(err.to_string().contains("create_sandbox") && err.to_string().contains("no capacity"), "{err}");
+    assert!(!err.to_string().contains("e2b_0123"), "the API key leaked: {err}");
+    assert_eq!(recorder.count("create"), 1);
+    server.abort();
+}
+
+#[tokio::test]
+async fn envd_requests_carry_the_sdk_headers_and_502_means_not_running() {
+    let recorder = Arc::new(Recorder::default());
+    let rec = recorder.clone();
+    let router = Router::new().fallback(any(move |uri: axum::http::Uri, headers: HeaderMap| async move {
+        rec.push(uri.path(), &headers);
+        if headers.get("e2b-sandbox-id").is_some_and(|v| v == "gone") {
+            return (
+                StatusCode::BAD_GATEWAY,
+                [("content-type", "application/json")],
+                r#"{"sandboxId":"gone","message":"The sandbox was not found","code":502}"#,
+            )
+                .into_response();
+        }
+        ([("content-type", "application/json")], r#"{"processes":[]}"#).into_response()
+    }));
+    let (url, server) = serve(router).await;
+    let client = client(&url);
+    let envd = client.envd(&sandbox("sbx-h", Some("tok-123")));
+    let opts = CallOptions::user("root").with_timeout(Duration::from_millis(1500));
+    assert!(envd.list_processes(&opts).await.unwrap().is_empty());
+    let sent = recorder.headers("/process.Process/List");
+    assert_eq!(sent["e2b-sandbox-id"], "sbx-h");
+    assert_eq!(sent["e2b-sandbox-port"], "49983");
+    assert_eq!(sent["x-access-token"], "tok-123");
+    assert_eq!(sent["authorization"], "Basic cm9vdDo=");
+    assert_eq!(sent["connect-protocol-version"], "1");
+    assert_eq!(sent["connect-timeout-ms"], "1500");
+    assert_eq!(sent["content-type"], "application/json");
+    assert!(sent.get("x-api-key").is_none(), "the API key must not go to envd");
+
+    let gone = client.envd(&sandbox("gone", None));
+    let err = gone.health().await.unwrap_err();
+    assert!(matches!(err, E2bError::SandboxNotRunning { .. }), "{err:?}");
+    assert!(err.is_sandbox_gone() && err.to_string().contains("gone"));
+    // Not retried even though health is idempotent: the sandbox is gone.
+    assert_eq!(recorder.count("/health"), 1);
+    server.abort();
+}

@@ -1,0 +1,41 @@
+//! The official E2B Python SDK (`e2b==2.63.0`) against the real local
+//! provider: runs `tests/interop/e2b_sdk_compat.py` with the python named by
+//! `$SANDBOX_MCP_PYTHON` (which must have the SDK installed). Skips loudly when
+//! that variable is unset or when not running as root.
+
+#[path = "support/provider_process.rs"]
+mod provider_process;
+
+use std::path::Path;
+use std::process::Command;
+
+use provider_process::{ProviderProcess, TEST_API_KEY, is_root};
+
+#[tokio::test]
+async fn official_python_sdk_works_against_the_local_provider() {
+    let Some(python) = std::env::var_os("SANDBOX_MCP_PYTHON").filter(|p| !p.is_empty()) else {
+        eprintln!("SKIPPED: set SANDBOX_MCP_PYTHON to a python with e2b==2.63.0 installed to run the SDK interop test");
+        return;
+    };
+    if !is_root() {
+        eprintln!("SKIPPED: the SDK interop test needs root (the local provider uses namespaces)");
+        return;
+    }
+    let provider = ProviderProcess::spawn(Path::new(env!("CARGO_BIN_EXE_sandbox-mcp"))).expect("start the provider");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop/e2b_sdk_compat.py");
+    let url = provider.url.as_str().trim_end_matches('/').to_owned();
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(python).arg(script).env("PROVIDER_URL", url).env("E2B_API_KEY", TEST_API_KEY).output()
+    })
+    .await
+    .unwrap()
+    .expect("run the SDK script");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    println!("{stdout}");
+    assert!(output.status.success(), "the SDK script failed ({}):\n{stdout}\n{stderr}", output.status);
+    assert!(stdout.contains(" passed, 0 failed"), "unexpected output:\n{stdout}\n{stderr}");
+    let left = provider.client().list_all_sandboxes(&[]).await.unwrap();
+    assert!(left.is_empty(), "the SDK script left sandboxes behind: {left:?}");
+    provider.shutdown().await;
+}

@@ -1,0 +1,736 @@
+//! Integration tests of the envd agent: `envd::serve` on a temporary Unix
+//! socket, driven with real HTTP/1.1 requests (hyper client), real processes
+//! and real files. Needs root (user switching); skips loudly otherwise.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::TokioIo;
+use sandbox_mcp::connect_rpc::{Envelope, EnvelopeDecoder, FLAG_MESSAGE, encode_envelope};
+use sandbox_mcp::local::envd::{self, EnvdOptions};
+use serde_json::{Value, json};
+
+type ReqBody = BoxBody<Bytes, std::io::Error>;
+
+struct TestEnvd {
+    _dir: tempfile::TempDir,
+    socket: PathBuf,
+    server: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Drop for TestEnvd {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+fn is_root() -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    if !root {
+        eprintln!("SKIPPED: envd agent tests need root (user switching)");
+    }
+    root
+}
+
+async fn start_envd() -> TestEnvd {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("envd.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let opts = EnvdOptions {
+        sandbox_id: "test-sandbox".into(),
+        env_vars: [("SANDBOX_VAR".to_string(), "from-sandbox".to_string())].into(),
+        default_user: "root".into(),
+        reap_orphans: false,
+    };
+    let server = tokio::spawn(envd::serve(listener, opts));
+    TestEnvd { _dir: dir, socket, server }
+}
+
+fn full(body: impl Into<Bytes>) -> ReqBody {
+    Full::new(body.into()).map_err(|never| match never {}).boxed()
+}
+
+/// A chunked body (no Content-Length), delivered in pieces of `piece` bytes.
+fn chunked(body: Vec<u8>, piece: usize) -> ReqBody {
+    let chunks: Vec<Result<Frame<Bytes>, std::io::Error>> =
+        body.chunks(piece).map(|c| Ok(Frame::data(Bytes::copy_from_slice(c)))).collect();
+    StreamBody::new(futures_util::stream::iter(chunks)).boxed()
+}
+
+fn basic(user: &str) -> String {
+    format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{user}:")))
+}
+
+impl TestEnvd {
+    async fn send(&self, request: Request<ReqBody>) -> Response<Incoming> {
+        let stream = tokio::net::UnixStream::connect(&self.socket).await.unwrap();
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+        tokio::spawn(conn);
+        sender.send_request(request).await.unwrap()
+    }
+
+    async fn get(&self, uri: &str) -> (StatusCode, http::HeaderMap, Bytes) {
+        let response = self.send(Request::get(uri).body(full(Bytes::new())).unwrap()).await;
+        let (parts, body) = response.into_parts();
+        (parts.status, parts.headers, body.collect().await.unwrap().to_bytes())
+    }
+
+    async fn unary(&self, method: &str, message: Value, user: Option<&str>) -> (StatusCode, Value) {
+        let mut request = Request::post(format!("http://envd/{method}"))
+            .header("content-type", "application/json")
+            .header("connect-protocol-version", "1");
+        if let Some(user) = user {
+            request = request.header("authorization", basic(user));
+        }
+        let response = self.send(request.body(full(serde_json::to_vec(&message).unwrap())).unwrap()).await;
+        let status = response.status();
+        assert!(response.headers()["content-type"].to_str().unwrap().starts_with("application/json"));
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    /// Opens a server stream (chunked request body, as the SDK sends it).
+    async fn open_stream(&self, method: &str, message: Value, headers: &[(&str, &str)]) -> FrameReader {
+        let envelope = encode_envelope(FLAG_MESSAGE, &serde_json::to_vec(&message).unwrap()).to_vec();
+        self.open_stream_raw(method, envelope, headers).await
+    }
+
+    async fn open_stream_raw(&self, method: &str, body: Vec<u8>, headers: &[(&str, &str)]) -> FrameReader {
+        let mut request = Request::post(format!("http://envd/{method}"))
+            .header("content-type", "application/connect+json")
+            .header("connect-protocol-version", "1");
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("keepalive-ping-interval")) {
+            request = request.header("keepalive-ping-interval", "50");
+        }
+        for (k, v) in headers {
+            request = request.header(*k, *v);
+        }
+        let response = self.send(request.body(chunked(body, 7)).unwrap()).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()["content-type"], "application/connect+json");
+        FrameReader { body: response.into_body(), decoder: EnvelopeDecoder::new(), eof: false }
+    }
+
+    async fn run(&self, script: &str, extra: Value, headers: &[(&str, &str)]) -> RunResult {
+        let mut request = json!({"process": {"cmd": "/bin/bash", "args": ["-c", script]}, "stdin": false});
+        merge(&mut request, extra);
+        let mut reader = self.open_stream("process.Process/Start", request, headers).await;
+        reader.collect_run().await
+    }
+}
+
+fn merge(target: &mut Value, extra: Value) {
+    if let (Value::Object(t), Value::Object(e)) = (target, extra) {
+        for (k, v) in e {
+            match (t.get_mut(&k), v) {
+                (Some(existing @ Value::Object(_)), v @ Value::Object(_)) => merge(existing, v),
+                (_, v) => {
+                    t.insert(k, v);
+                }
+            }
+        }
+    }
+}
+
+struct FrameReader {
+    body: Incoming,
+    decoder: EnvelopeDecoder,
+    eof: bool,
+}
+
+#[derive(Debug, Default)]
+struct RunResult {
+    pid: u64,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    end: Option<Value>,
+    end_stream: Value,
+    keepalives: usize,
+}
+
+impl FrameReader {
+    async fn next(&mut self) -> Option<Envelope> {
+        loop {
+            if let Some(envelope) = self.decoder.next_envelope().unwrap() {
+                return Some(envelope);
+            }
+            if self.eof {
+                self.decoder.finish().unwrap();
+                return None;
+            }
+            match self.body.frame().await {
+                Some(frame) => {
+                    if let Ok(data) = frame.unwrap().into_data() {
+                        self.decoder.push(&data);
+                    }
+                }
+                None => self.eof = true,
+            }
+        }
+    }
+
+    async fn next_json(&mut self) -> (bool, Value) {
+        let envelope = self.next().await.expect("stream ended early");
+        (envelope.is_end_stream(), serde_json::from_slice(&envelope.payload).unwrap())
+    }
+
+    /// Reads frames until the end-stream frame, checking the Connect/E2B event order.
+    async fn collect_run(&mut self) -> RunResult {
+        let mut result = RunResult::default();
+        let mut first = true;
+        while let Some(envelope) = self.next().await {
+            let value: Value = serde_json::from_slice(&envelope.payload).unwrap();
+            if envelope.is_end_stream() {
+                result.end_stream = value;
+                assert!(self.next().await.is_none(), "frames after the end-stream frame");
+                return result;
+            }
+            let event = &value["event"];
+            if first {
+                first = false;
+                result.pid = event["start"]["pid"].as_u64().expect("first event must be start");
+                continue;
+            }
+            assert!(result.end.is_none(), "event after end: {value}");
+            let b64 = |v: &Value| base64::engine::general_purpose::STANDARD.decode(v.as_str().unwrap()).unwrap();
+            if let Some(data) = event.get("data") {
+                if let Some(out) = data.get("stdout") {
+                    result.stdout.extend(b64(out));
+                } else if let Some(err) = data.get("stderr") {
+                    result.stderr.extend(b64(err));
+                } else {
+                    panic!("empty data event {value}");
+                }
+            } else if let Some(end) = event.get("end") {
+                result.end = Some(end.clone());
+            } else if event.get("keepalive").is_some() {
+                result.keepalives += 1;
+            } else {
+                panic!("unexpected event {value}");
+            }
+        }
+        panic!("stream ended without an end-stream frame");
+    }
+}
+
+fn multipart(parts: &[(&str, &[u8])]) -> (String, Vec<u8>) {
+    let boundary = "----envdtestboundary7MA4YWxkTrZu0gW";
+    let mut body = Vec::new();
+    for (filename, data) in parts {
+        body.extend_from_slice(format!("--{boundary}\r\n").as_bytes());
+        body.extend_from_slice(
+            format!("Content-Disposition: form-data; name=\"file\"; filename=\"{filename}\"\r\n").as_bytes(),
+        );
+        body.extend_from_slice(b"Content-Type: application/octet-stream\r\n\r\n");
+        body.extend_from_slice(data);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+    (format!("multipart/form-data; boundary={boundary}"), body)
+}
+
+fn enc(path: &Path) -> String {
+    url::form_urlencoded::byte_serialize(path.to_str().unwrap().as_bytes()).collect()
+}
+
+async fn upload(envd: &TestEnvd, uri: String, content_type: &str, body: ReqBody) -> (StatusCode, Value) {
+    let request = Request::post(uri).header("content-type", content_type).body(body).unwrap();
+    let response = envd.send(request).await;
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+// ------------------------------------------------------------------ tests
+
+#[tokio::test]
+async fn health_envs_and_metrics() {
+    let envd = start_envd().await;
+    let (status, _, body) = envd.get("http://envd/health").await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert!(body.is_empty());
+    let (status, _, body) = envd.get("http://envd/envs").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(serde_json::from_slice::<Value>(&body).unwrap(), json!({"SANDBOX_VAR": "from-sandbox"}));
+    let (status, _, body) = envd.get("http://envd/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    let metrics: Value = serde_json::from_slice(&body).unwrap();
+    assert!(metrics["mem_total"].as_u64().unwrap() > 0);
+    assert!(metrics["cpu_count"].as_u64().unwrap() >= 1);
+}
+
+#[tokio::test]
+async fn start_streams_output_and_exit_codes() {
+    if !is_root() {
+        return;
+    }
+    let envd = start_envd().await;
+    let ok = envd.run("echo hi", json!({}), &[]).await;
+    assert!(ok.pid > 0);
+    assert_eq!(ok.stdout, b"hi\n");
+    assert_eq!(ok.end.unwrap(), json!({"exited": true, "status": "exit status 0"}));
+    assert_eq!(ok.end_stream, json!({}));
+
+    let three = envd.run("echo out; echo err >&2; exit 3", json!({}), &[]).await;
+    assert_eq!(three.stdout, b"out\n");
+    assert_eq!(three.stderr, b"err\n");
+    assert_eq!(
+        three.end.unwrap(),
+        json!({"exitCode": 3, "exited": true, "status": "exit status 3", "error": "exit status 3"})
+    );
+
+    let killed = envd.run("kill -9 $$", json!({}), &[]).await;
+    assert_eq!(killed.end.unwrap(), json!({"exitCode": -1, "status": "signal: killed", "error": "signal: killed"}));
+}
+
+#[tokio::test]
+async fn eight_mib_of_output_is_byte_exact() {
+    if !is_root() {
+        return;
+    }
+    let envd = start_envd().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("big.bin");
+    let data: Vec<u8> = (0..8 * 1024 * 1024u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    std::fs::write(&file, &data).unwrap();
+    let started = Instant::now();
+    let result = envd.run(&format!("cat {}", file.display()), json!({}), &[]).await;
+    let elapsed = started.elapsed();
+    assert_eq!(result.stdout.len(), data.len());
+    assert!(result.stdout == data, "8 MiB output differs");
+    assert_eq!(result.end.unwrap()["status"], "exit status 0");
+    println!("8 MiB streamed in {elapsed:?}");
+}
+
+#[tokio::test]
+async fn stdin_input_and_close() {
+    if !is_root() {
+        return;
+    }
+    let envd = start_envd().await;
+    let request = json!({"process": {"cmd": "cat"}, "stdin": true});
+    let mut stream = envd.open_stream("process.Process/Start", request, &[]).await;
+    let (_, start) = stream.next_json().await;
+    let pid = start["event"]["start"]["pid"].as_u64().unwrap();
+    let input = base64::engine::general_purpose::STANDARD.encode("hello\n");
+    let (status, body) = envd
+        .unary("process.Process/SendInput", json!({"process": {"pid": pid}, "input": {"stdin": input}}), None)
+        .await;
+    assert_eq!((status, body), (StatusCode::OK, json!({})));
+    let (_, data) = stream.next_json().await;
+    assert_eq!(data["event"]["data"]["stdout"], "aGVsbG8K");
+    let (status, _) = envd.unary("process.Process/CloseStdin", json!({"process": {"pid": pid}}), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let rest = stream.collect_run_after_start().await;
+    assert_eq!(rest.end.unwrap()["status"], "exit status 0");
+    // stdin is gone now: the process exited.
+    let (status, body) = envd.unary("process.Process/CloseStdin", json!({"process": {"pid": pid}}), None).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+
+    // A process started with stdin=false refuses input.
+    let request = json!({"process": {"cmd": "sleep", "args": ["5"]}, "stdin": false});
+    let mut stream = envd.open_stream("process.Process/Start", request, &[]).await;
+    let (_, start) = stream.next_json().await;
+    let pid = start["event"]["start"]["pid"].as_u64().unwrap();
+    let (status, body) = envd
+        .unary("process.Process/SendInput", json!({"process": {"pid": pid}, "input": {"stdin": "eA=="}}), None)
+        .await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("failed_precondition")));
+    let (status, body) = envd
+        .unary("process.Process/SendInput", json!({"process": {"pid": pid}, "input": {"stdin": "%%%"}}), None)
+        .await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_argument")));
+    let (status, _) = envd
+        .unary("process.Process/SendSignal", json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"}), None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(stream.collect_run_after_start().await.end.unwrap()["status"], "signal: killed");
+}
+
+impl FrameReader {
+    async fn collect_run_after_start(&mut self) -> RunResult {
+        // Re-use collect_run's checks by pretending the start event was already seen.
+        let mut result = RunResult { pid: 1, ..Default::default() };
+        while let Some(envelope) = self.next().await {
+            let value: Value = serde_json::from_slice(&envelope.payload).unwrap();
+            if envelope.is_end_stream() {
+                result.end_stream = value;
+                return result;
+            }
+            let event = &value["event"];
+            if let Some(out) = event["data"].get("stdout") {
+                result.stdout.extend(base64::engine::general_purpose::STANDARD.decode(out.as_str().unwrap()).unwrap());
+            } else if let Some(end) = event.get("end") {
+                result.end = Some(end.clone());
+            }
+        }
+        panic!("stream ended without an end-stream frame");
+    }
+}
+
+#[tokio::test]
+async fn cwd_env_and_user_switching() {
+    if !is_root() {
+        return;
+    }
+    let envd = start_envd().await;
+    let script = "pwd; echo \"$FOO $SANDBOX_VAR $USER $HOME\"; id -u; id -g";
+    let extra = json!({"process": {"cwd": "/tmp", "envs": {"FOO": "bar"}}});
+    let root = envd.run(script, extra.clone(), &[]).await;
+    assert_eq!(String::from_utf8_lossy(&root.stdout), "/tmp\nbar from-sandbox root /root\n0\n0\n");
+
+    let auth = basic("nobody");
+    let nobody = envd.run(script, extra.clone(), &[("authorization", &auth)]).await;
+    let text = String::from_utf8_lossy(&nobody.stdout).into_owned();
+    assert!(text.starts_with("/tmp\nbar from-sandbox nobody "), "{text}");
+    assert!(text.ends_with("65534\n65534\n"), "{text}");
+
+    let auth = basic("cloudsdk");
+    let cloud = envd.run("id -u; pwd", json!({}), &[("authorization", &auth)]).await;
+    let home = nix::unistd::User::from_name("cloudsdk").unwrap().unwrap().dir;
+    let expected_cwd = if home.is_dir() { home.display().to_string() } else { "/".into() };
+    assert_eq!(String::from_utf8_lossy(&cloud.stdout), format!("1000\n{expected_cwd}\n"));
+
+    // nobody cannot read root's home.
+    let denied = envd.run("cat /root/.bashrc /etc/shadow", json!({}), &[("authorization", &basic("nobody"))]).await;
+    assert_eq!(denied.end.unwrap()["exitCode"], 1);
+    assert!(String::from_utf8_lossy(&denied.stderr).contains("Permission denied"));
+
+    let unknown = envd.run("true", json!({}), &[("authorization", &basic("no-such-user"))]).await;
+    assert_eq!(unknown.end_stream["error"]["code"], "unauthenticated");
+    assert!(unknown.end.is_none());
+
+    let bad_cwd = envd.run("true", json!({"process": {"cwd": "/does/not/exist"}}), &[]).await;
+    assert_eq!(bad_cwd.end_stream["error"]["code"], "invalid_argument");
+    assert!(bad_cwd.end_stream["error"]["message"].as_str().unwrap().contains("/does/not/exist"));
+
+    let bad_cmd = envd
+        .open_stream("process.Process/Start", json!({"process": {"cmd": "/no/such/binary"}, "stdin": false}), &[])
+        .await
+        .collect_run()
+        .await;
+    assert_eq!(bad_cmd.end_stream["error"]["code"], "invalid_argument");
+}
+
+#[tokio::test]
+async fn connect_timeout_kills_the_process_group() {
+    if !is_root() {
+        return;
+    }
+    let envd = start_envd().await;
+    let started = Instant::now();
+    let result = envd.run("sleep 30 & sleep 30; echo never", json!({}), &[("connect-timeout-ms", "300")]).await;
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    assert_eq!(result.end.unwrap()["status"], "signal: killed");
+    assert!(result.stdout.is_empty());
+}
+
+#[tokio::test]
+async fn connect_list_signal_and_late_connect() {
+    if !is_root() {
+        return;
+    }
+    let envd = start_envd().await;
+    let request = json!({
+        "process": {"cmd": "/bin/bash", "args": ["-c", "while true; do echo tick; sleep 0.1; done"]},
+        "stdin": false,
+        "tag": "ticker"
+    });
+    let mut first = envd.open_stream("process.Process/Start", request, &[]).await;
+    let (_, start) = first.next_json().await;
+    let pid = start["event"]["start"]["pid"].as_u64().unwrap();
+    drop(first); // disconnecting does not kill the process
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let (status, list) = envd.unary("process.Process/List", json!({}), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let entry = list["processes"].as_array().unwrap().iter().find(|p| p["pid"] == pid).cloned().unwrap();
+    assert_eq!(entry["tag"], "ticker");
+    assert_eq!(entry["config"]["cmd"], "/bin/bash");
+
+    let mut live = envd.open_stream("process.Process/Connect", json!({"process": {"pid": pid}}), &[]).await;
+    let (_, start) = live.next_json().await;
+    assert_eq!(start["event"]["start"]["pid"], pid);
+    let (_, data) = live.next_json().await;
+    assert_eq!(data["event"]["data"]["stdout"], "dGljawo="); // "tick\n"
+
+    let (status, body) = envd
+        .unary("process.Process/SendSignal", json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGHUP"}), None)
+        .await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_IMPLEMENTED, Some("unimplemented")));
+    let (status, body) = envd
+        .unary("process.Process/SendSignal", json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGTERM"}), None)
+        .await;
+    assert_eq!((status, body), (StatusCode::OK, json!({})));
+    let rest = live.collect_run_after_start().await;
+    assert_eq!(rest.end.unwrap()["status"], "signal: terminated");
+    assert_eq!(rest.end_stream, json!({}));
+
+    let (_, list) = envd.unary("process.Process/List", json!({}), None).await;
+    assert!(list["processes"].as_array().map(|p| p.iter().all(|p| p["pid"] != pid)).unwrap_or(true));
+
+    // Late connect: start, then the stored end event.
+    let late = envd.open_stream("process.Process/Connect", json!({"process": {"pid": pid}}), &[]).await;
+    let late = { late }.collect_run().await;
+    assert_eq!(late.pid, pid);
+    assert_eq!(late.end.unwrap()["status"], "signal: terminated");
+
+    let mut missing = envd.open_stream("process.Process/Connect", json!({"process": {"pid": 999_999}}), &[]).await;
+    let (is_end, body) = missing.next_json().await;
+    assert!(is_end);
+    assert_eq!(body, json!({"error": {"code": "not_found", "message": "process with pid 999999 not found"}}));
+
+    let (status, body) = envd
+        .unary("process.Process/SendSignal", json!({"process": {"pid": 999_999}, "signal": "SIGNAL_SIGKILL"}), None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body, json!({"code": "not_found", "message": "process with pid 999999 not found"}));
+}
+
+#[tokio::test]
+async fn files_round_trip_and_errors() {
+    if !is_root() {
+        return;
+    }
+    let envd = start_envd().await;
+    let dir = tempfile::tempdir().unwrap();
+    let text_path = dir.path().join("nested/deeper/hello.txt");
+    let (ct, body) = multipart(&[(text_path.to_str().unwrap(), b"hello world")]);
+    let (status, listing) = upload(&envd, "http://envd/files".into(), &ct, full(body)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(listing, json!([{"path": text_path.to_str().unwrap(), "name": "hello.txt", "type": "file"}]));
+    let (status, headers, got) = envd.get(&format!("http://envd/files?path={}", enc(&text_path))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(&got[..], b"hello world");
+    assert_eq!(headers["content-disposition"], "inline; filename=hello.txt");
+    assert!(headers["content-type"].to_str().unwrap().starts_with("text/plain"));
+
+    // Binary (every byte value) through multipart with an explicit path, overwriting.
+    let binary: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+    let (ct, body) = multipart(&[("ignored-name", &binary)]);
+    let uri = format!("http://envd/files?path={}", enc(&text_path));
+    let (status, _) = upload(&envd, uri.clone(), &ct, chunked(body, 4096)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(&envd.get(&uri).await.2[..], &binary[..]);
+
+    // 10 MiB: raw octet-stream (chunked) and multipart.
+    let big: Vec<u8> = (0..10 * 1024 * 1024u32).map(|i| (i.wrapping_mul(40503) >> 7) as u8).collect();
+    let big_path = dir.path().join("big.bin");
+    let uri = format!("http://envd/files?path={}", enc(&big_path));
+    let (status, _) = upload(&envd, uri.clone(), "application/octet-stream", chunked(big.clone(), 65536)).await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, headers, got) = envd.get(&uri).await;
+    assert_eq!(headers["content-type"], "application/octet-stream");
+    assert!(got[..] == big[..], "10 MiB octet-stream round trip differs");
+    let (ct, body) = multipart(&[(big_path.to_str().unwrap(), &big)]);
+    std::fs::remove_file(&big_path).unwrap();
+    let (status, _) = upload(&envd, "http://envd/files".into(), &ct, full(body)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(std::fs::read(&big_path).unwrap() == big, "10 MiB multipart round trip differs");
+
+    // Two files in one multipart body.
+    let (a, b) = (dir.path().join("a.txt"), dir.path().join("b.txt"));
+    let (ct, body) = multipart(&[(a.to_str().unwrap(), b"A"), (b.to_str().unwrap(), b"B")]);
+    let (status, listing) = upload(&envd, "http://envd/files".into(), &ct, full(body)).await;
+    assert_eq!((status, listing.as_array().unwrap().len()), (StatusCode::OK, 2));
+    assert_eq!(std::fs::read(&b).unwrap(), b"B");
+
+    // Errors.
+    let (status, headers, body) = envd.get(&format!("http://envd/files?path={}", enc(&dir.path().join("nope")))).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(headers["content-type"], "application/json; charset=utf-8");
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["code"], 404);
+    assert!(body["message"].as_str().unwrap().contains("nope"));
+    let (status, _, _) = envd.get(&format!("http://envd/files?path={}", enc(dir.path()))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _, _) = envd.get(&format!("http://envd/files?path={}&username=ghost", enc(&a))).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _, _) = envd.get("http://envd/files?path=%2Ftmp%2Fa%00b").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, body) = upload(&envd, "http://envd/files".into(), "application/octet-stream", full("x")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body["message"].as_str().unwrap().contains("path"));
+}
+
+#[tokio::test]
+async fn files_run_as_the_requesting_user() {
+    if !is_root() {
+        return;
+    }
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let envd = start_envd().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let path = dir.path().join("sub/owned.txt");
+    let uri = format!("http://envd/files?path={}&username=cloudsdk", enc(&path));
+    let (status, _) = upload(&envd, uri, "application/octet-stream", full("mine")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(std::fs::metadata(&path).unwrap().uid(), 1000);
+    assert_eq!(std::fs::metadata(path.parent().unwrap()).unwrap().uid(), 1000);
+
+    // nobody may neither read nor overwrite a root-only file.
+    let secret = dir.path().join("secret.txt");
+    std::fs::write(&secret, "root only").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (status, _, _) = envd.get(&format!("http://envd/files?path={}&username=nobody", enc(&secret))).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let uri = format!("http://envd/files?path={}&username=nobody", enc(&secret));
+    let (status, _) = upload(&envd, uri, "application/octet-stream", full("overwrite")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "root only");
+
+    // The same rules apply to filesystem RPCs.
+    let (status, body) =
+        envd.unary("filesystem.Filesystem/Remove", json!({"path": secret.to_str().unwrap()}), Some("nobody")).await;
+    assert_eq!(status, StatusCode::OK, "{body}"); // the directory is world-writable (no sticky bit)
+    let locked = dir.path().join("locked");
+    std::fs::create_dir(&locked).unwrap();
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let (status, body) = envd
+        .unary("filesystem.Filesystem/MakeDir", json!({"path": locked.join("x").to_str().unwrap()}), Some("nobody"))
+        .await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::FORBIDDEN, Some("permission_denied")));
+}
+
+#[tokio::test]
+async fn filesystem_rpcs() {
+    if !is_root() {
+        return;
+    }
+    let envd = start_envd().await;
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().to_str().unwrap().to_owned();
+    let (status, made) =
+        envd.unary("filesystem.Filesystem/MakeDir", json!({"path": format!("{base}/a/b")}), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(made["entry"]["type"], "FILE_TYPE_DIRECTORY");
+    assert_eq!(made["entry"]["name"], "b");
+    assert_eq!(made["entry"]["owner"], "root");
+    let (status, body) =
+        envd.unary("filesystem.Filesystem/MakeDir", json!({"path": format!("{base}/a/b")}), None).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::CONFLICT, Some("already_exists")));
+
+    std::fs::write(dir.path().join("a/file.txt"), "12345").unwrap();
+    std::os::unix::fs::symlink(dir.path().join("a/file.txt"), dir.path().join("a/link")).unwrap();
+    let (status, stat) =
+        envd.unary("filesystem.Filesystem/Stat", json!({"path": format!("{base}/a/file.txt")}), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let entry = &stat["entry"];
+    assert_eq!(entry["type"], "FILE_TYPE_FILE");
+    assert_eq!(entry["size"], "5");
+    assert_eq!(entry["path"], format!("{base}/a/file.txt"));
+    assert!(entry["permissions"].as_str().unwrap().starts_with("-rw"));
+    assert!(entry["modifiedTime"].as_str().unwrap().ends_with('Z'));
+    let (_, link) = envd.unary("filesystem.Filesystem/Stat", json!({"path": format!("{base}/a/link")}), None).await;
+    assert_eq!(link["entry"]["isSymlink"], true);
+    assert_eq!(link["entry"]["symlinkTarget"], format!("{base}/a/file.txt"));
+
+    let (status, list) = envd.unary("filesystem.Filesystem/ListDir", json!({"path": format!("{base}/a")}), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let names: Vec<&str> = list["entries"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["b", "file.txt", "link"]);
+    std::fs::write(dir.path().join("a/b/inner"), "").unwrap();
+    let (_, deep) = envd.unary("filesystem.Filesystem/ListDir", json!({"path": base.clone(), "depth": 3}), None).await;
+    let paths: Vec<&str> = deep["entries"].as_array().unwrap().iter().map(|e| e["path"].as_str().unwrap()).collect();
+    assert!(paths.contains(&format!("{base}/a/b/inner").as_str()), "{paths:?}");
+    let (status, body) =
+        envd.unary("filesystem.Filesystem/ListDir", json!({"path": format!("{base}/a/file.txt")}), None).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_argument")));
+
+    let (status, moved) = envd
+        .unary(
+            "filesystem.Filesystem/Move",
+            json!({"source": format!("{base}/a/file.txt"), "destination": format!("{base}/c/moved.txt")}),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(moved["entry"]["path"], format!("{base}/c/moved.txt"));
+    assert_eq!(std::fs::read_to_string(dir.path().join("c/moved.txt")).unwrap(), "12345");
+
+    let (status, body) = envd.unary("filesystem.Filesystem/Remove", json!({"path": format!("{base}/a")}), None).await;
+    assert_eq!((status, body), (StatusCode::OK, json!({})));
+    assert!(!dir.path().join("a").exists());
+    let (status, body) = envd.unary("filesystem.Filesystem/Remove", json!({"path": format!("{base}/a")}), None).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+    let (status, _) = envd.unary("filesystem.Filesystem/Stat", json!({"path": format!("{base}/zzz")}), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, body) = envd.unary("filesystem.Filesystem/Stat", json!({"path": "a\u{0}b"}), None).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_argument")));
+}
+
+#[tokio::test]
+async fn protocol_errors_are_clean() {
+    let envd = start_envd().await;
+    // Malformed envelope (truncated) and invalid JSON inside a good envelope: error end-stream, HTTP 200.
+    let mut truncated = envd.open_stream_raw("process.Process/Start", vec![0, 0, 0, 0, 50, b'{'], &[]).await;
+    let (is_end, body) = truncated.next_json().await;
+    assert!(is_end);
+    assert_eq!(body["error"]["code"], "invalid_argument");
+    let bad_json = encode_envelope(FLAG_MESSAGE, b"{\"process\": 5}").to_vec();
+    let mut bad = envd.open_stream_raw("process.Process/Start", bad_json, &[]).await;
+    assert_eq!(bad.next_json().await.1["error"]["code"], "invalid_argument");
+    let huge = vec![0, 0xff, 0xff, 0xff, 0xff, 1, 2, 3];
+    let mut huge = envd.open_stream_raw("process.Process/Connect", huge, &[]).await;
+    assert_eq!(huge.next_json().await.1["error"]["code"], "invalid_argument");
+
+    // Unary: invalid JSON, unknown method, protobuf content type.
+    let request = Request::post("http://envd/process.Process/List")
+        .header("content-type", "application/json")
+        .body(full("{not json"))
+        .unwrap();
+    let response = envd.send(request).await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let body: Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(body["code"], "invalid_argument");
+    let (status, body) = envd.unary("process.Process/Frobnicate", json!({}), None).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_IMPLEMENTED, Some("unimplemented")));
+    let (status, _) = envd.unary("nope.Service/Method", json!({}), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let request = Request::post("http://envd/process.Process/List")
+        .header("content-type", "application/proto")
+        .body(full(Bytes::new()))
+        .unwrap();
+    let response = envd.send(request).await;
+    assert_eq!(response.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let body: Value = serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert!(body["message"].as_str().unwrap().contains("JSON"));
+}
+
+#[tokio::test]
+async fn keepalives_arrive_at_the_requested_interval() {
+    if !is_root() {
+        return;
+    }
+    let envd = start_envd().await;
+    let request = json!({"process": {"cmd": "/bin/bash", "args": ["-c", "sleep 2.5"]}, "stdin": false});
+    let mut reader = envd.open_stream("process.Process/Start", request, &[("keepalive-ping-interval", "1")]).await;
+    let result = reader.collect_run().await;
+    assert!(result.keepalives >= 2, "{} keepalives", result.keepalives);
+}
+
+#[tokio::test]
+async fn latency_of_true() {
+    if !is_root() {
+        return;
+    }
+    let envd = start_envd().await;
+    let mut samples = Vec::new();
+    for _ in 0..50 {
+        let request = json!({"process": {"cmd": "/bin/true"}, "stdin": false});
+        let started = Instant::now();
+        let result = envd.open_stream("process.Process/Start", request, &[]).await.collect_run().await;
+        samples.push(started.elapsed());
+        assert_eq!(result.end.unwrap()["status"], "exit status 0");
+    }
+    samples.sort();
+    let median = samples[samples.len() / 2];
+    println!("`true` start->end over the socket: median {median:?}, min {:?}, max {:?}", samples[0], samples[49]);
+    assert!(median < Duration::from_millis(200), "median {median:?}");
+}

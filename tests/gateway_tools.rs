@@ -1,0 +1,243 @@
+//! Every MCP tool through the real `serve` binary, backed by a real
+//! `sandbox-mcp provider` process (the E2B code path): defaults, ownership,
+//! limits, unknown fields, and cleanup when a session ends (DELETE and idle
+//! expiry), checked against the provider directly.
+
+mod gateway_support;
+
+use std::time::Duration;
+
+use gateway_support::*;
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_work_end_to_end_with_session_defaults_and_ownership() {
+    if !require_root("tools_work_end_to_end_with_session_defaults_and_ownership") {
+        return;
+    }
+    let provider = ProviderProc::start();
+    let gateway = GatewayProc::start_e2b(&provider, "", &[]);
+    let direct = provider.client();
+    let client = connect(&gateway.mcp_url(), None).await;
+
+    let tools = client.list_all_tools().await.unwrap();
+    let mut names: Vec<_> = tools.iter().map(|t| t.name.to_string()).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "connect_sandbox",
+            "create_sandbox",
+            "kill_sandbox",
+            "list_files",
+            "list_sandboxes",
+            "read_file",
+            "run_command",
+            "write_file"
+        ]
+    );
+    for tool in &tools {
+        assert_eq!(
+            tool.input_schema.get("additionalProperties"),
+            Some(&json!(false)),
+            "{} accepts unknown fields",
+            tool.name
+        );
+        assert!(tool.output_schema.is_some(), "{} has no output schema", tool.name);
+        assert!(tool.description.as_ref().is_some_and(|d| d.len() > 40), "{} lacks a description", tool.name);
+    }
+
+    // No default sandbox yet: the error says what to do; nothing is created implicitly.
+    let message = err(&client, "run_command", json!({"command": "true"})).await;
+    assert!(message.contains("create_sandbox") && message.contains("connect_sandbox"), "{message}");
+    assert!(direct.list_all_sandboxes(&[]).await.unwrap().is_empty());
+
+    let created = ok(&client, "create_sandbox", json!({"envs": {"GREETING": "hi"}, "metadata": {"k": "v"}})).await;
+    let id = created["sandbox_id"].as_str().unwrap().to_string();
+    assert_eq!(created["owned"], json!(true));
+    let detail = direct.get_sandbox(&id).await.unwrap();
+    assert_eq!(detail.metadata.get("sandbox_mcp_tenant").map(String::as_str), Some("default"));
+    assert_eq!(detail.metadata.get("sandbox_mcp_deployment").map(String::as_str), Some("default"));
+    assert!(detail.metadata.contains_key("sandbox_mcp_session"));
+    assert_eq!(detail.metadata.get("k").map(String::as_str), Some("v"));
+
+    // run_command uses the default sandbox, the sandbox env, bash -l, user `user`, cwd /home/user.
+    let out = ok(&client, "run_command", json!({"command": "echo $GREETING; whoami; pwd; echo err >&2; exit 3"})).await;
+    assert_eq!(out["sandbox_id"], json!(id));
+    assert_eq!(out["exit_code"], json!(3), "{out}");
+    assert_eq!(out["stdout"], json!("hi\nuser\n/home/user\n"));
+    assert_eq!(out["stderr"], json!("err\n"));
+    assert_eq!(out["stdout_truncated"], json!(false));
+    let root =
+        ok(&client, "run_command", json!({"command": "id -u", "user": "root", "cwd": "/tmp", "envs": {"A": "1"}}))
+            .await;
+    assert_eq!(root["stdout"], json!("0\n"));
+
+    // Output is capped per stream at 64 KiB with an explicit flag and the full count.
+    let big = ok(&client, "run_command", json!({"command": "head -c 200000 /dev/zero | tr '\\0' x"})).await;
+    assert_eq!(big["stdout"].as_str().unwrap().len(), 64 * 1024);
+    assert_eq!(big["stdout_truncated"], json!(true));
+    assert_eq!(big["stdout_bytes"], json!(200000));
+
+    // A command past its timeout is killed, and the error points at start_task.
+    let message = err(&client, "run_command", json!({"command": "sleep 30", "timeout": 1})).await;
+    assert!(message.contains("start_task") && message.contains(&id), "{message}");
+
+    // Files: text, base64, listing.
+    ok(&client, "write_file", json!({"path": "/home/user/dir/a.txt", "content": "héllo\n"})).await;
+    let read = ok(&client, "read_file", json!({"path": "dir/a.txt"})).await;
+    assert_eq!(
+        (read["encoding"].as_str(), read["content"].as_str(), read["size"].as_u64()),
+        (Some("text"), Some("héllo\n"), Some(7))
+    );
+    ok(&client, "write_file", json!({"path": "dir/b.bin", "content": "AAEC/w==", "encoding": "base64"})).await;
+    let read = ok(&client, "read_file", json!({"path": "/home/user/dir/b.bin"})).await;
+    assert_eq!((read["encoding"].as_str(), read["content"].as_str()), (Some("base64"), Some("AAEC/w==")));
+    let message = err(&client, "read_file", json!({"path": "/home/user/dir/b.bin", "encoding": "text"})).await;
+    assert!(message.contains("base64"), "{message}");
+    let listed = ok(&client, "list_files", json!({"path": "/home/user/dir"})).await;
+    let mut entries: Vec<_> =
+        listed["entries"].as_array().unwrap().iter().map(|e| (e["name"].clone(), e["type"].clone())).collect();
+    entries.sort_by_key(|e| e.0.to_string());
+    assert_eq!(entries, vec![(json!("a.txt"), json!("file")), (json!("b.bin"), json!("file"))]);
+    let message = err(&client, "read_file", json!({"path": "/home/user/nope.txt"})).await;
+    assert!(message.contains("no such file") && message.contains(&id), "{message}");
+
+    // A second session (same tenant) creates its own sandbox; the first connects to it: default, not owned.
+    let other = connect(&gateway.mcp_url(), None).await;
+    let other_id = ok(&other, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_string();
+    let connected = ok(&client, "connect_sandbox", json!({"sandbox_id": other_id})).await;
+    assert_eq!(connected["owned"], json!(false));
+    let out = ok(&client, "run_command", json!({"command": "echo here"})).await;
+    assert_eq!(out["sandbox_id"], json!(other_id), "connect_sandbox must make it the default");
+    let listed = ok(&client, "list_sandboxes", empty()).await;
+    let roles = |sid: &str| {
+        listed["sandboxes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["sandbox_id"] == json!(sid))
+            .map(|s| s["session_roles"].clone())
+    };
+    assert_eq!(roles(&id), Some(json!(["owned"])));
+    assert_eq!(roles(&other_id), Some(json!(["default"])));
+    assert_eq!(listed["default_sandbox"], json!(other_id));
+    let user_meta =
+        listed["sandboxes"].as_array().unwrap().iter().find(|s| s["sandbox_id"] == json!(id)).unwrap()["metadata"]
+            .clone();
+    assert_eq!(user_meta, json!({"k": "v"}), "the gateway's own keys are hidden");
+
+    // Closing the first session kills what it owns (id) but not what it only connected to (other_id).
+    close(client).await;
+    assert!(wait_gone(&direct, &id, Duration::from_secs(15)).await, "owned sandbox survived DELETE");
+    assert!(sandbox_exists(&direct, &other_id).await, "a connected (not owned) sandbox was killed");
+    assert!(gateway.wait_log("session ended", Duration::from_secs(5)).await);
+
+    // kill_sandbox: explicit, then the id is "not found".
+    let killed = ok(&other, "kill_sandbox", json!({"sandbox_id": other_id})).await;
+    assert_eq!(killed["killed"], json!(true));
+    assert!(!sandbox_exists(&direct, &other_id).await);
+    let message = err(&other, "run_command", json!({"command": "true"})).await;
+    assert!(message.contains("create_sandbox"), "killed default must be forgotten: {message}");
+    let message = err(&other, "run_command", json!({"command": "true", "sandbox_id": other_id})).await;
+    assert!(message.contains("not found"), "{message}");
+    close(other).await;
+
+    // One log line per tool call, with the fields, never the provider key.
+    let log = gateway.log_text();
+    let call_line =
+        log.lines().find(|l| l.contains("\"tool call\"") && l.contains("run_command")).expect("tool call log line");
+    for field in ["\"tool\":", "\"session\":", "\"tenant\":", "\"sandbox\":", "\"duration_ms\":", "\"outcome\":"] {
+        assert!(call_line.contains(field), "{field} missing from {call_line}");
+    }
+    assert!(!log.contains(&provider.api_key), "the provider API key leaked into the log");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_arguments_are_rejected_before_any_provider_call() {
+    if !require_root("bad_arguments_are_rejected_before_any_provider_call") {
+        return;
+    }
+    let provider = ProviderProc::start();
+    let gateway = GatewayProc::start_e2b(&provider, "[server]\nmax_body_bytes = 1048576\n", &[]);
+    let direct = provider.client();
+    let client = connect(&gateway.mcp_url(), None).await;
+
+    // Unknown fields and wrong types are tool errors (isError), not protocol errors.
+    let message = err(&client, "create_sandbox", json!({"templates": "base"})).await;
+    assert!(message.contains("templates"), "{message}");
+    err(&client, "create_sandbox", json!({"timeout": "soon"})).await;
+    err(&client, "list_sandboxes", json!({"x": 1})).await;
+    // Limits, each naming the argument.
+    for (tool, args, needle) in [
+        ("create_sandbox", json!({"timeout": 0}), "timeout"),
+        ("create_sandbox", json!({"timeout": 10_000_000}), "timeout"),
+        ("create_sandbox", json!({"template": "../../etc"}), "template"),
+        ("create_sandbox", json!({"metadata": {"sandbox_mcp_tenant": "evil"}}), "reserved"),
+        ("create_sandbox", json!({"envs": {"1BAD": "x"}}), "variable name"),
+        ("run_command", json!({"command": "x".repeat(70_000), "sandbox_id": "abc"}), "65536"),
+        ("run_command", json!({"command": "true", "timeout": 601, "sandbox_id": "abc"}), "timeout"),
+        ("run_command", json!({"command": "true", "sandbox_id": "bad id!"}), "sandbox_id"),
+        ("run_command", json!({"command": "true", "user": "admin", "sandbox_id": "abc"}), "user"),
+        ("write_file", json!({"path": "a", "content": "%%%", "encoding": "base64", "sandbox_id": "abc"}), "base64"),
+        ("list_files", json!({"depth": 99, "sandbox_id": "abc"}), "depth"),
+        ("read_file", json!({"path": "", "sandbox_id": "abc"}), "path"),
+    ] {
+        let message = err(&client, tool, args).await;
+        assert!(message.contains(needle), "{tool}: {message:?} should mention {needle}");
+    }
+    assert!(direct.list_all_sandboxes(&[]).await.unwrap().is_empty(), "a rejected call reached the provider");
+
+    // A request body over server.max_body_bytes is refused by HTTP (413) and the session goes on.
+    let http = reqwest::Client::new();
+    let init = http
+        .post(gateway.mcp_url())
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}))
+        .send()
+        .await
+        .unwrap();
+    let session = init.headers()["mcp-session-id"].to_str().unwrap().to_string();
+    let huge = http
+        .post(gateway.mcp_url())
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-session-id", &session)
+        .header("mcp-protocol-version", "2025-11-25")
+        .json(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "write_file", "arguments": {"path": "a", "content": "x".repeat(2 << 20)}}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(huge.status(), 413);
+    let ok_after = ok(&client, "list_sandboxes", empty()).await;
+    assert_eq!(ok_after["sandboxes"], json!([]));
+    close(client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_session_expiry_kills_owned_sandboxes() {
+    if !require_root("idle_session_expiry_kills_owned_sandboxes") {
+        return;
+    }
+    let provider = ProviderProc::start();
+    let gateway = GatewayProc::start_e2b(&provider, "[server]\nsession_idle_timeout_secs = 2\n", &[]);
+    let direct = provider.client();
+    let client = connect(&gateway.mcp_url(), None).await;
+    let id = ok(&client, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_string();
+    assert!(sandbox_exists(&direct, &id).await);
+    // No traffic: the session expires and its owned sandbox is killed, without any DELETE.
+    assert!(wait_gone(&direct, &id, Duration::from_secs(20)).await, "owned sandbox survived idle expiry");
+    assert!(gateway.wait_log("killed its owned sandboxes", Duration::from_secs(5)).await);
+    // The expired session is gone: a later call either fails or (rmcp's client recovers sessions)
+    // runs in a fresh session that sees no sandbox.
+    let after = client
+        .call_tool(rmcp::model::CallToolRequestParams::new("list_sandboxes").with_arguments(serde_json::Map::new()))
+        .await;
+    if let Ok(result) = &after
+        && result.is_error != Some(true)
+    {
+        assert_eq!(result.structured_content.as_ref().unwrap()["sandboxes"], json!([]));
+    }
+    drop(client);
+}

@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""The official E2B Python SDK (e2b==2.63.0) against the local provider.
+
+Usage: PROVIDER_URL=http://127.0.0.1:PORT [E2B_API_KEY=e2b_<40 hex>] python3 e2b_sdk_compat.py
+
+PROVIDER_URL is the provider's origin (control plane and envd on one port);
+the script points E2B_API_URL and E2B_SANDBOX_URL at it. Every step uses the
+SDK's own calls and expectations; the first failure exits non-zero with the
+step name and the error. On success it prints "N passed, 0 failed".
+"""
+
+import os
+import sys
+import time
+import traceback
+import uuid
+
+EXPECTED_SDK = "2.63.0"
+
+
+def main() -> int:
+    url = os.environ.get("PROVIDER_URL", "").rstrip("/")
+    if not url:
+        print("PROVIDER_URL is not set (e.g. http://127.0.0.1:3000)", file=sys.stderr)
+        return 2
+    os.environ["E2B_API_URL"] = url
+    os.environ["E2B_SANDBOX_URL"] = url
+    os.environ.setdefault("E2B_API_KEY", "e2b_" + "0" * 38 + "aa")
+    os.environ.pop("E2B_DEBUG", None)
+    os.environ.pop("E2B_DOMAIN", None)
+
+    try:
+        from importlib.metadata import version
+
+        import e2b
+        from e2b import CommandExitException, NotFoundException, Sandbox, SandboxQuery
+    except ImportError as err:
+        print(f"the e2b SDK is not installed in {sys.executable}: {err}", file=sys.stderr)
+        return 2
+    sdk_version = version("e2b")
+    if sdk_version != EXPECTED_SDK:
+        print(f"warning: e2b {sdk_version} installed, this script targets {EXPECTED_SDK}", file=sys.stderr)
+
+    passed = 0
+    tag = uuid.uuid4().hex[:12]
+    state: dict = {}
+
+    def step(name, fn):
+        nonlocal passed
+        started = time.monotonic()
+        try:
+            fn()
+        except Exception as err:  # noqa: BLE001 - report any failure with its step
+            print(f"FAIL {name}: {type(err).__name__}: {err}", file=sys.stderr)
+            traceback.print_exc()
+            print(f"{passed} passed, 1 failed", file=sys.stderr)
+            cleanup()
+            sys.exit(1)
+        passed += 1
+        print(f"ok   {name} ({(time.monotonic() - started) * 1000:.0f} ms)")
+
+    def check(condition, message):
+        if not condition:
+            raise AssertionError(message)
+
+    def cleanup():
+        for key in ("sbx", "other"):
+            sbx = state.get(key)
+            if sbx is not None:
+                try:
+                    sbx.kill()
+                except Exception:  # noqa: BLE001 - best effort
+                    pass
+
+    def create():
+        sbx = Sandbox.create(
+            template="base",
+            timeout=120,
+            metadata={"suite": tag, "kind": "sdk compat"},
+            envs={"FROM_CREATE": "sandbox-level"},
+        )
+        check(sbx.sandbox_id, "no sandbox id")
+        state["sbx"] = sbx
+
+    def run_foreground():
+        sbx = state["sbx"]
+        result = sbx.commands.run("echo hello; echo oops >&2; echo $FROM_CREATE $LOCAL", envs={"LOCAL": "cmd-level"})
+        check(result.exit_code == 0, f"exit code {result.exit_code}")
+        check(result.stdout == "hello\nsandbox-level cmd-level\n", f"stdout {result.stdout!r}")
+        check(result.stderr == "oops\n", f"stderr {result.stderr!r}")
+        result = sbx.commands.run("pwd; id -un", cwd="/tmp", user="root")
+        check(result.stdout == "/tmp\nroot\n", f"cwd/user stdout {result.stdout!r}")
+
+    def run_failing():
+        sbx = state["sbx"]
+        try:
+            sbx.commands.run("echo partial; exit 7")
+        except CommandExitException as err:
+            check(err.exit_code == 7, f"exit code {err.exit_code}")
+            check(err.stdout == "partial\n", f"stdout {err.stdout!r}")
+            return
+        raise AssertionError("a failing command did not raise CommandExitException")
+
+    def background():
+        sbx = state["sbx"]
+        handle = sbx.commands.run("echo started; touch /tmp/bg-ready; sleep 300", background=True)
+        check(handle.pid > 0, f"pid {handle.pid}")
+        pids = [p.pid for p in sbx.commands.list()]
+        check(handle.pid in pids, f"background pid {handle.pid} not listed: {pids}")
+        deadline = time.monotonic() + 10
+        while not sbx.files.exists("/tmp/bg-ready"):
+            check(time.monotonic() < deadline, "the background command did not start within 10 s")
+            time.sleep(0.05)
+        check(sbx.commands.kill(handle.pid) is True, "kill returned False")
+        try:
+            result = handle.wait()
+            raise AssertionError(f"wait after kill returned {result!r}")
+        except CommandExitException as err:
+            check(err.exit_code != 0, f"killed command exit code {err.exit_code}")
+            check("started" in err.stdout, f"stdout {err.stdout!r}")
+        check(sbx.commands.kill(handle.pid) is False, "killing a dead pid returned True")
+        check(handle.pid not in [p.pid for p in sbx.commands.list()], "killed pid still listed")
+
+    def stdin():
+        sbx = state["sbx"]
+        handle = sbx.commands.run("cat", background=True, stdin=True)
+        sbx.commands.send_stdin(handle.pid, "hello ")
+        sbx.commands.send_stdin(handle.pid, b"stdin\n")
+        sbx.commands.close_stdin(handle.pid)
+        result = handle.wait()
+        check(result.stdout == "hello stdin\n", f"stdout {result.stdout!r}")
+
+    def files_text_bytes():
+        sbx = state["sbx"]
+        info = sbx.files.write("/tmp/sdk/hello.txt", "héllo world\n")
+        check(info.path == "/tmp/sdk/hello.txt", f"write info {info}")
+        check(sbx.files.read("/tmp/sdk/hello.txt") == "héllo world\n", "text round trip")
+        blob = bytes(range(256)) * 64
+        sbx.files.write("/tmp/sdk/blob.bin", blob)
+        back = sbx.files.read("/tmp/sdk/blob.bin", format="bytes")
+        check(bytes(back) == blob, "bytes round trip")
+        check(sbx.commands.run("wc -c < /tmp/sdk/blob.bin").stdout.strip() == str(len(blob)), "size in sandbox")
+
+    def files_manage():
+        sbx = state["sbx"]
+        check(sbx.files.make_dir("/tmp/sdk/dir") is True, "make_dir new")
+        check(sbx.files.make_dir("/tmp/sdk/dir") is False, "make_dir existing")
+        names = sorted(e.name for e in sbx.files.list("/tmp/sdk"))
+        check(names == ["blob.bin", "dir", "hello.txt"], f"list {names}")
+        check(sbx.files.exists("/tmp/sdk/hello.txt"), "exists")
+        check(not sbx.files.exists("/tmp/sdk/nope"), "exists on a missing file")
+        entry = sbx.files.rename("/tmp/sdk/hello.txt", "/tmp/sdk/dir/renamed.txt")
+        check(entry.path == "/tmp/sdk/dir/renamed.txt", f"rename {entry}")
+        check(sbx.files.read("/tmp/sdk/dir/renamed.txt") == "héllo world\n", "renamed content")
+        sbx.files.remove("/tmp/sdk/dir")
+        check(not sbx.files.exists("/tmp/sdk/dir/renamed.txt"), "removed")
+        try:
+            sbx.files.read("/tmp/sdk/dir/renamed.txt")
+            raise AssertionError("reading a removed file succeeded")
+        except NotFoundException:
+            pass
+
+    def timeout_and_info():
+        sbx = state["sbx"]
+        sbx.set_timeout(200)
+        info = sbx.get_info()
+        check(info.sandbox_id == sbx.sandbox_id, f"info id {info.sandbox_id}")
+        check(info.metadata.get("suite") == tag, f"metadata {info.metadata}")
+        left = (info.end_at - info.started_at).total_seconds()
+        check(left > 150, f"deadline only {left}s after start")
+        check(str(info.state).lower().endswith("running"), f"state {info.state}")
+
+    def list_with_metadata():
+        sbx = state["sbx"]
+        other = Sandbox.create(template="base", timeout=60, metadata={"suite": "someone-else"})
+        state["other"] = other
+        paginator = Sandbox.list(query=SandboxQuery(metadata={"suite": tag, "kind": "sdk compat"}))
+        ids = []
+        while paginator.has_next:
+            ids += [s.sandbox_id for s in paginator.next_items()]
+        check(ids == [sbx.sandbox_id], f"listed {ids}, expected only {sbx.sandbox_id}")
+
+    def kill_and_connect():
+        sbx = state["sbx"]
+        sandbox_id = sbx.sandbox_id
+        check(sbx.kill() is True, "kill returned False")
+        state["other"].kill()
+        state.clear()
+        check(Sandbox.kill(sandbox_id) is False, "second kill returned True")
+        try:
+            Sandbox.connect(sandbox_id)
+            raise AssertionError("connect to a killed sandbox succeeded")
+        except NotFoundException:
+            pass
+
+    step("create with metadata and envs", create)
+    step("commands.run foreground (stdout, stderr, envs, cwd, user)", run_foreground)
+    step("commands.run failing raises CommandExitException", run_failing)
+    step("background command: list, kill, wait", background)
+    step("stdin: send_stdin / close_stdin", stdin)
+    step("files.write / read (text and bytes)", files_text_bytes)
+    step("files.list / make_dir / exists / rename / remove", files_manage)
+    step("set_timeout and get_info", timeout_and_info)
+    step("Sandbox.list with a metadata filter", list_with_metadata)
+    step("kill, then connect raises not found", kill_and_connect)
+    print(f"{passed} passed, 0 failed (e2b {sdk_version}, {getattr(e2b, '__name__', 'e2b')} at {url})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
