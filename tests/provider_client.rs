@@ -89,7 +89,10 @@ async fn lifecycle_create_get_list_connect_timeout_pause_kill() {
 
     let tag = format!("lifecycle-{}", std::process::id());
     let req = wire::NewSandbox {
-        metadata: Some(HashMap::from([("suite".to_owned(), tag.clone()), ("with space".to_owned(), "a b/c".to_owned())])),
+        metadata: Some(HashMap::from([
+            ("suite".to_owned(), tag.clone()),
+            ("with space".to_owned(), "a b/c".to_owned()),
+        ])),
         env_vars: Some(HashMap::from([("SANDBOX_LEVEL".to_owned(), "from-create".to_owned())])),
         ..new_sandbox(60)
     };
@@ -119,14 +122,14 @@ async fn lifecycle_create_get_list_connect_timeout_pause_kill() {
 
     // set_timeout moves the deadline; connect with a timeout moves it again.
     client.set_timeout(&sandbox.sandbox_id, 10).await.unwrap();
-    let end = chrono::DateTime::parse_from_rfc3339(&client.get_sandbox(&sandbox.sandbox_id).await.unwrap().end_at)
-        .unwrap();
+    let end =
+        chrono::DateTime::parse_from_rfc3339(&client.get_sandbox(&sandbox.sandbox_id).await.unwrap().end_at).unwrap();
     let left = end.signed_duration_since(chrono::Utc::now()).num_seconds();
     assert!((5..=11).contains(&left), "deadline {left}s away after set_timeout(10)");
     let connected = client.connect_sandbox(&sandbox.sandbox_id, Some(90)).await.unwrap();
     assert_eq!(connected.sandbox_id, sandbox.sandbox_id);
-    let end = chrono::DateTime::parse_from_rfc3339(&client.get_sandbox(&sandbox.sandbox_id).await.unwrap().end_at)
-        .unwrap();
+    let end =
+        chrono::DateTime::parse_from_rfc3339(&client.get_sandbox(&sandbox.sandbox_id).await.unwrap().end_at).unwrap();
     assert!(end.signed_duration_since(chrono::Utc::now()).num_seconds() > 60);
 
     // Pause, pause again (already paused), resume through connect.
@@ -365,7 +368,7 @@ async fn deadline_expiry_removes_the_sandbox() {
     // Its process is gone and its stream ended (with or without an end event).
     let left = wait_until_no_host_process("sleep 4545").await;
     assert!(left.is_empty(), "processes survived the deadline: {left:?}");
-    let _ = tokio::time::timeout(Duration::from_secs(5), async { while let Ok(Some(_)) = stream.next_event().await {} })
+    tokio::time::timeout(Duration::from_secs(5), async { while let Ok(Some(_)) = stream.next_event().await {} })
         .await
         .expect("the stream of an expired sandbox must end");
     let err = envd.health().await.unwrap_err();
@@ -381,8 +384,9 @@ async fn kill_while_busy_leaves_no_process() {
     let opts = CallOptions::default();
     let _sleeper = envd.start(&bash("sleep 4242 & sleep 4242; wait"), &opts).await.unwrap();
     let busy = envd.clone();
-    let runner =
-        tokio::spawn(async move { busy.run(&bash("while :; do :; done"), &CallOptions::default(), OutputLimits::default()).await });
+    let runner = tokio::spawn(async move {
+        busy.run(&bash("while :; do :; done"), &CallOptions::default(), OutputLimits::default()).await
+    });
     tokio::time::sleep(Duration::from_millis(300)).await;
     // bash plus its two sleepers.
     assert_eq!(host_processes_with("sleep 4242").len(), 3, "the sleepers should be visible from the host");
@@ -411,8 +415,9 @@ async fn sandboxes_are_isolated_from_each_other_and_the_host() {
     let _sleeper = envd_a.start(&bash("exec sleep 4343"), &root).await.unwrap();
     let b_procs = envd_b.list_processes(&root).await.unwrap();
     assert!(b_procs.iter().all(|p| !p.config.args.join(" ").contains("4343")), "{b_procs:?}");
-    let seen = run_ok(&envd_b, "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -c 'sleep 434[3]' || true", &root)
-        .await;
+    let seen =
+        run_ok(&envd_b, "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -c 'sleep 434[3]' || true", &root)
+            .await;
     assert_eq!(seen.trim(), "0", "sandbox B sees A's process");
     // Writes to / and /etc as root stay inside the sandbox.
     let marker = format!("sandbox-mcp-isolation-{}", envd_a.sandbox_id());
@@ -452,7 +457,8 @@ async fn unknown_sandboxes_and_bad_keys_give_clear_errors() {
     assert!(!err.to_string().contains(bad_key) && !format!("{err:?}").contains(bad_key));
     let err = provider.client_with_key(None).list_all_sandboxes(&[]).await.unwrap_err();
     assert!(matches!(err, E2bError::Auth { .. }), "{err:?}");
-    let err = client.create_sandbox(&wire::NewSandbox { template_id: "no-such-template".into(), ..Default::default() }).await;
+    let err =
+        client.create_sandbox(&wire::NewSandbox { template_id: "no-such-template".into(), ..Default::default() }).await;
     assert!(matches!(err, Err(E2bError::NotFound { .. } | E2bError::Api { status: 400, .. })), "{err:?}");
     provider.shutdown().await;
 }

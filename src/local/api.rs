@@ -18,8 +18,8 @@ use subtle::ConstantTimeEq;
 use super::provider::{CreateParams, Provider, ProviderError};
 use super::record::{SandboxRecord, rfc3339_ms};
 use crate::e2b::wire::{
-    self, ConnectSandbox, HEADER_API_KEY, HEADER_NEXT_TOKEN, HEADER_SANDBOX_ID, NewSandbox, SandboxDetail, SandboxState,
-    SetTimeout,
+    self, ConnectSandbox, HEADER_API_KEY, HEADER_NEXT_TOKEN, HEADER_SANDBOX_ID, NewSandbox, SandboxDetail,
+    SandboxState, SetTimeout,
 };
 
 /// Shared state of the HTTP layer.
@@ -153,7 +153,9 @@ fn detail_view(provider: &Provider, rec: &SandboxRecord, with_token: bool) -> Sa
 fn total_memory_mb() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|m| m.lines().find_map(|l| l.strip_prefix("MemTotal:")?.trim().strip_suffix("kB")?.trim().parse().ok()))
+        .and_then(|m| {
+            m.lines().find_map(|l| l.strip_prefix("MemTotal:")?.trim().strip_suffix("kB")?.trim().parse().ok())
+        })
         .map(|kib: u64| kib / 1024)
         .unwrap_or(0)
 }
@@ -227,13 +229,19 @@ async fn pause(State(state): State<Arc<AppState>>, Path(id): Path<String>, body:
 
 async fn info(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult<Json<SandboxDetail>> {
     check_id(&id)?;
-    let entry = state.provider.get(&id).ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")))?;
+    let entry = state
+        .provider
+        .get(&id)
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")))?;
     Ok(Json(detail_view(&state.provider, &entry.snapshot(), true)))
 }
 
 async fn metrics(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult<Json<serde_json::Value>> {
     check_id(&id)?;
-    let entry = state.provider.get(&id).ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")))?;
+    let entry = state
+        .provider
+        .get(&id)
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")))?;
     let rec = entry.snapshot();
     let mem_used = super::cgroups::memory_usage(&rec.cgroups).unwrap_or(0);
     let mem_total = state.provider.cfg.memory_limit_mb.unwrap_or_else(total_memory_mb) * 1024 * 1024;

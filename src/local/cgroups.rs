@@ -115,9 +115,14 @@ impl CgroupLayout {
         let mem_bytes = limits.memory_limit_mb.map(|mb| (mb * 1024 * 1024).to_string());
         let pids = limits.pids_limit.map(|n| n.to_string());
         match self {
-            CgroupLayout::V2 { base } => {
-                make(base, &[("memory.max", mem_bytes.clone()), ("memory.swap.max", mem_bytes.map(|_| "0".into())), ("pids.max", pids)])
-            }
+            CgroupLayout::V2 { base } => make(
+                base,
+                &[
+                    ("memory.max", mem_bytes.clone()),
+                    ("memory.swap.max", mem_bytes.map(|_| "0".into())),
+                    ("pids.max", pids),
+                ],
+            ),
             CgroupLayout::V1 { memory, pids: pids_base, freezer } => {
                 if let Some(base) = memory {
                     make(base, &[("memory.limit_in_bytes", mem_bytes)]);

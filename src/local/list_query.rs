@@ -120,7 +120,8 @@ mod tests {
     #[test]
     fn single_encoded_and_plain_metadata() {
         let f = parse("metadata=a%3D1%26b%3D2").unwrap();
-        let md: HashMap<String, String> = [("a", "1"), ("b", "2")].iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let md: HashMap<String, String> =
+            [("a", "1"), ("b", "2")].iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         assert!(f.metadata_matches(&md));
         assert_eq!(f.metadata.len(), 2);
     }

@@ -27,7 +27,6 @@ use anyhow::Context;
 
 pub use config::LocalProviderConfig;
 
-
 /// Arguments of `sandbox-mcp provider`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProviderArgs {
@@ -95,7 +94,10 @@ impl RunningProvider {
 
 /// Starts the provider on `listener`: checks isolation is permitted, re-adopts sandboxes left by a
 /// previous run, starts the deadline reaper, and serves until [`RunningProvider::shutdown`].
-pub async fn start_provider(cfg: LocalProviderConfig, listener: tokio::net::TcpListener) -> anyhow::Result<RunningProvider> {
+pub async fn start_provider(
+    cfg: LocalProviderConfig,
+    listener: tokio::net::TcpListener,
+) -> anyhow::Result<RunningProvider> {
     let addr = listener.local_addr().context("reading the listening address")?;
     if cfg.api_key.is_none() && !addr.ip().is_loopback() {
         anyhow::bail!(

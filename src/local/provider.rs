@@ -105,7 +105,14 @@ impl Provider {
             .map_err(|e| anyhow::anyhow!("cannot create the state directory {}: {e}", sandboxes_dir.display()))?;
         let cgroups = CgroupLayout::detect();
         tracing::info!(?cgroups, state_dir = %cfg.state_dir.display(), "local provider state");
-        Ok(Provider { cfg, sandboxes_dir, cgroups, table: Mutex::new(HashMap::new()), pending: Mutex::new(0), cleanups: Arc::new(Mutex::new(0)) })
+        Ok(Provider {
+            cfg,
+            sandboxes_dir,
+            cgroups,
+            table: Mutex::new(HashMap::new()),
+            pending: Mutex::new(0),
+            cleanups: Arc::new(Mutex::new(0)),
+        })
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<SandboxEntry>>> {
@@ -344,7 +351,8 @@ impl Provider {
                 Ok(rec) if rec.id == id => {
                     let alive = process_is(rec.envd_pid, rec.envd_start_time);
                     let healthy = alive
-                        && (rec.state == SandboxState::Paused || super::proxy::agent_healthy(&dir.join(SOCKET_FILE)).await);
+                        && (rec.state == SandboxState::Paused
+                            || super::proxy::agent_healthy(&dir.join(SOCKET_FILE)).await);
                     if healthy {
                         tracing::info!(sandbox = %id, pid = rec.envd_pid, "re-adopted running sandbox");
                         let entry = SandboxEntry { dir, record: Mutex::new(rec), op: tokio::sync::Mutex::new(()) };

@@ -18,8 +18,16 @@ use super::api::AppState;
 use crate::e2b::wire::{HEADER_ACCESS_TOKEN, HEADER_SANDBOX_ID, SandboxState};
 
 /// Headers that belong to one hop and are never forwarded.
-const HOP_BY_HOP: &[&str] =
-    &["connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade"];
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
 
 fn not_found(sandbox_id: &str, detail: &str) -> Response {
     let body = serde_json::json!({

@@ -143,9 +143,7 @@ pub fn now_ms() -> i64 {
 
 /// RFC 3339 rendering of a Unix time in milliseconds.
 pub fn rfc3339_ms(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .unwrap_or_default()
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    chrono::DateTime::from_timestamp_millis(ms).unwrap_or_default().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 #[cfg(test)]

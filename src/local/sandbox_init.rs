@@ -34,13 +34,9 @@ pub fn enter_sandbox(sandbox_dir: &Path, spec: &SandboxSpec) -> anyhow::Result<U
     let proc_dir = ensure_dir(&root, "proc", 0o555)?;
     mount(Some("proc"), &proc_dir, Some("proc"), nosuid_nodev_noexec, None::<&str>).context("mounting /proc")?;
     let sys_dir = ensure_dir(&root, "sys", 0o555)?;
-    if let Err(err) = mount(
-        Some("sysfs"),
-        &sys_dir,
-        Some("sysfs"),
-        nosuid_nodev_noexec | MsFlags::MS_RDONLY,
-        None::<&str>,
-    ) {
+    if let Err(err) =
+        mount(Some("sysfs"), &sys_dir, Some("sysfs"), nosuid_nodev_noexec | MsFlags::MS_RDONLY, None::<&str>)
+    {
         eprintln!("sandbox-mcp envd: /sys not mounted: {err}");
     }
     build_dev(&root)?;
@@ -99,7 +95,11 @@ fn ensure_dir(root: &Path, rel: &str, mode: u32) -> anyhow::Result<PathBuf> {
 /// Bind-mounts a fresh directory `DIR/<name>` over `/<name>` of the new root.
 fn bind_private(sandbox_dir: &Path, root: &Path, name: &str, mode: u32, uid: u32, gid: u32) -> anyhow::Result<PathBuf> {
     let source = sandbox_dir.join(format!("{name}.d"));
-    std::fs::DirBuilder::new().mode(mode).recursive(true).create(&source).with_context(|| format!("creating {name}"))?;
+    std::fs::DirBuilder::new()
+        .mode(mode)
+        .recursive(true)
+        .create(&source)
+        .with_context(|| format!("creating {name}"))?;
     std::fs::set_permissions(&source, std::fs::Permissions::from_mode(mode)).ok();
     nix::unistd::chown(&source, Some(uid.into()), Some(gid.into())).ok();
     let target = ensure_dir(root, name, mode)?;
@@ -130,17 +130,14 @@ fn build_dev(root: &Path) -> anyhow::Result<()> {
     .context("mounting /dev/pts")?;
     std::os::unix::fs::symlink("pts/ptmx", dev.join("ptmx")).context("linking /dev/ptmx")?;
     let shm = ensure_dir(&dev, "shm", 0o1777)?;
-    mount(
-        Some("tmpfs"),
-        &shm,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some("mode=1777"),
-    )
-    .context("mounting /dev/shm")?;
-    for (name, target) in
-        [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")]
-    {
+    mount(Some("tmpfs"), &shm, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=1777"))
+        .context("mounting /dev/shm")?;
+    for (name, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
         std::os::unix::fs::symlink(target, dev.join(name)).with_context(|| format!("linking /dev/{name}"))?;
     }
     Ok(())

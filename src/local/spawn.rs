@@ -87,8 +87,10 @@ pub fn spawn_agent(
         CString::new(READY_FD.to_string()).map_err(|_| SpawnError::Nul)?,
     ];
     // A minimal environment: the provider's own (which may hold its API key) never leaks in.
-    let mut env_owned =
-        vec![CString::new("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin").map_err(|_| SpawnError::Nul)?];
+    let mut env_owned = vec![
+        CString::new("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+            .map_err(|_| SpawnError::Nul)?,
+    ];
     if let Ok(filter) = std::env::var("RUST_LOG") {
         env_owned.push(CString::new(format!("RUST_LOG={filter}")).map_err(|_| SpawnError::Nul)?);
     }
@@ -102,13 +104,15 @@ pub fn spawn_agent(
         .append(true)
         .open(log_file)
         .map_err(|source| SpawnError::Io { what: "open envd log", source })?;
-    let devnull = std::fs::File::open("/dev/null").map_err(|source| SpawnError::Io { what: "open /dev/null", source })?;
+    let devnull =
+        std::fs::File::open("/dev/null").map_err(|source| SpawnError::Io { what: "open /dev/null", source })?;
     let (sync_r, sync_w) = pipe_cloexec()?;
     let (ready_r, ready_w) = pipe_cloexec()?;
     let (log_fd, null_fd) = (log.as_raw_fd(), devnull.as_raw_fd());
     let (sync_r_fd, sync_w_fd, ready_w_fd) = (sync_r.as_raw_fd(), sync_w.as_raw_fd(), ready_w.as_raw_fd());
 
-    let pid = raw_clone(sandbox_clone_flags(new_network)).map_err(sys("clone(CLONE_NEWPID|CLONE_NEWNS|CLONE_NEWUTS|CLONE_NEWIPC)"))?;
+    let pid = raw_clone(sandbox_clone_flags(new_network))
+        .map_err(sys("clone(CLONE_NEWPID|CLONE_NEWNS|CLONE_NEWUTS|CLONE_NEWIPC)"))?;
     if pid == 0 {
         // Child: async-signal-safe calls only.
         // SAFETY: plain system calls on descriptors and buffers prepared before the clone.
@@ -157,12 +161,9 @@ pub fn probe_isolation(scratch: &Path) -> Result<(), String> {
         CString::new(path.as_os_str().as_bytes()).map_err(|_| "state directory path contains a NUL byte".to_owned())
     };
     let (upper, work, merged) = (mk("upper")?, mk("work")?, mk("merged")?);
-    let opts = CString::new(format!(
-        "lowerdir=/,upperdir={},workdir={}",
-        upper.to_string_lossy(),
-        work.to_string_lossy()
-    ))
-    .map_err(|_| "bad path".to_owned())?;
+    let opts =
+        CString::new(format!("lowerdir=/,upperdir={},workdir={}", upper.to_string_lossy(), work.to_string_lossy()))
+            .map_err(|_| "bad path".to_owned())?;
     let overlay = CString::new("overlay").map_err(|_| "nul")?;
     let root = CString::new("/").map_err(|_| "nul")?;
     let (report_r, report_w) = pipe_cloexec().map_err(|e| e.to_string())?;
@@ -187,7 +188,14 @@ pub fn probe_isolation(scratch: &Path) -> Result<(), String> {
                 libc::write(report_fd, msg.as_ptr().cast(), 2);
                 libc::_exit(1);
             };
-            if libc::mount(std::ptr::null(), root.as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) != 0 {
+            if libc::mount(
+                std::ptr::null(),
+                root.as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) != 0
+            {
                 fail(1);
             }
             if libc::mount(overlay.as_ptr(), merged.as_ptr(), overlay.as_ptr(), 0, opts.as_ptr().cast()) != 0 {
@@ -206,7 +214,9 @@ pub fn probe_isolation(scratch: &Path) -> Result<(), String> {
         (_, [step, errno]) => {
             let err = nix::Error::from_raw(i32::from(*errno));
             Err(match step {
-                1 => format!("sandbox-mcp provider cannot make mounts private in a new mount namespace ({hint}): {err}"),
+                1 => {
+                    format!("sandbox-mcp provider cannot make mounts private in a new mount namespace ({hint}): {err}")
+                }
                 _ => format!(
                     "sandbox-mcp provider cannot mount an overlay filesystem (the kernel needs overlayfs, and the \
                      state directory {} must be on a filesystem that can be an overlay upper layer, not on \
