@@ -40,7 +40,12 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = wire::ApiError { code: i32::from(self.0.as_u16()), message: self.1 };
-        (self.0, Json(body)).into_response()
+        let mut response = (self.0, Json(body)).into_response();
+        if self.0 == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body is left unread: tell the client not to reuse this connection.
+            response.headers_mut().insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
     }
 }
 

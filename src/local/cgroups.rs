@@ -53,7 +53,10 @@ impl CgroupLayout {
             // Nest under the provider's own cgroup so sandboxes stay inside its limits.
             let own_path = own
                 .lines()
-                .filter_map(|line| line.splitn(3, ':').nth(1).zip(line.splitn(3, ':').nth(2)))
+                .filter_map(|line| {
+                    let mut fields = line.splitn(3, ':').skip(1);
+                    fields.next().zip(fields.next())
+                })
                 .find(|(ctrls, _)| ctrls.split(',').any(|c| c == ctrl))
                 .map(|(_, path)| path.trim_start_matches('/').to_owned())
                 .unwrap_or_default();

@@ -171,6 +171,9 @@ pub fn run_provider(args: ProviderArgs) -> anyhow::Result<()> {
 
 /// Runs the in-sandbox agent: builds the sandbox around itself, reports readiness, then serves envd.
 pub fn run_envd(args: EnvdArgs) -> anyhow::Result<()> {
+    // Exec'd through /proc/self/exe, the process would be called "exe" in `ps`.
+    // SAFETY: PR_SET_NAME copies at most 16 bytes from a NUL-terminated string.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"envd".as_ptr()) };
     // SAFETY: the provider passes a pipe write end at this descriptor and nothing else owns it.
     let mut ready = args.ready_fd.map(|fd| unsafe { std::fs::File::from_raw_fd(fd) });
     let setup = || -> anyhow::Result<(std::os::unix::net::UnixListener, record::SandboxSpec)> {

@@ -39,7 +39,13 @@ fn not_found(sandbox_id: &str, detail: &str) -> Response {
 }
 
 fn plain_error(status: StatusCode, message: &str) -> Response {
-    (status, axum::Json(serde_json::json!({"code": status.as_u16(), "message": message}))).into_response()
+    let mut response =
+        (status, axum::Json(serde_json::json!({"code": status.as_u16(), "message": message}))).into_response();
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        // The rest of the body is left unread: tell the client not to reuse this connection.
+        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
 }
 
 /// Handles one data-plane request.

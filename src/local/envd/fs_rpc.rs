@@ -29,7 +29,7 @@ pub async fn handle(state: Arc<EnvdState>, method: &str, headers: HeaderMap, bod
             return rpc::unary_error(&err);
         }
     };
-    if let Err(response) = rpc::check_content_type(&headers, kind) {
+    if let Some(response) = rpc::content_type_rejection(&headers, kind) {
         return response;
     }
     let body = match rpc::read_body(body, rpc::MAX_REQUEST_BODY).await {

@@ -65,9 +65,9 @@ pub fn snapshot(cpu: &CpuSampler) -> Metrics {
     let mem_used = mem_total.saturating_sub(mem_available);
     let (disk_used, disk_total) = match nix::sys::statvfs::statvfs("/") {
         Ok(vfs) => {
-            let frag = vfs.fragment_size() as u64;
-            let total = vfs.blocks() as u64 * frag;
-            (total.saturating_sub(vfs.blocks_free() as u64 * frag), total)
+            let frag = vfs.fragment_size();
+            let total = vfs.blocks() * frag;
+            (total.saturating_sub(vfs.blocks_free() * frag), total)
         }
         Err(_) => (0, 0),
     };

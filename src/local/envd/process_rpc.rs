@@ -22,10 +22,10 @@ use super::rpc::{self, CallKind};
 use super::spawn::{self, SpawnError, SpawnSpec, SpawnedChild};
 use super::table::{self, Attach, ProcOutput};
 use super::users::{UserAccount, request_user};
-use crate::connect_rpc::{Code, ConnectError, encode_end_stream, encode_json_message};
+use crate::connect_rpc::{Code, ConnectError, FLAG_MESSAGE, encode_end_stream, encode_envelope, encode_json_message};
 use crate::e2b::wire::{
-    DataEvent, Empty, Empty2, EndEvent, ListProcessesResponse, ProcessEvent, ProcessEventMessage, ProcessRequest,
-    ProcessSelector, SendInputRequest, SendSignalRequest, StartEvent, StartRequest, signal_number,
+    Empty, Empty2, EndEvent, ListProcessesResponse, ProcessEvent, ProcessEventMessage, ProcessRequest, ProcessSelector,
+    SendInputRequest, SendSignalRequest, StartEvent, StartRequest, signal_number,
 };
 
 /// Keepalive interval when the client sends no `Keepalive-Ping-Interval`.
@@ -45,7 +45,7 @@ pub async fn handle(state: Arc<EnvdState>, method: &str, headers: HeaderMap, bod
             return rpc::unary_error(&err);
         }
     };
-    if let Err(response) = rpc::check_content_type(&headers, kind) {
+    if let Some(response) = rpc::content_type_rejection(&headers, kind) {
         return response;
     }
     let body = match rpc::read_body(body, rpc::MAX_REQUEST_BODY).await {
@@ -222,6 +222,22 @@ fn event_frame(event: ProcessEvent) -> Bytes {
     encode_json_message(&ProcessEventMessage { event })
 }
 
+/// A data event frame, `{"event":{"data":{"<stream>":"<base64>"}}}`, built without
+/// a serde pass over the (large, escape-free) base64 text.
+fn data_frame(stream: &str, bytes: &[u8]) -> Bytes {
+    use base64::Engine;
+    let mut payload = Vec::with_capacity(40 + bytes.len().div_ceil(3) * 4);
+    payload.extend_from_slice(br#"{"event":{"data":{""#);
+    payload.extend_from_slice(stream.as_bytes());
+    payload.extend_from_slice(br#"":""#);
+    let start = payload.len();
+    payload.resize(start + bytes.len().div_ceil(3) * 4, 0);
+    let written = base64::engine::general_purpose::STANDARD.encode_slice(bytes, &mut payload[start..]).unwrap_or(0);
+    payload.truncate(start + written);
+    payload.extend_from_slice(br#""}}}"#);
+    encode_envelope(FLAG_MESSAGE, &payload)
+}
+
 /// The response stream of Start/Connect: `start`, then data/keepalive, one `end`, then the end-stream frame.
 fn event_stream(pid: u32, attach: Attach, keepalive: Duration) -> impl Stream<Item = Bytes> + Send + 'static {
     futures_util::stream::unfold(Phase::Start(attach), move |phase| async move {
@@ -237,14 +253,8 @@ fn event_stream(pid: u32, attach: Attach, keepalive: Duration) -> impl Stream<It
             Phase::Live(mut rx) => {
                 tokio::select! {
                     event = rx.recv() => match event {
-                        Some(ProcOutput::Stdout(bytes)) => {
-                            let data = DataEvent { stdout: Some(bytes.to_vec()), ..Default::default() };
-                            Some((event_frame(ProcessEvent::Data(data)), Phase::Live(rx)))
-                        }
-                        Some(ProcOutput::Stderr(bytes)) => {
-                            let data = DataEvent { stderr: Some(bytes.to_vec()), ..Default::default() };
-                            Some((event_frame(ProcessEvent::Data(data)), Phase::Live(rx)))
-                        }
+                        Some(ProcOutput::Stdout(bytes)) => Some((data_frame("stdout", &bytes), Phase::Live(rx))),
+                        Some(ProcOutput::Stderr(bytes)) => Some((data_frame("stderr", &bytes), Phase::Live(rx))),
                         Some(ProcOutput::End(end)) => Some((event_frame(ProcessEvent::End(end)), Phase::EndStream(None))),
                         None => {
                             let err = ConnectError::new(Code::Internal, format!("output of pid {pid} ended without an end event"));
@@ -260,4 +270,19 @@ fn event_stream(pid: u32, attach: Attach, keepalive: Duration) -> impl Stream<It
             Phase::Done => None,
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::e2b::wire::DataEvent;
+
+    #[test]
+    fn data_frames_match_the_serde_encoding() {
+        for len in [0usize, 1, 2, 3, 4, 65536] {
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+            let data = DataEvent { stderr: Some(bytes.clone()), ..Default::default() };
+            assert_eq!(data_frame("stderr", &bytes), event_frame(ProcessEvent::Data(data)));
+        }
+    }
 }

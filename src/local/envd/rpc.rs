@@ -66,8 +66,8 @@ pub fn error_for(kind: CallKind, err: &ConnectError) -> Response {
     }
 }
 
-/// Checks the request content type; answers 415 (with a Connect JSON body) for anything but JSON.
-pub fn check_content_type(headers: &HeaderMap, kind: CallKind) -> Result<(), Response> {
+/// Checks the request content type: the 415 response (with a Connect JSON body) for anything but JSON.
+pub fn content_type_rejection(headers: &HeaderMap, kind: CallKind) -> Option<Response> {
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
     let expected = match kind {
@@ -75,7 +75,7 @@ pub fn check_content_type(headers: &HeaderMap, kind: CallKind) -> Result<(), Res
         CallKind::ServerStream => CONTENT_TYPE_STREAM_JSON,
     };
     if essence == expected {
-        return Ok(());
+        return None;
     }
     let message = if essence.contains("proto") {
         format!(
@@ -86,12 +86,14 @@ pub fn check_content_type(headers: &HeaderMap, kind: CallKind) -> Result<(), Res
     };
     let err = ConnectError::new(Code::Unimplemented, message);
     let body = serde_json::to_vec(&err).unwrap_or_default();
-    Err((
-        StatusCode::UNSUPPORTED_MEDIA_TYPE,
-        [(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE_UNARY_JSON))],
-        body,
+    Some(
+        (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            [(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE_UNARY_JSON))],
+            body,
+        )
+            .into_response(),
     )
-        .into_response())
 }
 
 /// Decodes a unary request body (the bare JSON message; empty means `{}`).

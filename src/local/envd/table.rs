@@ -24,8 +24,11 @@ const EXITED_KEEP: usize = 256;
 /// How long an exited process is remembered.
 const EXITED_TTL: Duration = Duration::from_secs(600);
 /// After the process exited, output pipes still open (held by background
-/// children) stop being forwarded once idle this long.
+/// children) stop being forwarded once idle this long...
 const AFTER_EXIT_IDLE: Duration = Duration::from_millis(100);
+/// ...or at the latest this long after the exit (a chatty background child
+/// must not hold back the end event forever).
+const AFTER_EXIT_MAX: Duration = Duration::from_secs(2);
 /// Capacity of each subscriber's event queue.
 const SUBSCRIBER_QUEUE: usize = 16;
 
@@ -151,6 +154,7 @@ impl ProcessTable {
         let mut out: Vec<ProcessInfo> = inner
             .running
             .values()
+            .filter(|e| e.exit.status().is_none())
             .map(|e| ProcessInfo { config: e.config.clone(), pid: e.pid, tag: e.tag.clone() })
             .collect();
         out.sort_by_key(|p| p.pid);
@@ -219,10 +223,12 @@ pub async fn pump_output(table: Arc<ProcessTable>, entry: Arc<ProcessEntry>, std
     let mut out_buf = vec![0u8; OUTPUT_CHUNK];
     let mut err_buf = vec![0u8; OUTPUT_CHUNK];
     let mut status: Option<i32> = None;
+    let mut exited_at = Instant::now();
     loop {
         if status.is_some() && stdout.is_none() && stderr.is_none() {
             break;
         }
+        let drain_wait = AFTER_EXIT_IDLE.min(AFTER_EXIT_MAX.saturating_sub(exited_at.elapsed()));
         tokio::select! {
             read = read_some(&mut stdout, &mut out_buf), if stdout.is_some() => match read {
                 Some(n) => entry.broadcast(ProcOutput::Stdout(Bytes::copy_from_slice(&out_buf[..n]))).await,
@@ -232,8 +238,11 @@ pub async fn pump_output(table: Arc<ProcessTable>, entry: Arc<ProcessEntry>, std
                 Some(n) => entry.broadcast(ProcOutput::Stderr(Bytes::copy_from_slice(&err_buf[..n]))).await,
                 None => stderr = None,
             },
-            raw = entry.exit.wait(), if status.is_none() => status = Some(raw),
-            _ = tokio::time::sleep(AFTER_EXIT_IDLE), if status.is_some() => break,
+            raw = entry.exit.wait(), if status.is_none() => {
+                status = Some(raw);
+                exited_at = Instant::now();
+            }
+            _ = tokio::time::sleep(drain_wait), if status.is_some() => break,
         }
     }
     // Pipes still held open by background children: keep draining so they never block.
