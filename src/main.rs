@@ -22,6 +22,8 @@ enum Command {
     /// Internal: the in-sandbox agent started by the local provider.
     #[command(hide = true)]
     Envd(sandbox_mcp::local::EnvdArgs),
+    /// Probe a running gateway's /healthz (for container HEALTHCHECKs).
+    Healthcheck(sandbox_mcp::healthcheck::HealthcheckArgs),
 }
 
 fn main() -> ExitCode {
@@ -31,6 +33,7 @@ fn main() -> ExitCode {
         Command::Provider(args) => sandbox_mcp::local::run_provider(args),
         // envd sets up its namespaces before any thread exists, so it owns its runtime.
         Command::Envd(args) => sandbox_mcp::local::run_envd(args),
+        Command::Healthcheck(args) => sandbox_mcp::healthcheck::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,85 @@
+# syntax=docker/dockerfile:1.7
+#
+# sandbox-mcp container images (see deploy/README.md for the exact run lines).
+#
+#   docker build -t sandbox-mcp .                 # default target `e2b`: gateway for an
+#                                                 # E2B-compatible provider; distroless, non-root
+#   docker build -t sandbox-mcp:local --target local .
+#                                                 # gateway + embedded local provider; runs as root
+#                                                 # and needs CAP_SYS_ADMIN (see deploy/README.md)
+#
+# The supervisor script that runs inside each sandbox is embedded in the binary,
+# so the E2B image contains nothing but the binary, glibc and CA certificates.
+#
+# Configuration: environment variables SANDBOX_MCP_<SECTION>__<KEY> (they win
+# over the file) and/or a TOML file mounted at /etc/sandbox-mcp/config.toml and
+# passed with `--config` (the default command does that only if you override it).
+
+ARG RUST_VERSION=1.95
+ARG DEBIAN_RELEASE=bookworm
+
+# ---------------------------------------------------------------------------
+# build: release binary (Rust + gcc from the official slim image; aws-lc builds
+# with the C compiler, no cmake needed).
+FROM rust:${RUST_VERSION}-slim-${DEBIAN_RELEASE} AS build
+WORKDIR /src
+# .dockerignore admits only what the build needs (manifest, lock, sources,
+# supervisor script, build script and declared targets).
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
+    --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
+    --mount=type=cache,target=/src/target,sharing=locked \
+    cargo build --release --locked --bin sandbox-mcp \
+    && install -D -m 0755 target/release/sandbox-mcp /out/sandbox-mcp \
+    && /out/sandbox-mcp --version
+
+# ---------------------------------------------------------------------------
+# local: gateway with the embedded local provider. The sandboxes' root file
+# system is this image's own `/` (template `base`), so it carries what a
+# sandbox user expects: bash, coreutils, python3 (the task supervisor needs
+# it), procps, CA certificates. It must run as root with CAP_SYS_ADMIN and an
+# unconfined seccomp/AppArmor profile, and its state directory must be a
+# volume (overlayfs cannot use the container's own overlay root as upper layer).
+FROM debian:${DEBIAN_RELEASE}-slim AS local
+# Versions are not pinned: this stage must pick up Debian security updates on rebuild.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates python3 procps \
+    && rm -rf /var/lib/apt/lists/*
+COPY --from=build /out/sandbox-mcp /usr/local/bin/sandbox-mcp
+ENV SANDBOX_MCP_SERVER__LISTEN=0.0.0.0:8080 \
+    SANDBOX_MCP_HEALTHCHECK_URL=http://127.0.0.1:8080/healthz \
+    SANDBOX_MCP_SERVER__LOG_FORMAT=json \
+    SANDBOX_MCP_PROVIDER__KIND=local \
+    SANDBOX_MCP_LOCAL__STATE_DIR=/var/lib/sandbox-mcp
+VOLUME ["/var/lib/sandbox-mcp"]
+EXPOSE 8080
+STOPSIGNAL SIGTERM
+HEALTHCHECK --interval=15s --timeout=5s --start-period=10s --retries=3 \
+    CMD ["/usr/local/bin/sandbox-mcp", "healthcheck"]
+# Root is required here: the embedded provider creates namespaces and mounts.
+# hadolint ignore=DL3002
+USER 0:0
+ENTRYPOINT ["/usr/local/bin/sandbox-mcp"]
+CMD ["serve"]
+
+# ---------------------------------------------------------------------------
+# e2b (default): gateway only, for E2B cloud, self-hosted E2B, or a separate
+# `sandbox-mcp provider`. Distroless: glibc, libgcc, CA certificates, no shell.
+FROM gcr.io/distroless/cc-debian12:nonroot AS e2b
+COPY --from=build /out/sandbox-mcp /usr/local/bin/sandbox-mcp
+ENV SANDBOX_MCP_SERVER__LISTEN=0.0.0.0:8080 \
+    SANDBOX_MCP_HEALTHCHECK_URL=http://127.0.0.1:8080/healthz \
+    SANDBOX_MCP_SERVER__LOG_FORMAT=json \
+    SANDBOX_MCP_PROVIDER__KIND=e2b
+EXPOSE 8080
+STOPSIGNAL SIGTERM
+# `sandbox-mcp healthcheck` GETs $SANDBOX_MCP_HEALTHCHECK_URL and exits 0 only
+# on 2xx (there is no curl in a distroless image). If you move the listener to
+# another port, set both variables.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=10s --retries=3 \
+    CMD ["/usr/local/bin/sandbox-mcp", "healthcheck"]
+# 10001: a fixed non-root uid/gid, so Kubernetes can check runAsNonRoot.
+USER 10001:10001
+ENTRYPOINT ["/usr/local/bin/sandbox-mcp"]
+CMD ["serve"]
