@@ -103,6 +103,12 @@ async fn bad_arguments_are_refused_before_any_connection() {
     let env = Env::new();
     let serve = env.serve(&env.write_config(None, ""));
     let mcp = Mcp::connect(&serve.url).await;
+    let tools = mcp.client.list_all_tools().await.unwrap();
+    for name in ["start_task", "get_task", "cancel_task", "list_tasks"] {
+        let tool = tools.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("{name} is not listed"));
+        assert_eq!(tool.input_schema.get("additionalProperties"), Some(&json!(false)), "{name}");
+        assert!(tool.output_schema.is_some(), "{name} has no output schema");
+    }
     let good_id = "0123456789abcdef0123456789abcdef";
     // No sandbox, no default.
     let err = mcp.call("start_task", json!({"command": "true"})).await.err();

@@ -12,12 +12,12 @@ use bytes::Bytes;
 use http::request::Parts;
 use rmcp::handler::server::tool::Extension;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::{tool, tool_router};
+use rmcp::{Json, tool, tool_router};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::args::validate_envs;
-use super::handler::{CallContext, Gateway, ResolvedSandbox, ToolResult, not_found_message};
+use super::handler::{CallContext, Gateway, ResolvedSandbox, not_found_message};
 use crate::config::{Config, ProviderKind};
 use crate::e2b::{CallOptions, E2bError, OutputLimits, wire};
 use crate::tasks::launch::{self, TaskSpec};
@@ -116,7 +116,7 @@ impl Gateway {
         &self,
         Parameters(args): Parameters<StartTaskArgs>,
         Extension(parts): Extension<Parts>,
-    ) -> ToolResult<StartedTask> {
+    ) -> Result<Json<StartedTask>, String> {
         let call = self.call_context("start_task", &parts)?;
         self.logged("start_task", &call, self.start_task_impl(&call, args)).await
     }
@@ -132,7 +132,7 @@ impl Gateway {
         &self,
         Parameters(args): Parameters<GetTaskArgs>,
         Extension(parts): Extension<Parts>,
-    ) -> ToolResult<TaskView> {
+    ) -> Result<Json<TaskView>, String> {
         let call = self.call_context("get_task", &parts)?;
         self.logged("get_task", &call, self.get_task_impl(&call, args)).await
     }
@@ -146,7 +146,7 @@ impl Gateway {
         &self,
         Parameters(args): Parameters<CancelTaskArgs>,
         Extension(parts): Extension<Parts>,
-    ) -> ToolResult<TaskView> {
+    ) -> Result<Json<TaskView>, String> {
         let call = self.call_context("cancel_task", &parts)?;
         self.logged("cancel_task", &call, self.cancel_task_impl(&call, args)).await
     }
@@ -160,7 +160,7 @@ impl Gateway {
         &self,
         Parameters(args): Parameters<ListTasksArgs>,
         Extension(parts): Extension<Parts>,
-    ) -> ToolResult<TaskListView> {
+    ) -> Result<Json<TaskListView>, String> {
         let call = self.call_context("list_tasks", &parts)?;
         self.logged("list_tasks", &call, self.list_tasks_impl(&call, args)).await
     }
