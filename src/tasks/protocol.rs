@@ -124,7 +124,7 @@ pub enum Reply {
     Ok(serde_json::Map<String, serde_json::Value>),
     /// `{"error", "code"}`.
     Refused(Refusal),
-    /// python3 could not open the script (it is not installed).
+    /// python3 could not open or import the script (it is not installed).
     ScriptMissing,
     /// Anything else: no JSON object, python3 missing, a crash.
     Garbled(String),
@@ -146,7 +146,9 @@ pub fn parse_reply(exit_code: i32, stdout: &[u8], stderr: &[u8]) -> Reply {
         }
     }
     let err_text = String::from_utf8_lossy(stderr);
-    if exit_code == 2 && err_text.contains("can't open file") {
+    let script_missing = (exit_code == 2 && err_text.contains("can't open file"))
+        || (exit_code == 1 && err_text.contains("ModuleNotFoundError: No module named 'supervisor'"));
+    if script_missing {
         return Reply::ScriptMissing;
     }
     let mut detail: String = err_text.trim().chars().rev().take(300).collect::<Vec<_>>().into_iter().rev().collect();
@@ -172,6 +174,8 @@ mod tests {
         }
         let missing = b"python3: can't open file '/home/user/.sandbox-mcp/supervisor.py': [Errno 2] No such file";
         assert!(matches!(parse_reply(2, b"", missing), Reply::ScriptMissing));
+        let missing = b"Traceback (most recent call last):\n  File \"<string>\", line 1\nModuleNotFoundError: No module named 'supervisor'\n";
+        assert!(matches!(parse_reply(1, b"", missing), Reply::ScriptMissing));
         assert!(matches!(parse_reply(1, b"", b"Traceback ... boom"), Reply::Garbled(m) if m.contains("boom")));
         assert!(matches!(parse_reply(0, b"not json", b""), Reply::Garbled(_)));
     }
