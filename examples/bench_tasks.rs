@@ -45,7 +45,10 @@ fn summary(name: &str, target_ms: f64, mut samples: Vec<Duration>) {
     let median = ms(samples[samples.len() / 2]);
     let p90 = ms(samples[(samples.len() * 9 / 10).min(samples.len() - 1)]);
     let verdict = if median <= target_ms { "ok" } else { "OVER TARGET" };
-    println!("{name:<34} n={:<4} median {median:>8.1} ms   p90 {p90:>8.1} ms   (target <= {target_ms} ms: {verdict})", samples.len());
+    println!(
+        "{name:<34} n={:<4} median {median:>8.1} ms   p90 {p90:>8.1} ms   (target <= {target_ms} ms: {verdict})",
+        samples.len()
+    );
 }
 
 struct Gateway {
@@ -161,10 +164,16 @@ async fn main() -> anyhow::Result<()> {
     }
 
     // get_task with a 16 KiB page of a task that wrote 3 MiB (1 MiB kept).
-    let v = call(&client, "start_task", json!({"sandbox_id": sid, "command": "head -c 3145728 /dev/urandom | base64 -w 100"})).await?;
+    let v = call(
+        &client,
+        "start_task",
+        json!({"sandbox_id": sid, "command": "head -c 3145728 /dev/urandom | base64 -w 100"}),
+    )
+    .await?;
     let big = v["task_id"].as_str().context("task_id")?.to_string();
     loop {
-        let v = call(&client, "get_task", json!({"sandbox_id": sid, "task_id": big, "limit": 1, "wait_seconds": 5})).await?;
+        let v = call(&client, "get_task", json!({"sandbox_id": sid, "task_id": big, "limit": 1, "wait_seconds": 5}))
+            .await?;
         if v["state"] != "running" {
             break;
         }
@@ -172,7 +181,12 @@ async fn main() -> anyhow::Result<()> {
     let mut gets = Vec::new();
     for i in 0..n {
         let offset = (i * 16_384) % (1 << 20);
-        let (d, v) = timed(&client, "get_task", json!({"sandbox_id": sid, "task_id": big, "stdout_offset": offset, "limit": 16384})).await?;
+        let (d, v) = timed(
+            &client,
+            "get_task",
+            json!({"sandbox_id": sid, "task_id": big, "stdout_offset": offset, "limit": 16384}),
+        )
+        .await?;
         if v["stdout"].as_str().map_or(0, str::len) != 16_384 {
             bail!("short page at {offset}");
         }

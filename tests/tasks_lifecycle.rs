@@ -45,12 +45,12 @@ async fn timeout_cancel_group_cleanup_and_lost_supervisor() {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !out.contains("escaped=") {
         assert!(Instant::now() < deadline, "no output: {out}");
-        out = mcp.get_task(&sandbox_id, &task_id, json!({"wait_seconds": 2}))
-            .await["stdout"].as_str().unwrap().to_string();
+        out = mcp.get_task(&sandbox_id, &task_id, json!({"wait_seconds": 2})).await["stdout"]
+            .as_str()
+            .unwrap()
+            .to_string();
     }
-    let pid_of = |key: &str| -> u64 {
-        out.lines().find_map(|l| l.strip_prefix(key)).unwrap().trim().parse().unwrap()
-    };
+    let pid_of = |key: &str| -> u64 { out.lines().find_map(|l| l.strip_prefix(key)).unwrap().trim().parse().unwrap() };
     let (child, escaped) = (pid_of("child="), pid_of("escaped="));
     assert!(pid_alive(&mcp, &sandbox_id, child).await);
     let t0 = Instant::now();
@@ -70,10 +70,15 @@ async fn timeout_cancel_group_cleanup_and_lost_supervisor() {
     let v = mcp.start_task(&sandbox_id, "sleep 902", json!({})).await;
     let task_id = v["task_id"].as_str().unwrap().to_string();
     let status = format!("/home/user/.sandbox-mcp/tasks/{task_id}/status.json");
-    let pid = run(&mcp, &sandbox_id, &format!(
-        "for i in $(seq 50); do test -s {status} && break; sleep 0.1; done; \
+    let pid = run(
+        &mcp,
+        &sandbox_id,
+        &format!(
+            "for i in $(seq 50); do test -s {status} && break; sleep 0.1; done; \
          python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[\"supervisor_pid\"])' {status}"
-    )).await;
+        ),
+    )
+    .await;
     let supervisor_pid: u64 = pid["stdout"].as_str().unwrap().trim().parse().unwrap();
     run(&mcp, &sandbox_id, &format!("kill -9 {supervisor_pid}")).await;
     tokio::time::sleep(Duration::from_millis(300)).await;

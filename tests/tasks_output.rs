@@ -100,15 +100,15 @@ async fn secrets_are_masked_and_look_alikes_kept() {
 
     // The env secret is written in two pieces, with a pause, so the supervisor sees two pipe reads.
     let command = "printf 'A:tok-abc'; sleep 0.5; printf 'def-123456 B:tok-abcdef-12345X C:%s D:gateway-configured-secret-4X E:false\\n' gateway-configured-secret-42";
-    let envs = json!({"API_TOKEN": "tok-abcdef-123456", "TOKENIZERS_PARALLELISM": "false", "PLAIN": "tok-abcdef-123456"});
+    let envs =
+        json!({"API_TOKEN": "tok-abcdef-123456", "TOKENIZERS_PARALLELISM": "false", "PLAIN": "tok-abcdef-123456"});
     let v = mcp.start_task(&sandbox_id, command, json!({"envs": envs})).await;
     let task_id = v["task_id"].as_str().unwrap().to_string();
     let done = mcp.wait_done(&sandbox_id, &task_id, Duration::from_secs(30)).await;
     assert_eq!(done["state"], "succeeded", "{done}");
     let page = mcp.get_task(&sandbox_id, &task_id, json!({})).await;
     assert_eq!(
-        page["stdout"],
-        "A:*** B:tok-abcdef-12345X C:*** D:gateway-configured-secret-4X E:false\n",
+        page["stdout"], "A:*** B:tok-abcdef-12345X C:*** D:gateway-configured-secret-4X E:false\n",
         "env secret split across reads masked by the supervisor; gateway secret masked by the gateway"
     );
     // A page edge inside the gateway secret: neither page shows any part of it.

@@ -11,7 +11,8 @@ use serde_json::{Value, json};
 use tasks_support::{Env, Mcp, can_run, sandbox_alive};
 
 /// 200 numbered lines on stdout, 3 on stderr, then exit 7 after a short sleep.
-const COMMAND: &str = "for i in $(seq 1 200); do echo \"line $i\"; done; echo e1 >&2; echo e2 >&2; echo e3 >&2; sleep 2; exit 7";
+const COMMAND: &str =
+    "for i in $(seq 1 200); do echo \"line $i\"; done; echo e1 >&2; echo e2 >&2; echo e3 >&2; sleep 2; exit 7";
 
 fn expected_stdout() -> String {
     (1..=200).map(|i| format!("line {i}\n")).collect()

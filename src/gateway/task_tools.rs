@@ -20,11 +20,11 @@ use super::args::validate_envs;
 use super::handler::{CallContext, Gateway, ResolvedSandbox, not_found_message};
 use crate::config::{Config, ProviderKind};
 use crate::e2b::{CallOptions, E2bError, OutputLimits, wire};
+use crate::tasks::TaskId;
 use crate::tasks::launch::{self, TaskSpec};
 use crate::tasks::page::{self, PageRequest};
 use crate::tasks::service::{ExecOutput, SupervisorTransport, TaskError, TaskService, TransportError};
 use crate::tasks::view::{StartedTask, TaskListView, TaskView};
-use crate::tasks::TaskId;
 
 /// The sandbox user the supervisor runs as.
 const TASK_USER: &str = "user";
@@ -104,14 +104,12 @@ pub struct ListTasksArgs {
 
 #[tool_router(router = task_router, vis = "pub(crate)")]
 impl Gateway {
-    #[tool(
-        description = "Start a long-running shell command in the background in a sandbox and return at once with \
+    #[tool(description = "Start a long-running shell command in the background in a sandbox and return at once with \
         a handle (sandbox_id, task_id). The task keeps running after this MCP session ends or the server \
         restarts; read its output and exit code with get_task (paged, up to 1 MiB per stream is saved), stop \
         it with cancel_task, and recover handles with list_tasks. Timeout 1-3600 s (default 300). The sandbox \
         is kept alive when this session ends. If state is \"unknown\", do not start it again: inspect it with \
-        get_task."
-    )]
+        get_task.")]
     pub async fn start_task(
         &self,
         Parameters(args): Parameters<StartTaskArgs>,
@@ -121,13 +119,11 @@ impl Gateway {
         self.logged("start_task", &call, self.start_task_impl(&call, args)).await
     }
 
-    #[tool(
-        description = "Read a background task's state, exit code and one page of its saved stdout/stderr. Needs \
+    #[tool(description = "Read a background task's state, exit code and one page of its saved stdout/stderr. Needs \
         sandbox_id and task_id. Page with stdout_offset/stderr_offset (pass back the *_next_offset values) and \
         limit; wait_seconds (0-30) waits for new output or a state change. States: running, succeeded, failed, \
         cancelled, timed_out, unknown. A non-zero exit code is a normal result. Reading the same offsets again \
-        returns the same page."
-    )]
+        returns the same page.")]
     pub async fn get_task(
         &self,
         Parameters(args): Parameters<GetTaskArgs>,
@@ -151,11 +147,9 @@ impl Gateway {
         self.logged("cancel_task", &call, self.cancel_task_impl(&call, args)).await
     }
 
-    #[tool(
-        description = "List every background task in a sandbox (task_id, state, times, exit code, first line of \
+    #[tool(description = "List every background task in a sandbox (task_id, state, times, exit code, first line of \
         the command), oldest first. Use it to recover task handles. Omit sandbox_id to use the session's default \
-        sandbox."
-    )]
+        sandbox.")]
     pub async fn list_tasks(
         &self,
         Parameters(args): Parameters<ListTasksArgs>,

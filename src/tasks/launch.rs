@@ -33,9 +33,7 @@ pub enum LaunchError {
     TimeoutOutOfRange(i64),
     #[error("cwd must be an absolute path without NUL characters, at most 4096 bytes")]
     BadCwd,
-    #[error(
-        "environment variable name {0:?} is invalid: use letters, digits and '_' and do not start with a digit"
-    )]
+    #[error("environment variable name {0:?} is invalid: use letters, digits and '_' and do not start with a digit")]
     BadEnvName(String),
     #[error("environment variable {0} has a value containing a NUL character")]
     NulInEnvValue(String),
@@ -113,13 +111,8 @@ pub fn valid_env_name(name: &str) -> bool {
 
 /// The supervisor invocation for `start`, checked against the launch cap.
 pub fn start_args(task_id: &TaskId, spec: &TaskSpec) -> Result<Vec<String>, LaunchError> {
-    let args = vec![
-        "start".to_owned(),
-        "--task-id".to_owned(),
-        task_id.to_string(),
-        "--spec-b64".to_owned(),
-        spec.encode(),
-    ];
+    let args =
+        vec!["start".to_owned(), "--task-id".to_owned(), task_id.to_string(), "--spec-b64".to_owned(), spec.encode()];
     // The launch travels as a JSON array of strings; base64 needs no escaping,
     // so this is its encoded size to within a few bytes of framing.
     let encoded = serde_json::to_vec(&args).map(|v| v.len()).unwrap_or(usize::MAX);
@@ -172,7 +165,10 @@ mod tests {
             assert_eq!(err, LaunchError::BadEnvName(bad.to_owned()));
         }
         let envs = BTreeMap::from([("_OK_1".to_owned(), "a\0".to_owned())]);
-        assert_eq!(TaskSpec::new("x".into(), None, envs, None).unwrap_err(), LaunchError::NulInEnvValue("_OK_1".into()));
+        assert_eq!(
+            TaskSpec::new("x".into(), None, envs, None).unwrap_err(),
+            LaunchError::NulInEnvValue("_OK_1".into())
+        );
     }
 
     #[test]

@@ -72,7 +72,8 @@ async fn installs_once_then_runs_tasks_and_pages_output() {
     let svc = t.service(&[]);
     let before = SUPERVISOR_INSTALLS.load(Ordering::Relaxed);
     let id = TaskId::generate();
-    let started = svc.start(&t, "sbx", &id, &spec("printf 'hello\\nworld'; echo oops >&2; exit 3", &[], None)).await.unwrap();
+    let started =
+        svc.start(&t, "sbx", &id, &spec("printf 'hello\\nworld'; echo oops >&2; exit 3", &[], None)).await.unwrap();
     assert_eq!(started.task_id, id.as_str());
     assert!(matches!(started.state, TaskState::Running | TaskState::Failed), "{started:?}");
     assert!(SUPERVISOR_INSTALLS.load(Ordering::Relaxed) > before);

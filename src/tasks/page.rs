@@ -75,11 +75,8 @@ impl SecretMasker {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let mut secrets: Vec<Vec<u8>> = values
-            .into_iter()
-            .map(|s| s.as_ref().as_bytes().to_vec())
-            .filter(|s| s.len() >= MIN_SECRET_LEN)
-            .collect();
+        let mut secrets: Vec<Vec<u8>> =
+            values.into_iter().map(|s| s.as_ref().as_bytes().to_vec()).filter(|s| s.len() >= MIN_SECRET_LEN).collect();
         secrets.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
         secrets.dedup();
         Self { secrets }

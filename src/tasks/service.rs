@@ -6,8 +6,8 @@
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::id::TaskId;
@@ -42,7 +42,11 @@ pub enum TransportError {
 /// Runs processes and writes files in one sandbox, as the sandbox user.
 pub trait SupervisorTransport: Send + Sync {
     /// Runs `argv` (argv[0] is the program, found on PATH) and collects its output.
-    fn exec(&self, argv: Vec<String>, timeout: Duration) -> impl Future<Output = Result<ExecOutput, TransportError>> + Send;
+    fn exec(
+        &self,
+        argv: Vec<String>,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<ExecOutput, TransportError>> + Send;
     /// Replaces `path` with `content` atomically (creating parent directories),
     /// so a concurrent reader sees the old or the new script, never a mix.
     fn install(&self, path: &str, content: &'static [u8]) -> impl Future<Output = Result<(), TransportError>> + Send;
@@ -226,7 +230,8 @@ impl TaskService {
         spec: &TaskSpec,
     ) -> Result<StartedTask, TaskError> {
         let args = launch::start_args(task_id, spec)?;
-        let uncertain = |message: String| Ok(StartedTask::uncertain(sandbox_id, task_id.as_str(), spec.timeout, message));
+        let uncertain =
+            |message: String| Ok(StartedTask::uncertain(sandbox_id, task_id.as_str(), spec.timeout, message));
         // Installing happens before the launch: failures there are certain.
         self.ensure_installed(t, sandbox_id).await.map_err(|e| self.transport_error(sandbox_id, e))?;
         let reply = match self.call(t, sandbox_id, args, START_TIMEOUT).await {

@@ -85,11 +85,8 @@ fn spawn_and_find(
         cmd.stdout(Stdio::null()).stderr(Stdio::piped());
     }
     let mut child = cmd.spawn().expect("spawn sandbox-mcp");
-    let pipe: Box<dyn std::io::Read + Send> = if from_stdout {
-        Box::new(child.stdout.take().unwrap())
-    } else {
-        Box::new(child.stderr.take().unwrap())
-    };
+    let pipe: Box<dyn std::io::Read + Send> =
+        if from_stdout { Box::new(child.stdout.take().unwrap()) } else { Box::new(child.stderr.take().unwrap()) };
     let (tx, rx) = mpsc::channel();
     let log_path = log.to_path_buf();
     std::thread::spawn(move || {
@@ -179,7 +176,15 @@ impl Env {
         let log = self.dir.path().join(format!("provider-{}.log", rand_suffix()));
         let state = self.dir.path().join("provider-state");
         let (proc, url) = spawn_and_find(
-            &["provider", "--listen", "127.0.0.1:0", "--state-dir", state.to_str().unwrap(), "--default-timeout", "600"],
+            &[
+                "provider",
+                "--listen",
+                "127.0.0.1:0",
+                "--state-dir",
+                state.to_str().unwrap(),
+                "--default-timeout",
+                "600",
+            ],
             &[("E2B_API_KEY", "provider-key-for-tests-123456")],
             &log,
             true,
@@ -239,12 +244,8 @@ impl Mcp {
             .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(map))
             .await
             .unwrap_or_else(|e| panic!("{tool}: protocol error {e}"));
-        let text = result
-            .content
-            .iter()
-            .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-            .collect::<Vec<_>>()
-            .join("\n");
+        let text =
+            result.content.iter().filter_map(|c| c.as_text().map(|t| t.text.clone())).collect::<Vec<_>>().join("\n");
         Reply { is_error: result.is_error == Some(true), value: result.structured_content.unwrap_or(Value::Null), text }
     }
 
