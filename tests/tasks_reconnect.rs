@@ -130,3 +130,52 @@ async fn task_survives_gateway_sigkill_with_embedded_provider() {
     fresh.call("kill_sandbox", json!({"sandbox_id": sandbox_id})).await.ok();
     fresh.close().await;
 }
+
+async fn summary(mcp: &Mcp, sandbox_id: &str) -> Value {
+    let v = mcp.call("list_sandboxes", json!({})).await.ok();
+    v["sandboxes"].as_array().unwrap().iter().find(|s| s["sandbox_id"] == sandbox_id).cloned().unwrap_or(Value::Null)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn task_tools_retain_but_never_extend_or_own() {
+    if !can_run() {
+        return;
+    }
+    let env = Env::new();
+    let serve = env.serve(&env.write_config(None, ""));
+    let mcp = Mcp::connect(&serve.url).await;
+    let created = mcp.call("create_sandbox", json!({"timeout": 300})).await.ok();
+    let created_at = std::time::Instant::now();
+    let sandbox_id = created["sandbox_id"].as_str().unwrap().to_string();
+    let before = summary(&mcp, &sandbox_id).await;
+    // Past the gateway's renewal throttle (10 s after creation), so a renewal would show.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let task_id = start(&mcp, &sandbox_id).await;
+    mcp.get_task(&sandbox_id, &task_id, json!({"wait_seconds": 1})).await;
+    mcp.call("list_tasks", json!({"sandbox_id": sandbox_id})).await.ok();
+    mcp.call("cancel_task", json!({"sandbox_id": sandbox_id, "task_id": task_id})).await.ok();
+    let after = summary(&mcp, &sandbox_id).await;
+    assert_eq!(before["end_at"], after["end_at"], "a task tool changed the sandbox deadline");
+    let roles = after["session_roles"].to_string();
+    assert!(roles.contains("retained") && roles.contains("owned"), "{after}");
+
+    // Another session that only inspects the task neither owns nor retains the sandbox.
+    let other = Mcp::connect(&serve.url).await;
+    other.get_task(&sandbox_id, &task_id, json!({})).await;
+    other.call("list_tasks", json!({"sandbox_id": sandbox_id})).await.ok();
+    let seen = summary(&other, &sandbox_id).await;
+    let roles = seen["session_roles"].to_string();
+    assert!(!roles.contains("owned") && !roles.contains("retained"), "{seen}");
+    assert_eq!(seen["end_at"], before["end_at"]);
+    // The check can fail: an ordinary tool (run_command) does renew the deadline.
+    assert!(created_at.elapsed() > Duration::from_secs(10));
+    mcp.call("run_command", json!({"sandbox_id": sandbox_id, "command": "true"})).await.ok();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while summary(&mcp, &sandbox_id).await["end_at"] == before["end_at"] {
+        assert!(std::time::Instant::now() < deadline, "run_command did not renew; the deadline check is blind");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    other.close().await;
+    mcp.call("kill_sandbox", json!({"sandbox_id": sandbox_id})).await.ok();
+    mcp.close().await;
+}
