@@ -1,7 +1,9 @@
 //! Task tool latencies through MCP against a real `sandbox-mcp serve`
 //! (embedded local provider): medians (and p90) of start_task to response,
 //! get_task with a 16 KiB page, cancel_task of a TERM-obeying task, and the
-//! supervisor's memory (RSS of an idle one, peak RSS of one draining 3 MiB).
+//! supervisor's memory (RSS of an idle one, peak RSS of one draining 3 MiB),
+//! and a breakdown: the same in-sandbox work timed through envd directly.
+//! The gateway talks to a separate `sandbox-mcp provider` (kind = "e2b").
 //!
 //! Run as root (the local provider needs namespaces):
 //!
@@ -11,7 +13,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -19,6 +21,7 @@ use rmcp::model::{CallToolRequestParams, ClientConfig};
 use rmcp::service::RunningService;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{RoleClient, ServiceExt};
+use sandbox_mcp::e2b::{CallOptions, E2bClient, EnvdClient, OutputLimits, ProviderEndpoint, wire};
 use serde_json::{Value, json};
 
 type Client = RunningService<RoleClient, ClientConfig>;
@@ -44,70 +47,150 @@ fn summary(name: &str, target_ms: f64, mut samples: Vec<Duration>) {
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let median = ms(samples[samples.len() / 2]);
     let p90 = ms(samples[(samples.len() * 9 / 10).min(samples.len() - 1)]);
-    let verdict = if median <= target_ms { "ok" } else { "OVER TARGET" };
-    println!(
-        "{name:<34} n={:<4} median {median:>8.1} ms   p90 {p90:>8.1} ms   (target <= {target_ms} ms: {verdict})",
-        samples.len()
-    );
+    let verdict = match target_ms {
+        t if t.is_infinite() => String::new(),
+        t if median <= t => format!("(target <= {t} ms: ok)"),
+        t => format!("(target <= {t} ms: OVER TARGET)"),
+    };
+    println!("{name:<36} n={:<4} median {median:>8.1} ms   p90 {p90:>8.1} ms   {verdict}", samples.len());
 }
 
 struct Gateway {
-    child: std::process::Child,
+    child: Child,
+    provider: Child,
+    provider_url: String,
     url: String,
     _dir: tempfile::TempDir,
 }
 
 impl Drop for Gateway {
     fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        stop(&mut self.child);
+        stop(&mut self.provider);
     }
 }
 
+const PROVIDER_KEY: &str = "bench-tasks-provider-key";
+
+/// Spawns `bin args...` and returns it with the first line (of stdout or stderr) that `find` accepts.
+fn spawn_waiting(
+    bin: &PathBuf,
+    args: &[&str],
+    envs: &[(&str, &str)],
+    stdout: bool,
+    find: fn(&str) -> Option<String>,
+) -> anyhow::Result<(Child, String)> {
+    let mut cmd = Command::new(bin);
+    cmd.args(args).stdin(Stdio::null());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    if stdout {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+    } else {
+        cmd.stdout(Stdio::null()).stderr(Stdio::piped());
+    }
+    let mut child = cmd.spawn().with_context(|| format!("spawning {}", bin.display()))?;
+    let pipe: Box<dyn std::io::Read + Send> = if stdout {
+        Box::new(child.stdout.take().context("stdout")?)
+    } else {
+        Box::new(child.stderr.take().context("stderr")?)
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            if let Some(found) = find(&line) {
+                let _ = tx.send(found);
+            }
+        }
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(found) => Ok((child, found)),
+        Err(_) => {
+            stop(&mut child);
+            bail!("{args:?} did not report its address")
+        }
+    }
+}
+
+fn stop(child: &mut Child) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// A separate `sandbox-mcp provider` (so the bench can also time envd directly) and `serve` pointed at it.
 fn start_gateway(bin: &PathBuf) -> anyhow::Result<Gateway> {
     let dir = tempfile::tempdir()?;
+    let state = dir.path().join("state");
+    let (mut provider, provider_url) = spawn_waiting(
+        bin,
+        &["provider", "--listen", "127.0.0.1:0", "--state-dir", state.to_str().context("path")?],
+        &[("E2B_API_KEY", PROVIDER_KEY)],
+        true,
+        |line| line.strip_prefix("sandbox-mcp provider listening on ").map(|s| s.trim().to_string()),
+    )?;
     let config = dir.path().join("serve.toml");
     std::fs::write(
         &config,
         format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\nlog_format = \"json\"\n[provider]\nkind = \"local\"\n\
-             [local]\nstate_dir = \"{}\"\n",
-            dir.path().join("state").display()
+            "[server]\nlisten = \"127.0.0.1:0\"\nlog_format = \"json\"\n[provider]\nkind = \"e2b\"\n\
+             api_url = \"{provider_url}\"\nsandbox_url = \"{provider_url}\"\napi_key_env = \"BENCH_PROVIDER_KEY\"\n"
         ),
     )?;
-    let mut child = Command::new(bin)
-        .args(["serve", "--config", config.to_str().context("path")?])
-        .env("RUST_LOG", "warn,sandbox_mcp::gateway::server=info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("spawning {}", bin.display()))?;
-    let stderr = child.stderr.take().context("stderr")?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Ok(v) = serde_json::from_str::<Value>(&line)
-                && v["message"].as_str().is_some_and(|m| m.contains("gateway listening"))
-                && let Some(addr) = v["addr"].as_str()
-            {
-                let _ = tx.send(addr.to_string());
+    let serve = spawn_waiting(
+        bin,
+        &["serve", "--config", config.to_str().context("path")?],
+        &[("BENCH_PROVIDER_KEY", PROVIDER_KEY), ("RUST_LOG", "warn,sandbox_mcp::gateway::server=info")],
+        false,
+        |line| {
+            let v: Value = serde_json::from_str(line).ok()?;
+            if v["message"].as_str()?.contains("gateway listening") {
+                v["addr"].as_str().map(str::to_string)
+            } else {
+                None
             }
+        },
+    );
+    let (child, addr) = match serve {
+        Ok(found) => found,
+        Err(err) => {
+            stop(&mut provider);
+            return Err(err);
         }
-    });
-    let addr = rx.recv_timeout(Duration::from_secs(60)).context("serve did not report its address")?;
-    Ok(Gateway { child, url: format!("http://{addr}/mcp"), _dir: dir })
+    };
+    Ok(Gateway { child, provider, provider_url, url: format!("http://{addr}/mcp"), _dir: dir })
+}
+
+/// Times `argv` run through envd directly (no gateway, no MCP).
+async fn time_envd(envd: &EnvdClient, argv: &[&str], n: usize) -> anyhow::Result<Vec<Duration>> {
+    let request = wire::StartRequest {
+        process: wire::ProcessConfig {
+            cmd: argv[0].to_string(),
+            args: argv[1..].iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        },
+        stdin: Some(false),
+        ..Default::default()
+    };
+    let options = CallOptions::user("user").with_timeout(Duration::from_secs(30));
+    let mut samples = Vec::new();
+    for _ in 0..n {
+        let t0 = Instant::now();
+        let out = envd.run(&request, &options, OutputLimits { max_stdout: 1 << 22, max_stderr: 1 << 16 }).await?;
+        samples.push(t0.elapsed());
+        if out.exit_code != 0 {
+            bail!("{argv:?} exited {}: {}", out.exit_code, String::from_utf8_lossy(&out.stderr));
+        }
+    }
+    Ok(samples)
 }
 
 #[tokio::main]
@@ -201,10 +284,31 @@ async fn main() -> anyhow::Result<()> {
     )
     .await?;
 
+    // Where the time goes: the same work through envd directly (no gateway, no MCP).
+    let origin = url::Url::parse(&gateway.provider_url)?;
+    let direct = E2bClient::new(ProviderEndpoint {
+        api_url: origin.clone(),
+        sandbox_url: Some(origin),
+        domain: "localhost".into(),
+        api_key: Some(PROVIDER_KEY.into()),
+        request_timeout: Duration::from_secs(30),
+    })?;
+    let envd = direct.envd(&direct.connect_sandbox(&sid, None).await?);
+    let envd_true = time_envd(&envd, &["/bin/true"], n).await?;
+    let envd_python = time_envd(&envd, &["python3", "-I", "-S", "-c", "pass"], n).await?;
+    let program = "import sys; sys.path.insert(0, \"/home/user/.sandbox-mcp\"); import supervisor; sys.exit(supervisor.main(sys.argv[1:]))";
+    let envd_status =
+        time_envd(&envd, &["python3", "-I", "-S", "-c", program, "status", "--task-id", &big, "--limit", "16384"], n)
+            .await?;
+
     println!();
     summary("start_task -> response", 30.0, starts);
     summary("get_task, 16 KiB page", 10.0, gets);
     summary("cancel_task (TERM-obeying task)", 100.0, cancels);
+    println!("breakdown (envd directly, no gateway/MCP):");
+    summary("  envd run /bin/true", f64::INFINITY, envd_true);
+    summary("  envd run python3 -I -S -c pass", f64::INFINITY, envd_python);
+    summary("  envd run supervisor status 16 KiB", f64::INFINITY, envd_status);
     println!("supervisor RSS, idle task:          {} KiB", rss["stdout"].as_str().unwrap_or("?").trim());
     println!("supervisor peak RSS, 3 MiB output:  {} KiB", peak["stdout"].as_str().unwrap_or("?").trim());
 
