@@ -164,6 +164,10 @@ async fn cwd_env_and_user_switching() {
     assert_eq!(bad_cwd.end_stream["error"]["code"], "invalid_argument");
     assert!(bad_cwd.end_stream["error"]["message"].as_str().unwrap().contains("/does/not/exist"));
 
+    let bad_env = envd.run("true", json!({"process": {"envs": {"A=B": "x"}}}), &[]).await;
+    assert_eq!(bad_env.end_stream["error"]["code"], "invalid_argument");
+    assert!(bad_env.end_stream["error"]["message"].as_str().unwrap().contains("A=B"));
+
     let bad_cmd = envd
         .open_stream("process.Process/Start", json!({"process": {"cmd": "/no/such/binary"}, "stdin": false}), &[])
         .await
@@ -326,6 +330,13 @@ async fn files_round_trip_and_errors() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     let (status, _, _) = envd.get(&format!("http://envd/files?path={}&username=ghost", enc(&a))).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let fifo = dir.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    let (status, _, body) = envd.get(&format!("http://envd/files?path={}", enc(&fifo))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body:?}");
+    let uri = format!("http://envd/files?path={}", enc(&fifo));
+    let (status, _) = upload(&envd, uri, "application/octet-stream", full("x")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
     let (status, _, _) = envd.get("http://envd/files?path=%2Ftmp%2Fa%00b").await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     let (status, body) = upload(&envd, "http://envd/files".into(), "application/octet-stream", full("x")).await;
@@ -436,6 +447,8 @@ async fn filesystem_rpcs() {
     assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
     let (status, _) = envd.unary("filesystem.Filesystem/Stat", json!({"path": format!("{base}/zzz")}), None).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, body) = envd.unary("filesystem.Filesystem/Remove", json!({"path": "/tmp/../"}), None).await;
+    assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_argument")));
     let (status, body) = envd.unary("filesystem.Filesystem/Stat", json!({"path": "a\u{0}b"}), None).await;
     assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_argument")));
 }

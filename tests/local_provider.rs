@@ -1,218 +1,17 @@
 //! Integration tests of `sandbox-mcp provider`: the real binary, real
 //! namespaces and mounts, raw HTTP. Needs root (skips loudly otherwise).
 
+#[path = "local_provider_support/harness.rs"]
+mod harness;
+
 use std::collections::HashMap;
-use std::io::BufRead;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
 
-use base64::Engine;
+use harness::*;
 use reqwest::StatusCode;
-use sandbox_mcp::connect_rpc::{EnvelopeDecoder, encode_json_message};
 use serde_json::{Value, json};
-
-const KEY: &str = "e2b_0000000000000000000000000000000000000000";
-
-fn is_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    eprintln!("SKIPPED: local provider tests need root (namespaces, overlayfs, cgroups)");
-    false
-}
-
-/// A running `sandbox-mcp provider` with its own state directory.
-struct Provider {
-    child: Option<Child>,
-    base: String,
-    state: PathBuf,
-    _tmp: Option<tempfile::TempDir>,
-    http: reqwest::Client,
-    extra: Vec<String>,
-}
-
-impl Provider {
-    fn start(extra: &[&str]) -> Provider {
-        let tmp = tempfile::Builder::new().prefix("sbx-provider-test").tempdir_in("/var/tmp").unwrap();
-        let state = tmp.path().join("state");
-        let mut p = Provider {
-            child: None,
-            base: String::new(),
-            state,
-            _tmp: Some(tmp),
-            http: reqwest::Client::new(),
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-        };
-        p.launch();
-        p
-    }
-
-    fn launch(&mut self) {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sandbox-mcp"))
-            .args(["provider", "--listen", "127.0.0.1:0", "--api-key", KEY, "--state-dir"])
-            .arg(&self.state)
-            .args(&self.extra)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let url = line.trim().rsplit(' ').next().unwrap().to_owned();
-        assert!(url.starts_with("http://127.0.0.1:"), "unexpected start line: {line:?}");
-        self.base = url;
-        self.child = Some(child);
-    }
-
-    /// SIGKILLs the provider process only (sandboxes keep running).
-    fn crash(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill().unwrap();
-            child.wait().unwrap();
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-        let mut req = self.http.request(method, self.url(path)).header("X-API-Key", KEY);
-        if let Some(body) = body {
-            req = req.json(&body);
-        }
-        let resp = req.send().await.unwrap();
-        let status = resp.status();
-        let text = resp.text().await.unwrap();
-        (status, if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) })
-    }
-
-    async fn create(&self, body: Value) -> Value {
-        let (status, v) = self.call(reqwest::Method::POST, "/v2/sandboxes", Some(body)).await;
-        assert_eq!(status, StatusCode::CREATED, "{v}");
-        v
-    }
-
-    fn record(&self, id: &str) -> Value {
-        serde_json::from_slice(&std::fs::read(self.state.join("sandboxes").join(id).join("record.json")).unwrap())
-            .unwrap()
-    }
-
-    /// Runs `bash -c cmd` in the sandbox through the envd Start RPC; returns (exit code, stdout+stderr).
-    async fn run(&self, sbx: &Value, cmd: &str, user: Option<&str>) -> (i64, String) {
-        let start = json!({"process": {"cmd": "/bin/bash", "args": ["-c", cmd]}, "stdin": false});
-        let mut req = self
-            .http
-            .post(self.url("/process.Process/Start"))
-            .header("E2b-Sandbox-Id", sbx["sandboxID"].as_str().unwrap())
-            .header("X-Access-Token", sbx["envdAccessToken"].as_str().unwrap())
-            .header("Content-Type", "application/connect+json")
-            .header("Connect-Protocol-Version", "1")
-            .body(encode_json_message(&start));
-        if let Some(user) = user {
-            let basic = base64::engine::general_purpose::STANDARD.encode(format!("{user}:"));
-            req = req.header("Authorization", format!("Basic {basic}"));
-        }
-        let resp = req.send().await.unwrap();
-        assert_eq!(resp.status(), StatusCode::OK);
-        let mut dec = EnvelopeDecoder::new();
-        dec.push(&resp.bytes().await.unwrap());
-        let (mut out, mut code) = (String::new(), None);
-        while let Some(env) = dec.next_envelope().unwrap() {
-            let msg: Value = serde_json::from_slice(&env.payload).unwrap();
-            if let Some(data) = msg.pointer("/event/data") {
-                for stream in ["stdout", "stderr"] {
-                    if let Some(b64) = data[stream].as_str() {
-                        out.push_str(&String::from_utf8_lossy(
-                            &base64::engine::general_purpose::STANDARD.decode(b64).unwrap(),
-                        ));
-                    }
-                }
-            }
-            if let Some(end) = msg.pointer("/event/end") {
-                code = Some(end["exitCode"].as_i64().unwrap_or(0));
-            }
-            if env.is_end_stream() {
-                assert!(msg.get("error").is_none(), "stream error: {msg}");
-            }
-        }
-        (code.expect("no end event"), out)
-    }
-}
-
-impl Drop for Provider {
-    fn drop(&mut self) {
-        self.crash();
-        // Sandboxes outlive their provider by design: kill what this test left, verified by start time.
-        let Ok(entries) = std::fs::read_dir(self.state.join("sandboxes")) else { return };
-        for entry in entries.flatten() {
-            let Ok(bytes) = std::fs::read(entry.path().join("record.json")) else { continue };
-            let Ok(rec) = serde_json::from_slice::<Value>(&bytes) else { continue };
-            let pid = rec["envd_pid"].as_i64().unwrap_or(0) as i32;
-            if agent_alive(pid, entry.path().as_path()) {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-                wait_until(Duration::from_secs(5), || !agent_alive(pid, entry.path().as_path()));
-            }
-            for cg in rec["cgroups"].as_array().into_iter().flatten() {
-                let cg = Path::new(cg.as_str().unwrap_or("/nonexistent"));
-                wait_until(Duration::from_secs(3), || std::fs::remove_dir(cg).is_ok() || !cg.exists());
-            }
-        }
-    }
-}
-
-fn agent_alive(pid: i32, dir: &Path) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let zombie = stat.rsplit(')').next().is_some_and(|s| s.trim_start().starts_with('Z'));
-    pid > 0
-        && !zombie
-        && std::fs::read(format!("/proc/{pid}/cmdline"))
-            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&*dir.to_string_lossy()))
-}
-
-fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    cond()
-}
-
-fn host_mounts_under(dir: &Path) -> Vec<String> {
-    let prefix = dir.to_string_lossy().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4).map(str::to_owned))
-        .filter(|m| m.starts_with(&prefix))
-        .collect()
-}
-
-/// Asserts nothing of sandbox `id` (agent `pid`) remains on the host.
-fn assert_nothing_left(p: &Provider, id: &str, pid: i32, cgroups: &[String]) {
-    let dir = p.state.join("sandboxes").join(id);
-    assert!(
-        wait_until(Duration::from_secs(10), || !agent_alive(pid, &dir) && !dir.exists()),
-        "sandbox {id} left behind"
-    );
-    assert!(host_mounts_under(&dir).is_empty(), "mounts left under {}", dir.display());
-    for cg in cgroups {
-        assert!(wait_until(Duration::from_secs(5), || !Path::new(cg).exists()), "cgroup {cg} left behind");
-    }
-}
-
-fn cgroups_of(rec: &Value) -> Vec<String> {
-    rec["cgroups"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_owned()).collect()
-}
-
-fn id_of(v: &Value) -> String {
-    v["sandboxID"].as_str().unwrap().to_owned()
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn lifecycle_create_get_connect_timeout_pause_resume_kill() {
@@ -234,6 +33,10 @@ async fn lifecycle_create_get_connect_timeout_pause_resume_kill() {
     let (status, info) = p.call(reqwest::Method::GET, &format!("/sandboxes/{id}"), None).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(info["state"], "running");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&p.state.join("sandboxes")), 0o700, "records hold tokens");
+    assert_eq!(mode(&p.state.join("sandboxes").join(&id).join("record.json")), 0o600);
     assert_eq!(info["metadata"]["k"], "v");
     assert_eq!(info["envdAccessToken"], sbx["envdAccessToken"]);
     let end1 = chrono::DateTime::parse_from_rfc3339(info["endAt"].as_str().unwrap()).unwrap();
@@ -346,8 +149,11 @@ async fn list_filters_by_metadata_and_state_and_pages() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(err["code"], 400);
     for id in ids.iter().chain([&other]) {
+        let rec = p.record(id);
         let (status, _) = p.call(reqwest::Method::DELETE, &format!("/sandboxes/{id}"), None).await;
         assert_eq!(status, StatusCode::NO_CONTENT);
+        // ids[0] is frozen: killing it must still leave nothing.
+        assert_nothing_left(&p, id, rec["envd_pid"].as_i64().unwrap() as i32, &cgroups_of(&rec));
     }
 }
 
@@ -356,7 +162,7 @@ async fn bad_input_gets_contract_errors_and_provider_keeps_serving() {
     if !is_root() {
         return;
     }
-    let p = Provider::start(&[]);
+    let p = Provider::start(&["--template", "broken=/nonexistent-template-root"]);
     let post = |path: &str, key: Option<&str>, body: &'static str| {
         let mut req = p.http.post(p.url(path)).header("Content-Type", "application/json").body(body);
         if let Some(key) = key {
@@ -383,6 +189,10 @@ async fn bad_input_gets_contract_errors_and_provider_keeps_serving() {
     assert_eq!((status, v["code"].as_i64()), (StatusCode::NOT_FOUND, Some(404)));
     let (status, v) = p.call(reqwest::Method::GET, "/no/such/route", None).await;
     assert_eq!((status, v["code"].as_i64()), (StatusCode::NOT_FOUND, Some(404)));
+    // A sandbox that fails to start reports why and leaves nothing behind.
+    let v = check(post("/v2/sandboxes", Some(KEY), r#"{"templateID":"broken"}"#).await.unwrap(), 500).await;
+    assert!(v["message"].as_str().unwrap().contains("overlay"), "{v}");
+    assert_eq!(std::fs::read_dir(p.state.join("sandboxes")).unwrap().count(), 0);
     // Oversized control-plane body.
     let big = format!(r#"{{"templateID":"base","metadata":{{"x":"{}"}}}}"#, "a".repeat(2 * 1024 * 1024));
     let resp = p.http.post(p.url("/v2/sandboxes")).header("X-API-Key", KEY).body(big).send().await.unwrap();
@@ -506,6 +316,13 @@ async fn sandboxes_are_isolated_from_each_other_and_the_host() {
     assert_ne!(std::fs::read_to_string("/etc/hostname").unwrap_or_default().trim(), "changed");
     let (code, _) = p.run(&b, &format!("test -e {marker} || test -e /tmp/t-{a_id}"), Some("root")).await;
     assert_eq!(code, 1, "b sees a's files");
+    // Root in a sandbox cannot mount, touch host sysctls or read kernel memory.
+    let (code, _) = p.run(&a, "mount -t tmpfs none /mnt", Some("root")).await;
+    assert_ne!(code, 0, "root in a sandbox must not mount");
+    let (code, _) = p.run(&a, "echo x > /proc/sys/kernel/domainname", Some("root")).await;
+    assert_ne!(code, 0, "host sysctls are read-only");
+    let (_, out) = p.run(&a, "grep CapBnd /proc/self/status", Some("root")).await;
+    assert!(out.trim().ends_with("00000000a00425fb"), "bounding set: {out}");
     // The state directory (every sandbox's layers) is hidden.
     let (_, out) = p.run(&a, &format!("ls -A {} | wc -l", p.state.display()), Some("root")).await;
     assert_eq!(out.trim(), "0");
@@ -619,6 +436,10 @@ async fn sigterm_stops_the_provider_but_not_its_sandboxes() {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
     let status = child.wait().unwrap();
     assert!(status.success(), "graceful exit: {status:?}");
+    // The agent leads its own session, so the provider's terminal signals never reach it.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let session: i32 = stat.rsplit(')').next().unwrap().split_whitespace().nth(3).unwrap().parse().unwrap();
+    assert_eq!(session, pid);
     assert!(agent_alive(pid, &p.state.join("sandboxes").join(&id)));
     p.launch();
     let (code, out) = p.run(&sbx, "echo still here", None).await;
@@ -650,4 +471,83 @@ fn without_namespace_permission_it_exits_with_one_clear_sentence() {
     assert!(stderr.contains("needs permission to create PID/mount/UTS/IPC namespaces"), "{stderr}");
     assert!(stderr.contains("EPERM"), "{stderr}");
     assert!(out.stdout.is_empty(), "it never listened");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn library_entry_point_serves_and_kills_all_on_request() {
+    if !is_root() {
+        return;
+    }
+    let tmp = tempfile::Builder::new().prefix("sbx-provider-test").tempdir_in("/var/tmp").unwrap();
+    let cfg = sandbox_mcp::local::LocalProviderConfig {
+        state_dir: tmp.path().join("state"),
+        api_key: Some(KEY.into()),
+        agent_binary: env!("CARGO_BIN_EXE_sandbox-mcp").into(),
+        max_data_body_bytes: 1024,
+        ..Default::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let running = sandbox_mcp::local::start_provider(cfg, listener).await.unwrap();
+    let base = format!("http://{}", running.addr);
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/v2/sandboxes"))
+        .header("X-API-Key", KEY)
+        .json(&json!({"templateID": "base"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let sbx = resp.json::<Value>().await.unwrap();
+    let id = id_of(&sbx);
+    let dir = tmp.path().join("state/sandboxes").join(&id);
+    // The data-plane body limit.
+    let resp = reqwest::Client::new()
+        .post(format!("{base}/files?path=/tmp/big"))
+        .header("E2b-Sandbox-Id", &id)
+        .header("X-Access-Token", sbx["envdAccessToken"].as_str().unwrap())
+        .header("Content-Type", "application/octet-stream")
+        .body(vec![b'x'; 4096])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let small = reqwest::Client::new()
+        .post(format!("{base}/files?path=/tmp/small"))
+        .header("E2b-Sandbox-Id", &id)
+        .header("X-Access-Token", sbx["envdAccessToken"].as_str().unwrap())
+        .header("Content-Type", "application/octet-stream")
+        .body(vec![b'x'; 100])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(small.status(), StatusCode::OK, "{:?}", small.text().await);
+    let rec: Value = serde_json::from_slice(&std::fs::read(dir.join("record.json")).unwrap()).unwrap();
+    let pid = rec["envd_pid"].as_i64().unwrap() as i32;
+    assert!(agent_alive(pid, &dir));
+    running.kill_all_and_shutdown().await;
+    assert!(!agent_alive(pid, &dir) && !dir.exists(), "kill_all_and_shutdown leaves nothing");
+    for cg in cgroups_of(&rec) {
+        assert!(!Path::new(&cg).exists(), "{cg}");
+    }
+}
+
+/// The official E2B Python SDK against the provider (control plane and data plane on one port).
+/// Needs `E2B_SDK_PYTHON` = a python with `e2b==2.63.0`; skips loudly otherwise.
+#[test]
+fn official_sdk_drives_the_provider() {
+    if !is_root() {
+        return;
+    }
+    let Ok(python) = std::env::var("E2B_SDK_PYTHON") else {
+        eprintln!(
+            "SKIPPED official_sdk_drives_the_provider: set E2B_SDK_PYTHON to a python with e2b==2.63.0 installed"
+        );
+        return;
+    };
+    let p = Provider::start(&[]);
+    let probe = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/local_provider_support/sdk_probe.py");
+    let out = Command::new(python).arg(probe).arg(&p.base).arg(KEY).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("all 14 steps passed"), "{stdout}");
 }

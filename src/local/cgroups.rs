@@ -39,9 +39,10 @@ impl CgroupLayout {
                 tracing::warn!(%err, "cgroup v2: cannot create {}; no limits or freezer", base.display());
                 return CgroupLayout::None;
             }
-            // Enable the controllers for the sandboxes (best effort).
-            let _ = std::fs::write(root.join("cgroup.subtree_control"), "+memory +pids");
-            let _ = std::fs::write(base.join("cgroup.subtree_control"), "+memory +pids");
+            enable_v2_controllers(root);
+            if let Err(err) = std::fs::write(base.join("cgroup.subtree_control"), "+memory +pids") {
+                tracing::warn!(%err, "cgroup v2: cannot enable memory/pids for sandboxes; no limits");
+            }
             return CgroupLayout::V2 { base };
         }
         let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
@@ -140,6 +141,34 @@ impl CgroupLayout {
             CgroupLayout::None => {}
         }
         dirs
+    }
+}
+
+/// Enables the memory and pids controllers below the (possibly namespaced) cgroup v2 root. Inside
+/// a container the root holds the container's processes, and the "no internal processes" rule
+/// refuses that (EBUSY): then, like other nested runtimes, move those processes into a leaf first.
+fn enable_v2_controllers(root: &Path) {
+    let control = root.join("cgroup.subtree_control");
+    match std::fs::write(&control, "+memory +pids") {
+        Ok(()) => return,
+        Err(err) if err.raw_os_error() != Some(libc::EBUSY) => {
+            tracing::warn!(%err, "cgroup v2: cannot enable memory/pids at {}", root.display());
+            return;
+        }
+        Err(_) => {}
+    }
+    let leaf = root.join("sandbox-mcp-host");
+    if let Err(err) = std::fs::create_dir_all(&leaf) {
+        tracing::warn!(%err, "cgroup v2: cannot create {}", leaf.display());
+        return;
+    }
+    let procs = std::fs::read_to_string(root.join("cgroup.procs")).unwrap_or_default();
+    for pid in procs.lines() {
+        // Kernel threads cannot move; that is fine.
+        let _ = std::fs::write(leaf.join("cgroup.procs"), pid);
+    }
+    if let Err(err) = std::fs::write(&control, "+memory +pids") {
+        tracing::warn!(%err, "cgroup v2: cannot enable memory/pids at {}", root.display());
     }
 }
 

@@ -27,6 +27,10 @@ pub struct LocalProviderConfig {
     pub max_control_body_bytes: usize,
     /// Largest data-plane (envd) request body, bytes.
     pub max_data_body_bytes: u64,
+    /// The `sandbox-mcp` executable started as each sandbox's agent (`envd`). Default
+    /// `/proc/self/exe`, i.e. this very binary; an embedding in another executable (a test binary)
+    /// must point it at the real `sandbox-mcp`.
+    pub agent_binary: PathBuf,
 }
 
 impl Default for LocalProviderConfig {
@@ -42,6 +46,7 @@ impl Default for LocalProviderConfig {
             templates: HashMap::new(),
             max_control_body_bytes: 1024 * 1024,
             max_data_body_bytes: 1024 * 1024 * 1024,
+            agent_binary: PathBuf::from("/proc/self/exe"),
         }
     }
 }

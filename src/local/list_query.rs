@@ -59,7 +59,12 @@ pub fn parse(query: &str) -> Result<ListFilter, String> {
             "metadata" => {
                 // After the query decoding: `k=v&k2=v2`, each part possibly encoded once more.
                 let outer = decodings(&value);
-                let text = outer.iter().find(|d| d.contains('=')).cloned().unwrap_or_default();
+                if value.is_empty() {
+                    continue;
+                }
+                let Some(text) = outer.iter().find(|d| d.contains('=')).cloned() else {
+                    return Err(format!("metadata filter '{value}' is not key=value"));
+                };
                 for pair in text.split('&').filter(|p| !p.is_empty()) {
                     let Some((k, v)) = pair.split_once('=') else {
                         return Err(format!("metadata filter '{pair}' is not key=value"));

@@ -86,9 +86,22 @@ pub struct RunningProvider {
 
 impl RunningProvider {
     /// Stops accepting requests and the reaper; sandboxes keep running (re-adopted on the next start).
+    /// Also lets the clean-up of already killed sandboxes finish (up to 5 s).
     pub async fn shutdown(self) {
         self.shutdown.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(5), self.server).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while self.provider.cleanups_in_flight() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Kills every sandbox (waiting for their clean-up), then shuts down. For tests and ephemeral
+    /// embeddings whose state directory is about to be deleted: sandboxes left running there would
+    /// be orphaned for good.
+    pub async fn kill_all_and_shutdown(self) {
+        self.provider.kill_all().await;
+        self.shutdown().await;
     }
 }
 
@@ -130,6 +143,11 @@ pub async fn start_provider(
     let app = api::router(Arc::new(api::AppState { provider: provider.clone() }));
     let stop = shutdown.clone();
     let server = tokio::spawn(async move {
+        // Small Connect frames and JSON answers must not wait for Nagle's algorithm
+        // (about 40 ms on a reused connection).
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let serve = axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await });
         if let Err(err) = serve.await {
             tracing::error!(%err, "local provider server failed");

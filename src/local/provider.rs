@@ -103,6 +103,9 @@ impl Provider {
         let sandboxes_dir = cfg.state_dir.join("sandboxes");
         std::fs::create_dir_all(&sandboxes_dir)
             .map_err(|e| anyhow::anyhow!("cannot create the state directory {}: {e}", sandboxes_dir.display()))?;
+        // Sandbox records hold access tokens and env vars; layers hold the sandboxes' files.
+        std::fs::set_permissions(&sandboxes_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .map_err(|e| anyhow::anyhow!("cannot restrict {}: {e}", sandboxes_dir.display()))?;
         let cgroups = CgroupLayout::detect();
         tracing::info!(?cgroups, state_dir = %cfg.state_dir.display(), "local provider state");
         Ok(Provider {
@@ -186,9 +189,13 @@ impl Provider {
         }
         let limits = Limits { memory_limit_mb: self.cfg.memory_limit_mb, pids_limit: self.cfg.pids_limit };
         let cgroup_dirs = self.cgroups.create(&id, limits);
-        let spawned = super::spawn::spawn_agent(&dir, &dir.join(LOG_FILE), !params.allow_internet_access, |pid| {
-            cgroups::attach(&cgroup_dirs, pid)
-        });
+        let spawned = super::spawn::spawn_agent(
+            &self.cfg.agent_binary,
+            &dir,
+            &dir.join(LOG_FILE),
+            !params.allow_internet_access,
+            |pid| cgroups::attach(&cgroup_dirs, pid),
+        );
         let agent = match spawned {
             Ok(agent) => agent,
             Err(e) => {
@@ -393,11 +400,16 @@ impl Provider {
         }
     }
 
-    /// Kills every sandbox (used by tests and by an explicit shutdown-with-cleanup).
+    /// Kills every sandbox and waits (up to 15 s) until their clean-up has finished. For tests and
+    /// ephemeral embeddings: a normal shutdown leaves sandboxes running for the next start.
     pub async fn kill_all(&self) {
         let ids: Vec<String> = self.table().keys().cloned().collect();
         for id in ids {
             let _ = self.kill(&id).await;
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        while self.cleanups_in_flight() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 }

@@ -81,7 +81,13 @@ pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<(), Rec
     let bytes = serde_json::to_vec_pretty(value).map_err(|e| err(std::io::Error::other(e)))?;
     let tmp = path.with_extension("json.tmp");
     {
-        let mut file = std::fs::File::create(&tmp).map_err(err)?;
+        // Records hold access tokens and env vars: owner-only.
+        let mut file = std::os::unix::fs::OpenOptionsExt::mode(
+            std::fs::OpenOptions::new().write(true).create(true).truncate(true),
+            0o600,
+        )
+        .open(&tmp)
+        .map_err(err)?;
         file.write_all(&bytes).map_err(err)?;
         file.sync_all().map_err(err)?;
     }

@@ -33,6 +33,7 @@ pub fn enter_sandbox(sandbox_dir: &Path, spec: &SandboxSpec) -> anyhow::Result<U
     let nosuid_nodev_noexec = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     let proc_dir = ensure_dir(&root, "proc", 0o555)?;
     mount(Some("proc"), &proc_dir, Some("proc"), nosuid_nodev_noexec, None::<&str>).context("mounting /proc")?;
+    protect_proc(&proc_dir)?;
     let sys_dir = ensure_dir(&root, "sys", 0o555)?;
     if let Err(err) =
         mount(Some("sysfs"), &sys_dir, Some("sysfs"), nosuid_nodev_noexec | MsFlags::MS_RDONLY, None::<&str>)
@@ -83,7 +84,69 @@ pub fn enter_sandbox(sandbox_dir: &Path, spec: &SandboxSpec) -> anyhow::Result<U
     nix::unistd::pivot_root(".", ".").context("pivot_root")?;
     umount2(".", MntFlags::MNT_DETACH).context("detaching the old root")?;
     nix::unistd::chdir("/").context("chdir /")?;
+    drop_bounding_capabilities()?;
     Ok(listener)
+}
+
+/// Makes the host-wide knobs under `/proc` read-only and masks the sensitive files, as container
+/// runtimes do (root in a sandbox is root on the host kernel: no user namespace).
+fn protect_proc(proc_dir: &Path) -> anyhow::Result<()> {
+    for rel in ["sys", "sysrq-trigger", "irq", "bus", "fs"] {
+        let path = proc_dir.join(rel);
+        if !path.exists() {
+            continue;
+        }
+        mount(Some(&path), &path, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
+            .with_context(|| format!("binding /proc/{rel}"))?;
+        let ro = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+        mount(None::<&str>, &path, None::<&str>, ro, None::<&str>)
+            .with_context(|| format!("making /proc/{rel} read-only"))?;
+    }
+    for rel in ["kcore", "keys", "timer_list", "sched_debug", "latency_stats"] {
+        let path = proc_dir.join(rel);
+        if path.exists() {
+            mount(Some("/dev/null"), &path, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+                .with_context(|| format!("masking /proc/{rel}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Capabilities processes in the sandbox may still get (Docker's default set minus CAP_MKNOD).
+const KEPT_CAPABILITIES: &[u32] = &[
+    0,  // CHOWN
+    1,  // DAC_OVERRIDE
+    3,  // FOWNER
+    4,  // FSETID
+    5,  // KILL
+    6,  // SETGID
+    7,  // SETUID
+    8,  // SETPCAP
+    10, // NET_BIND_SERVICE
+    13, // NET_RAW
+    18, // SYS_CHROOT
+    29, // AUDIT_WRITE
+    31, // SETFCAP
+];
+
+/// Drops every other capability from the bounding set, so no process started in the sandbox (root
+/// included) can mount, load modules, open devices by handle, change host sysctls, etc.
+fn drop_bounding_capabilities() -> anyhow::Result<()> {
+    for cap in 0..64u32 {
+        if KEPT_CAPABILITIES.contains(&cap) {
+            continue;
+        }
+        // SAFETY: PR_CAPBSET_DROP takes a capability number; EINVAL past the kernel's last one.
+        let ret = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, libc::c_ulong::from(cap), 0, 0, 0) };
+        if ret != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EINVAL) {
+                break;
+            }
+            return Err(err).with_context(|| format!("dropping capability {cap} from the bounding set"));
+        }
+    }
+    Ok(())
 }
 
 fn ensure_dir(root: &Path, rel: &str, mode: u32) -> anyhow::Result<PathBuf> {

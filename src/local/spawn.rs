@@ -71,12 +71,13 @@ fn sandbox_clone_flags(new_network: bool) -> libc::c_int {
 /// Clones `sandbox-mcp envd --sandbox-dir DIR` into new namespaces. `attach` is called with the
 /// child's pid before the child may exec (to place it into its cgroups).
 pub fn spawn_agent(
+    agent_binary: &Path,
     sandbox_dir: &Path,
     log_file: &Path,
     new_network: bool,
     attach: impl FnOnce(i32),
 ) -> Result<SpawnedAgent, SpawnError> {
-    let exe = CString::new("/proc/self/exe").map_err(|_| SpawnError::Nul)?;
+    let exe = CString::new(agent_binary.as_os_str().as_bytes()).map_err(|_| SpawnError::Nul)?;
     let dir = CString::new(sandbox_dir.as_os_str().as_bytes()).map_err(|_| SpawnError::Nul)?;
     let argv_owned = [
         CString::new("sandbox-mcp").map_err(|_| SpawnError::Nul)?,
@@ -153,8 +154,8 @@ pub fn spawn_agent(
 /// mount sandboxes need. `scratch` is an empty directory on the state filesystem. Returns one
 /// clear sentence on failure.
 pub fn probe_isolation(scratch: &Path) -> Result<(), String> {
-    let hint = "run the provider as root (or with CAP_SYS_ADMIN; in a container: --cap-add SYS_ADMIN \
-                and an unconfined seccomp/AppArmor profile)";
+    let hint = "run it as root or with CAP_SYS_ADMIN (in a container: --cap-add SYS_ADMIN and an unconfined \
+                seccomp/AppArmor profile)";
     let mk = |name: &str| -> Result<CString, String> {
         let path = scratch.join(name);
         std::fs::create_dir_all(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
@@ -174,8 +175,8 @@ pub fn probe_isolation(scratch: &Path) -> Result<(), String> {
         Ok(pid) => pid,
         Err(err) => {
             return Err(format!(
-                "sandbox-mcp provider needs permission to create PID/mount/UTS/IPC namespaces ({hint}): \
-                 clone(CLONE_NEWPID|CLONE_NEWNS|CLONE_NEWUTS|CLONE_NEWIPC) failed: {err}"
+                "sandbox-mcp provider needs permission to create PID/mount/UTS/IPC namespaces, but \
+                 clone(CLONE_NEWPID|CLONE_NEWNS|CLONE_NEWUTS|CLONE_NEWIPC) failed with {err}; {hint}."
             ));
         }
     };
@@ -215,12 +216,12 @@ pub fn probe_isolation(scratch: &Path) -> Result<(), String> {
             let err = nix::Error::from_raw(i32::from(*errno));
             Err(match step {
                 1 => {
-                    format!("sandbox-mcp provider cannot make mounts private in a new mount namespace ({hint}): {err}")
+                    format!("sandbox-mcp provider cannot make mounts private in a new mount namespace ({err}); {hint}.")
                 }
                 _ => format!(
-                    "sandbox-mcp provider cannot mount an overlay filesystem (the kernel needs overlayfs, and the \
-                     state directory {} must be on a filesystem that can be an overlay upper layer, not on \
-                     overlayfs itself; {hint}): {err}",
+                    "sandbox-mcp provider cannot mount an overlay filesystem ({err}): the kernel needs overlayfs, \
+                     the state directory {} must be on a filesystem that can be an overlay upper layer (not \
+                     overlayfs itself), and the provider needs CAP_SYS_ADMIN; {hint}.",
                     scratch.parent().map(|p| p.display().to_string()).unwrap_or_default()
                 ),
             })

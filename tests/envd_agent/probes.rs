@@ -21,14 +21,14 @@ fn rss_probe_child() {
         nix::sys::prctl::set_child_subreaper(true).unwrap();
     }
     runtime.block_on(async move {
-        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
         let opts = EnvdOptions {
             sandbox_id: "rss".into(),
             env_vars: Default::default(),
             default_user: "root".into(),
             reap_orphans,
         };
-        envd::serve(listener, opts).await.unwrap();
+        envd::serve_std(listener, opts).await.unwrap();
     });
 }
 
@@ -55,17 +55,36 @@ async fn idle_envd_rss() {
     let ok = envd.run("echo warm", json!({}), &[]).await;
     assert_eq!(ok.stdout, b"warm\n");
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+    let rss_kib = |pid: u32| -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap()
+    };
+    let idle = rss_kib(child.id());
+    // 100 running processes whose clients disconnected.
+    let mut pids = Vec::new();
+    for _ in 0..100 {
+        let request = json!({"process": {"cmd": "sleep", "args": ["30"]}, "stdin": false});
+        let mut stream = envd.open_stream("process.Process/Start", request, &[]).await;
+        pids.push(stream.next_json().await.1["event"]["start"]["pid"].as_u64().unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let busy = rss_kib(child.id());
+    for pid in &pids {
+        let kill = json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"});
+        assert_eq!(envd.unary("process.Process/SendSignal", kill, None).await.0, http::StatusCode::OK);
+    }
     let _ = child.kill();
     let _ = child.wait();
-    let rss_kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap();
-    println!("idle envd process RSS (debug build, incl. libtest): {rss_kib} KiB");
-    assert!(rss_kib < 64 * 1024, "RSS {rss_kib} KiB");
+    println!(
+        "envd process RSS (debug build, incl. libtest): idle {idle} KiB, with 100 processes {busy} KiB ({} KiB each)",
+        busy.saturating_sub(idle) / 100
+    );
+    assert!(idle < 64 * 1024, "RSS {idle} KiB");
 }
 
 /// With `reap_orphans`, envd collects re-parented orphans (no zombies), and still reports its own exits.

@@ -88,6 +88,12 @@ step("10 MiB multipart", bytes(sbx.files.read(f"{scratch}/sdk/big2", format="byt
 infos = sbx.files.write_files([{"path": f"{scratch}/sdk/m1", "data": "1"}, {"path": f"{scratch}/sdk/m2", "data": "2"}])
 step("write_files", len(infos) == 2 and sbx.files.read(f"{scratch}/sdk/m2") == "2")
 
+info = sbx.files.write(f"{scratch}/sdk/meta.txt", "m", metadata={"Owner": "alice"})
+step("write metadata", info.metadata == {"owner": "alice"}, repr(info))
+gi = sbx.files.get_info(f"{scratch}/sdk/meta.txt")
+step("get_info metadata", gi.metadata == {"owner": "alice"}, repr(gi))
+sbx.files.remove(f"{scratch}/sdk/meta.txt")
+
 names = sorted(e.name for e in sbx.files.list(f"{scratch}/sdk"))
 step("list", names == ["big", "big2", "bin", "dir", "m1", "m2"], repr(names))
 step("exists", sbx.files.exists(path) and not sbx.files.exists(f"{scratch}/nope"))

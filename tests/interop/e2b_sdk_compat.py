@@ -33,7 +33,7 @@ def main() -> int:
         from importlib.metadata import version
 
         import e2b
-        from e2b import CommandExitException, NotFoundException, Sandbox, SandboxQuery
+        from e2b import CommandExitException, NotFoundException, Sandbox, SandboxQuery, TimeoutException
     except ImportError as err:
         print(f"the e2b SDK is not installed in {sys.executable}: {err}", file=sys.stderr)
         return 2
@@ -160,6 +160,39 @@ def main() -> int:
         except NotFoundException:
             pass
 
+    def more_sdk_paths():
+        sbx = state["sbx"]
+        check(sbx.is_running(), "is_running is False")
+        again = Sandbox.connect(sbx.sandbox_id)
+        check(again.commands.run("echo via-connect").stdout == "via-connect\n", "connect to a running sandbox")
+        handle = sbx.commands.run("sleep 0.5; echo one; sleep 0.3; echo two", background=True)
+        attached = sbx.commands.connect(handle.pid)
+        check(attached.wait().stdout == "one\ntwo\n", "commands.connect output")
+        written = sbx.files.write_files([{"path": "/tmp/multi/a.txt", "data": "A"}, {"path": "/tmp/multi/b.bin", "data": b"B"}])
+        check(sorted(w.path for w in written) == ["/tmp/multi/a.txt", "/tmp/multi/b.bin"], f"write_files {written}")
+        check(sbx.files.read("/tmp/multi/b.bin") == "B", "write_files content")
+        import io
+
+        sbx.files.write("/tmp/multi/stream.bin", io.BytesIO(b"s" * 100_000))  # octet-stream upload
+        check(len(sbx.files.read("/tmp/multi/stream.bin", format="bytes")) == 100_000, "octet-stream upload")
+        check(sum(len(c) for c in sbx.files.read("/tmp/multi/stream.bin", format="stream")) == 100_000, "stream read")
+        try:
+            sbx.commands.run("sleep 30", timeout=1)
+            raise AssertionError("a command past its timeout did not raise")
+        except TimeoutException:
+            pass
+        import urllib.request
+
+        signed = urllib.request.Request(sbx.download_url("/tmp/multi/a.txt"), headers={"E2b-Sandbox-Id": sbx.sandbox_id})
+        check(urllib.request.urlopen(signed, timeout=10).read() == b"A", "signed download_url")
+
+    def pause_and_resume():
+        sbx = state["sbx"]
+        check(sbx.pause() is True, "pause returned False")
+        resumed = Sandbox.connect(sbx.sandbox_id)
+        check(resumed.files.read("/tmp/multi/a.txt") == "A", "file after resume")
+        check(resumed.commands.run("echo resumed").stdout == "resumed\n", "command after resume")
+
     def timeout_and_info():
         sbx = state["sbx"]
         sbx.set_timeout(200)
@@ -200,6 +233,8 @@ def main() -> int:
     step("stdin: send_stdin / close_stdin", stdin)
     step("files.write / read (text and bytes)", files_text_bytes)
     step("files.list / make_dir / exists / rename / remove", files_manage)
+    step("is_running, connect, commands.connect, write_files, octet-stream, timeout, signed URL", more_sdk_paths)
+    step("pause, then connect resumes", pause_and_resume)
     step("set_timeout and get_info", timeout_and_info)
     step("Sandbox.list with a metadata filter", list_with_metadata)
     step("kill, then connect raises not found", kill_and_connect)

@@ -2,6 +2,7 @@
 //! a raw `application/octet-stream` body), streamed to and from disk, as the
 //! requesting user. Errors are envd plain-HTTP JSON `{"code": <status>, "message"}`.
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -16,8 +17,12 @@ use tokio::io::AsyncWriteExt;
 use super::EnvdState;
 use super::fsops::{io_error, resolve_path, run_as_user};
 use super::users::{UserAccount, basic_auth_user, resolve_user};
+use super::xattrs::{UploadedWithMetadata, metadata_from_headers, write_metadata};
 use crate::connect_rpc::{Code, ConnectError};
 use crate::e2b::wire::{ApiError, UploadedEntry};
+
+/// Metadata to store on every uploaded file.
+type Metadata = std::collections::BTreeMap<String, String>;
 
 /// Read size of downloads.
 const DOWNLOAD_CHUNK: usize = 64 * 1024;
@@ -87,13 +92,16 @@ pub async fn download(State(state): State<Arc<EnvdState>>, request: Request) -> 
     let opened = {
         let path = path.clone();
         run_as_user(&user, move || {
-            let file = std::fs::File::open(&path).map_err(|e| io_error(&path, &e))?;
+            // O_NONBLOCK: opening a FIFO must not hang; it is refused below anyway.
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&path)
+                .map_err(|e| io_error(&path, &e))?;
             let meta = file.metadata().map_err(|e| io_error(&path, &e))?;
-            if meta.is_dir() {
-                return Err(ConnectError::new(
-                    Code::InvalidArgument,
-                    format!("path '{}' is a directory", path.display()),
-                ));
+            if !meta.is_file() {
+                let what = if meta.is_dir() { "a directory" } else { "not a regular file" };
+                return Err(ConnectError::new(Code::InvalidArgument, format!("path '{}' is {what}", path.display())));
             }
             Ok((file, meta.len()))
         })
@@ -131,16 +139,20 @@ pub async fn upload(State(state): State<Arc<EnvdState>>, request: Request) -> Re
             );
         }
     }
+    let metadata = match metadata_from_headers(headers) {
+        Ok(metadata) => metadata,
+        Err(err) => return from_connect(&err),
+    };
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
     let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
     let result = if essence == "multipart/form-data" {
         match Multipart::from_request(request, &()).await {
-            Ok(multipart) => upload_multipart(&user, query.path.as_deref(), multipart).await,
+            Ok(multipart) => upload_multipart(&user, query.path.as_deref(), multipart, &metadata).await,
             Err(err) => Err(ConnectError::new(Code::InvalidArgument, format!("invalid multipart request: {err}"))),
         }
     } else if essence.is_empty() || essence == "application/octet-stream" {
         match query.path.as_deref() {
-            Some(raw) => upload_raw(&user, raw, request.into_body()).await.map(|entry| vec![entry]),
+            Some(raw) => upload_raw(&user, raw, request.into_body(), &metadata).await.map(|entry| vec![entry]),
             None => Err(ConnectError::new(
                 Code::InvalidArgument,
                 "query parameter 'path' is required for application/octet-stream uploads",
@@ -166,7 +178,8 @@ async fn upload_multipart(
     user: &UserAccount,
     query_path: Option<&str>,
     mut multipart: Multipart,
-) -> Result<Vec<UploadedEntry>, ConnectError> {
+    metadata: &Metadata,
+) -> Result<Vec<UploadedWithMetadata>, ConnectError> {
     let bad = |err: axum::extract::multipart::MultipartError| {
         ConnectError::new(Code::InvalidArgument, format!("invalid multipart body: {err}"))
     };
@@ -187,7 +200,7 @@ async fn upload_multipart(
             file.write_all(&chunk).await.map_err(|e| io_error(&path, &e))?;
         }
         file.flush().await.map_err(|e| io_error(&path, &e))?;
-        uploaded.push(uploaded_entry(&path));
+        uploaded.push(finish_upload(user, &path, metadata).await?);
     }
     if uploaded.is_empty() {
         return Err(ConnectError::new(Code::InvalidArgument, "the multipart body has no part named 'file'"));
@@ -195,7 +208,12 @@ async fn upload_multipart(
     Ok(uploaded)
 }
 
-async fn upload_raw(user: &UserAccount, raw: &str, body: Body) -> Result<UploadedEntry, ConnectError> {
+async fn upload_raw(
+    user: &UserAccount,
+    raw: &str,
+    body: Body,
+    metadata: &Metadata,
+) -> Result<UploadedWithMetadata, ConnectError> {
     let path = resolve_path(user, raw)?;
     let mut file = open_for_upload(user, &path).await?;
     let mut stream = body.into_data_stream();
@@ -206,7 +224,7 @@ async fn upload_raw(user: &UserAccount, raw: &str, body: Body) -> Result<Uploade
         file.write_all(&chunk).await.map_err(|e| io_error(&path, &e))?;
     }
     file.flush().await.map_err(|e| io_error(&path, &e))?;
-    Ok(uploaded_entry(&path))
+    finish_upload(user, &path, metadata).await
 }
 
 /// Creates missing parent directories and opens (truncating) the target, as the user.
@@ -219,10 +237,50 @@ async fn open_for_upload(user: &UserAccount, path: &Path) -> Result<tokio::fs::F
         if path.is_dir() {
             return Err(ConnectError::new(Code::InvalidArgument, format!("path '{}' is a directory", path.display())));
         }
-        std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(&path).map_err(|e| io_error(&path, &e))
+        if std::fs::metadata(&path).is_ok_and(|meta| !meta.is_file()) {
+            return Err(ConnectError::new(
+                Code::InvalidArgument,
+                format!("path '{}' exists and is not a regular file", path.display()),
+            ));
+        }
+        // O_NONBLOCK: opening a FIFO created in the meantime fails instead of hanging.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path)
+            .map_err(|e| io_error(&path, &e))
     })
     .await??;
     Ok(tokio::fs::File::from_std(file))
+}
+
+/// Stores the metadata (if any) on a written file and builds its response item.
+async fn finish_upload(
+    user: &UserAccount,
+    path: &Path,
+    metadata: &Metadata,
+) -> Result<UploadedWithMetadata, ConnectError> {
+    let entry = uploaded_entry(path);
+    if metadata.is_empty() {
+        return Ok(UploadedWithMetadata { entry, metadata: None });
+    }
+    let (target, stored) = (path.to_path_buf(), metadata.clone());
+    run_as_user(user, move || {
+        write_metadata(&target, &stored).map_err(|err| {
+            if err.raw_os_error() == Some(libc::ENOTSUP) {
+                ConnectError::new(
+                    Code::InvalidArgument,
+                    format!("file metadata is not supported on the filesystem of '{}'", target.display()),
+                )
+            } else {
+                io_error(&target, &err)
+            }
+        })
+    })
+    .await??;
+    Ok(UploadedWithMetadata { entry, metadata: Some(metadata.clone()) })
 }
 
 fn uploaded_entry(path: &Path) -> UploadedEntry {

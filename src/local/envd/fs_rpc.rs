@@ -9,11 +9,12 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 
 use super::EnvdState;
-use super::fsops::{entry_info, io_error, list_dir, resolve_path, run_as_user};
+use super::fsops::{io_error, list_dir, resolve_path, run_as_user};
 use super::rpc::{self, CallKind};
 use super::users::request_user;
+use super::xattrs::{EntryResponse, ListDirResponse, entry};
 use crate::connect_rpc::{Code, ConnectError};
-use crate::e2b::wire::{Empty, EntryResponse, ListDirRequest, ListDirResponse, MoveRequest, PathRequest};
+use crate::e2b::wire::{Empty, ListDirRequest, MoveRequest, PathRequest};
 
 /// Dispatches `POST /filesystem.Filesystem/{method}`.
 pub async fn handle(state: Arc<EnvdState>, method: &str, headers: HeaderMap, body: Body) -> Response {
@@ -46,7 +47,7 @@ async fn dispatch(state: &EnvdState, method: &str, headers: &HeaderMap, body: &[
         "Stat" => {
             let request: PathRequest = rpc::decode_unary(body)?;
             let path = resolve_path(&user, &request.path)?;
-            let entry = run_as_user(&user, move || entry_info(&path).map_err(|e| io_error(&path, &e))).await??;
+            let entry = run_as_user(&user, move || entry(&path).map_err(|e| io_error(&path, &e))).await??;
             Ok(rpc::unary_ok(&EntryResponse { entry }))
         }
         "ListDir" => {
@@ -88,7 +89,7 @@ async fn dispatch(state: &EnvdState, method: &str, headers: &HeaderMap, body: &[
                     Err(_) => {}
                 }
                 std::fs::create_dir_all(&path).map_err(|e| io_error(&path, &e))?;
-                entry_info(&path).map_err(|e| io_error(&path, &e))
+                entry(&path).map_err(|e| io_error(&path, &e))
             })
             .await??;
             Ok(rpc::unary_ok(&EntryResponse { entry }))
@@ -96,6 +97,9 @@ async fn dispatch(state: &EnvdState, method: &str, headers: &HeaderMap, body: &[
         "Remove" => {
             let request: PathRequest = rpc::decode_unary(body)?;
             let path = resolve_path(&user, &request.path)?;
+            if path == std::path::Path::new("/") {
+                return Err(ConnectError::new(Code::InvalidArgument, "refusing to remove '/'"));
+            }
             run_as_user(&user, move || {
                 let meta = std::fs::symlink_metadata(&path).map_err(|e| io_error(&path, &e))?;
                 let removed = if meta.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
@@ -114,7 +118,7 @@ async fn dispatch(state: &EnvdState, method: &str, headers: &HeaderMap, body: &[
                     std::fs::create_dir_all(parent).map_err(|e| io_error(parent, &e))?;
                 }
                 std::fs::rename(&source, &destination).map_err(|e| io_error(&destination, &e))?;
-                entry_info(&destination).map_err(|e| io_error(&destination, &e))
+                entry(&destination).map_err(|e| io_error(&destination, &e))
             })
             .await??;
             Ok(rpc::unary_ok(&EntryResponse { entry }))

@@ -211,14 +211,14 @@ pub fn go_mode_string(mode: u32) -> String {
 }
 
 /// Lists `dir` to `depth` levels (1 = direct children), in lexical walk order.
-pub fn list_dir(dir: &Path, depth: u32, out: &mut Vec<EntryInfo>) -> io::Result<()> {
+pub fn list_dir(dir: &Path, depth: u32, out: &mut Vec<super::xattrs::Entry>) -> io::Result<()> {
     let mut names: Vec<_> = std::fs::read_dir(dir)?.filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
     names.sort();
     for name in names {
         let path = dir.join(&name);
-        let Ok(info) = entry_info(&path) else { continue };
-        let descend = depth > 1 && !info.is_symlink && info.file_type == FILE_TYPE_DIRECTORY;
-        out.push(info);
+        let Ok(entry) = super::xattrs::entry(&path) else { continue };
+        let descend = depth > 1 && !entry.info.is_symlink && entry.info.file_type == FILE_TYPE_DIRECTORY;
+        out.push(entry);
         if descend {
             // Unreadable sub-directories are listed but not descended into.
             let _ = list_dir(&path, depth - 1, out);

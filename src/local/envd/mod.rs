@@ -5,7 +5,19 @@
 //!
 //! Routes: `GET /health` (204), `GET /envs`, `GET /metrics`, `GET|POST /files`,
 //! `POST /process.Process/{method}`, `POST /filesystem.Filesystem/{method}`
-//! (Connect protocol, JSON codec only). Works on a current-thread runtime.
+//! (Connect protocol, JSON codec only). Works on a current-thread runtime;
+//! file operations use the runtime's blocking pool (cap it with
+//! `max_blocking_threads` if RSS matters).
+//!
+//! Processes: spawned with `std::process::Command` in their own process
+//! group, exit statuses collected by one SIGCHLD reaper (`reaper.rs`). With
+//! `reap_orphans` (PID 1 of a sandbox) the reaper calls `waitpid(-1)`, so
+//! nothing else in the process may wait for its own children (no
+//! `tokio::process`). Files: operations run with the requesting user's
+//! filesystem identity (`setfsuid`, see `fsops.rs`).
+//!
+//! Not implemented: PTY, `StreamInput`, `Update`, `WatchDir` and the watcher
+//! RPCs (all answer `unimplemented`) and gzip-encoded uploads (400).
 
 mod files;
 mod fs_rpc;
@@ -17,6 +29,7 @@ mod rpc;
 mod spawn;
 mod table;
 mod users;
+mod xattrs;
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -32,8 +45,9 @@ use crate::connect_rpc::{Code, ConnectError};
 pub use reaper::ExitOutcome;
 pub use spawn::DEFAULT_PATH;
 
-/// Configuration of one envd instance (one per sandbox).
-#[derive(Debug, Clone)]
+/// Configuration of one envd instance (one per sandbox). `Debug` shows the
+/// names of the env vars, never their values (they may hold secrets).
+#[derive(Clone)]
 pub struct EnvdOptions {
     pub sandbox_id: String,
     /// Sandbox-level env vars (E2B `envVars`): default environment of every process.
@@ -42,6 +56,19 @@ pub struct EnvdOptions {
     pub default_user: String,
     /// True when running as PID 1 of the sandbox: also reap orphaned processes.
     pub reap_orphans: bool,
+}
+
+impl std::fmt::Debug for EnvdOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut names: Vec<&String> = self.env_vars.keys().collect();
+        names.sort();
+        f.debug_struct("EnvdOptions")
+            .field("sandbox_id", &self.sandbox_id)
+            .field("env_var_names", &names)
+            .field("default_user", &self.default_user)
+            .field("reap_orphans", &self.reap_orphans)
+            .finish()
+    }
 }
 
 /// State shared by every handler.
@@ -73,6 +100,13 @@ pub async fn serve(listener: tokio::net::UnixListener, opts: EnvdOptions) -> any
     tracing::info!(sandbox_id = %state.opts.sandbox_id, "envd serving");
     axum::serve(listener, app(state)).await?;
     Ok(())
+}
+
+/// [`serve`] for a listener bound with std (e.g. before `pivot_root`): makes
+/// it non-blocking and registers it with the current runtime.
+pub async fn serve_std(listener: std::os::unix::net::UnixListener, opts: EnvdOptions) -> anyhow::Result<()> {
+    listener.set_nonblocking(true)?;
+    serve(tokio::net::UnixListener::from_std(listener)?, opts).await
 }
 
 /// Builds the envd axum Router (state included). The SIGCHLD reaper starts
@@ -141,4 +175,21 @@ async fn fallback(uri: axum::http::Uri) -> Response {
         return rpc::unary_error(&err);
     }
     files::http_error(StatusCode::NOT_FOUND, format!("no envd route for {path}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_output_hides_env_values() {
+        let opts = EnvdOptions {
+            sandbox_id: "sb".into(),
+            env_vars: HashMap::from([("API_TOKEN".to_string(), "s3cret-value".to_string())]),
+            default_user: "user".into(),
+            reap_orphans: true,
+        };
+        let shown = format!("{opts:?}");
+        assert!(shown.contains("API_TOKEN") && !shown.contains("s3cret-value"), "{shown}");
+    }
 }

@@ -127,11 +127,9 @@ async fn start(state: &Arc<EnvdState>, headers: &HeaderMap, body: &[u8]) -> Resu
         pipe_stdin: request.stdin.unwrap_or(true),
     };
     let reaper = state.reaper()?;
-    let (child, exit) =
-        reaper.spawn_registered(|| spawn::spawn(&spec), |child: &SpawnedChild| child.pid).map_err(|err| match err {
-            SpawnError::NulByte { .. } => ConnectError::new(Code::InvalidArgument, err.to_string()),
-            SpawnError::Start { .. } => ConnectError::new(Code::InvalidArgument, err.to_string()),
-        })?;
+    let (child, exit) = reaper
+        .spawn_registered(|| spawn::spawn(&spec), |child: &SpawnedChild| child.pid)
+        .map_err(|err: SpawnError| ConnectError::new(Code::InvalidArgument, err.to_string()))?;
     let SpawnedChild { pid, stdin, stdout, stderr } = child;
     let stdin = stdin.and_then(|fd| tokio::net::unix::pipe::Sender::from_owned_fd(fd).ok());
     let (entry, events) = state.processes.insert(pid, request.process, request.tag, stdin, exit);

@@ -75,6 +75,8 @@ pub fn build_env(
 pub enum SpawnError {
     #[error("{what} contains a NUL byte")]
     NulByte { what: &'static str },
+    #[error("environment variable '{key}' {why}")]
+    InvalidEnv { key: String, why: &'static str },
     #[error("failed to start '{cmd}': {source}")]
     Start { cmd: String, source: std::io::Error },
 }
@@ -88,8 +90,11 @@ pub fn spawn(spec: &SpawnSpec) -> Result<SpawnedChild, SpawnError> {
     if spec.args.iter().any(|a| a.contains('\0')) {
         return Err(nul("an argument"));
     }
-    if spec.env.iter().any(|(k, v)| k.contains('\0') || v.contains('\0') || k.contains('=') || k.is_empty()) {
-        return Err(nul("an environment variable (or its name is empty or contains '=')"));
+    if let Some((key, _)) = spec.env.iter().find(|(k, v)| k.contains('\0') || v.contains('\0')) {
+        return Err(SpawnError::InvalidEnv { key: key.replace('\0', "\\0"), why: "contains a NUL byte" });
+    }
+    if let Some((key, _)) = spec.env.iter().find(|(k, _)| k.is_empty() || k.contains('=')) {
+        return Err(SpawnError::InvalidEnv { key: key.clone(), why: "is not a valid variable name" });
     }
     let cwd = CString::new(spec.cwd.as_os_str().as_bytes()).map_err(|_| nul("cwd"))?;
     let mut command = Command::new(&spec.cmd);

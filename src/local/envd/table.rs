@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 
@@ -220,8 +219,6 @@ pub fn spawn_kill_deadline(entry: &Arc<ProcessEntry>, timeout: Duration) {
 pub async fn pump_output(table: Arc<ProcessTable>, entry: Arc<ProcessEntry>, stdout: OwnedFd, stderr: OwnedFd) {
     let mut stdout = pipe::Receiver::from_owned_fd(stdout).ok();
     let mut stderr = pipe::Receiver::from_owned_fd(stderr).ok();
-    let mut out_buf = vec![0u8; OUTPUT_CHUNK];
-    let mut err_buf = vec![0u8; OUTPUT_CHUNK];
     let mut status: Option<i32> = None;
     let mut exited_at = Instant::now();
     loop {
@@ -230,12 +227,12 @@ pub async fn pump_output(table: Arc<ProcessTable>, entry: Arc<ProcessEntry>, std
         }
         let drain_wait = AFTER_EXIT_IDLE.min(AFTER_EXIT_MAX.saturating_sub(exited_at.elapsed()));
         tokio::select! {
-            read = read_some(&mut stdout, &mut out_buf), if stdout.is_some() => match read {
-                Some(n) => entry.broadcast(ProcOutput::Stdout(Bytes::copy_from_slice(&out_buf[..n]))).await,
+            read = read_chunk(&mut stdout), if stdout.is_some() => match read {
+                Some(chunk) => entry.broadcast(ProcOutput::Stdout(chunk)).await,
                 None => stdout = None,
             },
-            read = read_some(&mut stderr, &mut err_buf), if stderr.is_some() => match read {
-                Some(n) => entry.broadcast(ProcOutput::Stderr(Bytes::copy_from_slice(&err_buf[..n]))).await,
+            read = read_chunk(&mut stderr), if stderr.is_some() => match read {
+                Some(chunk) => entry.broadcast(ProcOutput::Stderr(chunk)).await,
                 None => stderr = None,
             },
             raw = entry.exit.wait(), if status.is_none() => {
@@ -261,20 +258,34 @@ pub async fn pump_output(table: Arc<ProcessTable>, entry: Arc<ProcessEntry>, std
     }
 }
 
-/// One read; `None` at EOF or on error.
-async fn read_some(pipe: &mut Option<pipe::Receiver>, buf: &mut [u8]) -> Option<usize> {
+thread_local! {
+    /// Read buffer shared by all pumps of a thread: idle processes hold no buffer.
+    static READ_SCRATCH: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; OUTPUT_CHUNK]);
+}
+
+/// Reads what is available (at most [`OUTPUT_CHUNK`] bytes); `None` at EOF or on error.
+async fn read_chunk(pipe: &mut Option<pipe::Receiver>) -> Option<Bytes> {
     let pipe = pipe.as_mut()?;
-    match pipe.read(buf).await {
-        Ok(0) | Err(_) => None,
-        Ok(n) => Some(n),
+    loop {
+        pipe.readable().await.ok()?;
+        let read = READ_SCRATCH.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            match pipe.try_read(&mut scratch) {
+                Ok(0) => Err(None),
+                Ok(n) => Ok(Bytes::copy_from_slice(&scratch[..n])),
+                Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => Err(Some(())),
+                Err(_) => Err(None),
+            }
+        });
+        match read {
+            Ok(chunk) => return Some(chunk),
+            Err(Some(())) => continue,
+            Err(None) => return None,
+        }
     }
 }
 
-async fn drain(mut pipe: pipe::Receiver) {
-    let mut buf = vec![0u8; OUTPUT_CHUNK];
-    while let Ok(n) = pipe.read(&mut buf).await {
-        if n == 0 {
-            break;
-        }
-    }
+async fn drain(pipe: pipe::Receiver) {
+    let mut pipe = Some(pipe);
+    while read_chunk(&mut pipe).await.is_some() {}
 }

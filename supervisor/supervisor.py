@@ -1,0 +1,1313 @@
+#!/usr/bin/env python3
+"""sandbox-mcp task supervisor: the in-sandbox half of reconnectable tasks.
+
+The gateway installs this single file in the sandbox (as the sandbox user) and
+runs it once per tool call, e.g. ``python3 -I -S supervisor.py status ...``.
+Every invocation prints exactly ONE JSON object on one line of stdout and
+exits (0 on success, 2 on a refusal or error, which is printed as
+``{"error": "<sentence>", "code": "<code>"}``).
+
+This file owns, for every task, the directory ``BASE/tasks/<task_id>/``:
+
+  spec.json        written once by ``start``: command, cwd, timeout, the NAMES
+                   of the task's environment variables (never their values),
+                   creation time.
+  status.json      written only by the task's supervisor daemon, atomically
+                   (temp file, fsync, rename): state, pids, process group,
+                   times, exit code / signal, byte counts, truncation flags.
+  stdout, stderr   the first 1 MiB of each stream AFTER masking; append-only,
+                   so a page read at the same offsets always returns the same
+                   bytes.
+  cancel_requested marker created by ``cancel`` (the daemon checks it).
+
+Subcommands (details in supervisor/README.md):
+
+  version
+  start  --task-id ID --spec-b64 B64
+  status --task-id ID [--stdout-offset N] [--stderr-offset N] [--limit L] [--wait S]
+  cancel --task-id ID [same paging args] [--wait S (default 3)]
+  list
+  (all but version accept --base DIR, default $HOME/.sandbox-mcp)
+
+``start`` claims the directory with mkdir (so a resubmitted start never runs
+the command twice), then double-forks a daemon in a new session. The daemon
+runs ``/bin/bash -c COMMAND`` in a new process group (not a new session),
+drains both pipes continuously, masks secrets in the stored prefix, enforces
+the timeout (TERM the group, 2 s grace, KILL), handles cancel requests
+(SIGUSR1), and when the command ends SIGKILLs whatever is left of the task's
+process group. A process that moves itself to another session or process
+group (setsid, setpgid) escapes that cleanup; only killing the sandbox is
+complete cleanup.
+
+Python standard library only; runs on python3 >= 3.8; Linux only (/proc).
+Imports are kept minimal because the gateway runs ``status`` on every
+get_task call and interpreter start-up dominates its latency.
+"""
+
+SUPERVISOR_VERSION = "1"
+
+import os
+import sys
+import time
+
+try:
+    # The C accelerator behind the json module, without json's own imports
+    # (json pulls in re, enum, functools, collections: a large share of the
+    # start-up time of `status`). Falls back to json if it is unavailable.
+    import _json
+except ImportError:  # pragma: no cover
+    _json = None
+
+# --- constants --------------------------------------------------------------
+
+STREAM_LIMIT = 1 << 20       # bytes of each (masked) stream kept on disk
+MAX_TASKS = 128              # task directories per base directory
+GRACE_SECONDS = 2.0          # TERM -> KILL grace (timeout, cancel)
+# After the command ended and its group was killed, the pipes are read to
+# EOF. Only a process that escaped the group (setsid) can keep them open: stop
+# reading once they have been idle this long, or at the latest after
+# DRAIN_MAX seconds.
+DRAIN_IDLE = 0.5
+DRAIN_MAX = 5.0
+PROGRESS_INTERVAL = 1.0      # running status.json refresh (byte totals)
+START_WAIT = 5.0             # how long `start` waits for status.json
+READ_CHUNK = 1 << 20         # pipe read size once the stored prefix is full
+STORE_CHUNK = 1 << 18        # read size while storing (bounds masking buffers)
+PIPE_SIZE = 1 << 20          # requested pipe capacity (F_SETPIPE_SZ)
+DEFAULT_LIMIT = 16384
+MAX_LIMIT = 1 << 20
+MAX_WAIT = 30.0
+DEFAULT_TIMEOUT = 300
+
+# Secret masking: env var NAMES containing one of these (case-insensitive)
+# mark their VALUES as secret.
+SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+# Values shorter than this are not masked: masking "1", "ab" or "yes" would
+# mangle ordinary output while protecting nothing worth protecting.
+MIN_SECRET_LEN = 4
+# Obvious non-secret flag values (compared case-insensitively) that a
+# secret-looking name may carry, e.g. TOKENIZERS_PARALLELISM=false; masking
+# them would replace every "false"/"true" in the output.
+NON_SECRET_VALUES = (b"true", b"false", b"none", b"null")
+MASK = b"***"
+
+TERMINAL = ("succeeded", "failed", "cancelled", "timed_out")
+
+
+CLI_OPTIONS = {
+    "version": ("base",),
+    "start": ("task-id", "spec-b64", "base"),
+    "status": ("task-id", "stdout-offset", "stderr-offset", "limit", "wait", "base"),
+    "cancel": ("task-id", "stdout-offset", "stderr-offset", "limit", "wait", "base"),
+    "list": ("base",),
+}
+
+
+class CliError(Exception):
+    """A refusal or error reported as {"error", "code"} with exit status 2."""
+
+    def __init__(self, code, message):
+        Exception.__init__(self, message)
+        self.code = code
+        self.message = message
+
+
+# --- small helpers ----------------------------------------------------------
+
+# --- minimal JSON codec -----------------------------------------------------
+
+def _encode(obj, out):
+    if obj is None:
+        out.append("null")
+    elif obj is True:
+        out.append("true")
+    elif obj is False:
+        out.append("false")
+    elif isinstance(obj, str):
+        out.append(_json.encode_basestring_ascii(obj))
+    elif isinstance(obj, int):
+        out.append(int.__repr__(obj))
+    elif isinstance(obj, float):
+        if obj != obj or obj in (float("inf"), float("-inf")):
+            raise ValueError("non-finite float")
+        out.append(float.__repr__(obj))
+    elif isinstance(obj, dict):
+        out.append("{")
+        first = True
+        for k, v in obj.items():
+            if not isinstance(k, str):
+                raise TypeError("JSON object keys must be strings")
+            if not first:
+                out.append(",")
+            first = False
+            out.append(_json.encode_basestring_ascii(k))
+            out.append(":")
+            _encode(v, out)
+        out.append("}")
+    elif isinstance(obj, (list, tuple)):
+        out.append("[")
+        for i, v in enumerate(obj):
+            if i:
+                out.append(",")
+            _encode(v, out)
+        out.append("]")
+    else:
+        raise TypeError("cannot encode %s as JSON" % type(obj).__name__)
+
+
+def json_dumps(obj):
+    """Compact, ASCII-only JSON (same output as json.dumps(obj, separators=(",", ":")))."""
+    if _json is None:
+        import json
+        return json.dumps(obj, separators=(",", ":"))
+    out = []
+    _encode(obj, out)
+    return "".join(out)
+
+
+class _ScanContext:
+    # The attributes _json.make_scanner reads (those of json.JSONDecoder).
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = float  # NaN, Infinity, -Infinity, as json accepts them
+    memo = None
+
+
+_scanner = None
+
+
+def json_loads(text):
+    """Parse one JSON value; raises ValueError on malformed input."""
+    global _scanner
+    if _json is None:
+        import json
+        return json.loads(text)
+    if _scanner is None:
+        _scanner = _json.make_scanner(_ScanContext())
+    ws = " \t\n\r"
+    start = len(text) - len(text.lstrip(ws))
+    try:
+        obj, end = _scanner(text, start)
+    except Exception:
+        # Malformed input. (On some versions the C scanner cannot build its
+        # error without json.decoder loaded.) Let json produce the ValueError.
+        import json
+        return json.loads(text)
+    if text[end:].strip(ws):
+        raise ValueError("extra data after JSON value")
+    return obj
+
+
+def emit(obj):
+    sys.stdout.write(json_dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def parse_args(argv):
+    """Parse ``SUBCOMMAND [--opt VALUE | --opt=VALUE]...`` (no argparse: start-up cost)."""
+    if not argv:
+        raise CliError("invalid", "missing subcommand (version, start, status, cancel, list)")
+    cmd = argv[0]
+    if cmd not in CLI_OPTIONS:
+        raise CliError("invalid", "unknown subcommand %r (version, start, status, cancel, list)" % cmd)
+    allowed = CLI_OPTIONS[cmd]
+    opts = {}
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--"):
+            raise CliError("invalid", "unexpected argument %r" % arg)
+        name, eq, value = arg[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(argv):
+                raise CliError("invalid", "option --%s needs a value" % name)
+            i += 1
+            value = argv[i]
+        if name not in allowed:
+            raise CliError("invalid", "unknown option --%s for %s" % (name, cmd))
+        if name in opts:
+            raise CliError("invalid", "option --%s given twice" % name)
+        opts[name] = value
+        i += 1
+    return cmd, opts
+
+
+def opt_int(opts, name, default, lo, hi):
+    raw = opts.get(name)
+    if raw is None:
+        return default
+    try:
+        v = int(raw)
+    except ValueError:
+        raise CliError("invalid", "--%s must be an integer" % name)
+    if v < lo or v > hi:
+        raise CliError("invalid", "--%s must be between %d and %d" % (name, lo, hi))
+    return v
+
+
+def opt_float(opts, name, default, lo, hi):
+    raw = opts.get(name)
+    if raw is None:
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        raise CliError("invalid", "--%s must be a number" % name)
+    if not (lo <= v <= hi):  # also rejects NaN
+        raise CliError("invalid", "--%s must be between %g and %g" % (name, lo, hi))
+    return v
+
+
+def check_task_id(opts):
+    tid = opts.get("task-id")
+    if tid is None:
+        raise CliError("invalid", "--task-id is required")
+    if len(tid) != 32 or tid.strip("0123456789abcdef"):
+        raise CliError("invalid", "task id must be 32 lowercase hex characters")
+    return tid
+
+
+def is_task_id(name):
+    return len(name) == 32 and not name.strip("0123456789abcdef")
+
+
+def ensure_private_dir(path):
+    """Create `path` with mode 0700, or tighten it to 0700 if it is wider."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        st = os.stat(path)
+    if st.st_mode & 0o077 and st.st_uid == os.geteuid():
+        os.chmod(path, 0o700)
+
+
+def tasks_root(opts):
+    base = opts.get("base")
+    if not base:
+        base = os.path.join(os.path.expanduser("~"), ".sandbox-mcp")
+    base = os.path.abspath(base)
+    try:
+        ensure_private_dir(base)
+        root = os.path.join(base, "tasks")
+        ensure_private_dir(root)
+    except OSError as e:
+        raise CliError("io", "cannot use base directory %s: %s" % (base, e.strerror or e))
+    return root
+
+
+def read_json(path):
+    """Parsed JSON object at `path`, or None if missing/unreadable/unparseable."""
+    try:
+        with open(path, "rb") as f:
+            obj = json_loads(f.read().decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def write_json_atomic(path, obj, sync=True):
+    """Write temp file in the same directory, fsync, rename over `path`."""
+    tmp = "%s.tmp%d" % (path, os.getpid())
+    data = json_dumps(obj).encode("ascii")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        write_all(fd, data)
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+    if sync:
+        try:
+            dfd = os.open(os.path.dirname(path), os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError:
+            pass
+
+
+def write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def proc_stat(pid):
+    """(state, pgrp, session, starttime) from /proc/PID/stat, or None if no such process."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    # comm (field 2) may contain spaces and ')': split after the LAST ')'.
+    rest = raw[raw.rfind(b")") + 2:].split()
+    try:
+        # rest[0] is field 3 (state); field N is rest[N - 3].
+        return (rest[0].decode("ascii", "replace"), int(rest[2]), int(rest[3]), int(rest[19]))
+    except (IndexError, ValueError):
+        return None
+
+
+def proc_start_time(pid):
+    st = proc_stat(pid)
+    return st[3] if st else None
+
+
+def process_alive(pid, start_time):
+    """True if `pid` runs, is not a zombie, and started at `start_time` (same process)."""
+    st = proc_stat(pid)
+    return bool(st) and st[3] == start_time and st[0] not in ("Z", "X", "x")
+
+
+# --- reading a task's state (status, cancel, list) ---------------------------
+
+def load_task(tdir, tid):
+    """Return (record, state, error) for the task directory `tdir`.
+
+    record is status.json (or spec.json if there is no status yet, or {}).
+    The `unknown` rule: no parseable status.json, or a status that says
+    running while its supervisor process is gone (pid missing, zombie, or a
+    different /proc start time). Success is only ever what the daemon wrote.
+    """
+    path = os.path.join(tdir, "status.json")
+    status = read_json(path)
+    if status is None or status.get("state") not in TERMINAL + ("running",):
+        spec = read_json(os.path.join(tdir, "spec.json")) or {}
+        if os.path.exists(path):
+            err = "the task's status file is unreadable; its outcome is not recorded"
+        else:
+            err = ("no status recorded yet: the task may still be starting, or its "
+                   "supervisor failed before recording anything")
+        return spec, "unknown", err
+    state = status["state"]
+    if state == "running" and not process_alive(status.get("supervisor_pid"),
+                                                status.get("supervisor_start_time")):
+        # The daemon may have written its final status and exited between our
+        # read and the /proc check: read again before declaring it unknown.
+        again = read_json(path)
+        if again is not None and again.get("state") in TERMINAL:
+            return again, again["state"], again.get("error")
+        return status, "unknown", ("the task's supervisor process is gone; the task's "
+                                   "outcome was not recorded (the sandbox may have been "
+                                   "restarted, or the supervisor was killed)")
+    return status, state, status.get("error")
+
+
+def read_page(tdir, name, offset, limit):
+    """(bytes [offset, offset+limit) of the stored stream, stored size)."""
+    try:
+        fd = os.open(os.path.join(tdir, name), os.O_RDONLY)
+    except OSError:
+        return b"", 0
+    try:
+        size = os.fstat(fd).st_size
+        if offset >= size or limit <= 0:
+            return b"", size
+        data = os.pread(fd, min(limit, size - offset), offset)
+        return data, max(size, offset + len(data))
+    finally:
+        os.close(fd)
+
+
+def b64(data):
+    import binascii
+    return binascii.b2a_base64(data, newline=False).decode("ascii")
+
+
+def status_view(tdir, tid, record, state, error, out_off=0, err_off=0, limit=0):
+    """The JSON object printed by status/start/cancel."""
+    out_page, out_size = read_page(tdir, "stdout", out_off, limit)
+    err_page, err_size = read_page(tdir, "stderr", err_off, limit)
+    r = record
+    out_total = r.get("stdout_total_bytes")
+    err_total = r.get("stderr_total_bytes")
+    # While running, totals in status.json are refreshed about once a second:
+    # they are lower bounds (masking never lengthens, so total >= stored).
+    out_total = max(out_total if isinstance(out_total, int) else 0, out_size)
+    err_total = max(err_total if isinstance(err_total, int) else 0, err_size)
+    return {
+        "task_id": tid,
+        "state": state,
+        "exit_code": r.get("exit_code") if state in TERMINAL else None,
+        "signal": r.get("signal") if state in TERMINAL else None,
+        "started_at": r.get("started_at"),
+        "finished_at": r.get("finished_at") if state in TERMINAL else None,
+        "error": error,
+        "stdout_b64": b64(out_page),
+        "stderr_b64": b64(err_page),
+        "stdout_next_offset": out_off + len(out_page),
+        "stderr_next_offset": err_off + len(err_page),
+        "stdout_size": out_size,
+        "stderr_size": err_size,
+        "stdout_total_bytes": out_total,
+        "stderr_total_bytes": err_total,
+        "stdout_truncated": bool(r.get("stdout_truncated")),
+        "stderr_truncated": bool(r.get("stderr_truncated")),
+        "command": r.get("command"),
+        "timeout": r.get("timeout"),
+        "cwd": r.get("cwd"),
+        "created_at": r.get("created_at"),
+        "pid": r.get("pid"),
+        "pgid": r.get("pgid"),
+    }
+
+
+def existing_task_dir(opts):
+    tid = check_task_id(opts)
+    tdir = os.path.join(tasks_root(opts), tid)
+    if not os.path.isdir(tdir):
+        raise CliError("not_found", "task %s not found in this sandbox" % tid)
+    return tid, tdir
+
+
+def paging(opts):
+    return (opt_int(opts, "stdout-offset", 0, 0, 1 << 62),
+            opt_int(opts, "stderr-offset", 0, 0, 1 << 62),
+            opt_int(opts, "limit", DEFAULT_LIMIT, 0, MAX_LIMIT))
+
+
+def file_size(path):
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def file_key(path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def wait_for_change(tdir, tid, state, record, out_off, err_off, seconds):
+    """Block until stored output exists past an offset, the state changes, or timeout."""
+    if seconds <= 0 or state in TERMINAL:
+        return
+    status_path = os.path.join(tdir, "status.json")
+    if state == "unknown" and os.path.exists(status_path):
+        return  # supervisor gone: nothing will change
+    out_path = os.path.join(tdir, "stdout")
+    err_path = os.path.join(tdir, "stderr")
+    key = file_key(status_path)
+    deadline = time.monotonic() + seconds
+    n = 0
+    while True:
+        if file_size(out_path) > out_off or file_size(err_path) > err_off:
+            return
+        k = file_key(status_path)
+        if k != key:
+            key = k
+            if load_task(tdir, tid)[1] != state:
+                return
+        n += 1
+        if state == "running" and n % 8 == 0 and not process_alive(
+                record.get("supervisor_pid"), record.get("supervisor_start_time")):
+            return
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(0.025, left))
+
+
+# --- subcommands: status, list ----------------------------------------------
+
+def cmd_status(opts):
+    tid, tdir = existing_task_dir(opts)
+    out_off, err_off, limit = paging(opts)
+    wait = opt_float(opts, "wait", 0.0, 0.0, MAX_WAIT)
+    record, state, error = load_task(tdir, tid)
+    if wait > 0:
+        wait_for_change(tdir, tid, state, record, out_off, err_off, wait)
+        record, state, error = load_task(tdir, tid)
+    emit(status_view(tdir, tid, record, state, error, out_off, err_off, limit))
+
+
+def cmd_list(opts):
+    root = tasks_root(opts)
+    tasks = []
+    with os.scandir(root) as it:
+        for entry in it:
+            if not (is_task_id(entry.name) and entry.is_dir(follow_symlinks=False)):
+                continue
+            record, state, error = load_task(entry.path, entry.name)
+            command = record.get("command")
+            first = command.split("\n", 1)[0][:200] if isinstance(command, str) else None
+            tasks.append({
+                "task_id": entry.name,
+                "state": state,
+                "started_at": record.get("started_at"),
+                "finished_at": record.get("finished_at") if state in TERMINAL else None,
+                "exit_code": record.get("exit_code") if state in TERMINAL else None,
+                "created_at": record.get("created_at"),
+                "command_first_line": first,
+            })
+
+    def key(t):
+        s = t["started_at"]
+        if not isinstance(s, (int, float)):
+            s = t["created_at"] if isinstance(t["created_at"], (int, float)) else 0.0
+        return (s, t["task_id"])
+
+    tasks.sort(key=key)
+    emit({"tasks": tasks})
+
+
+# --- cancel -----------------------------------------------------------------
+
+def signal_verified_process(pid, start_time, sig):
+    """Send `sig` to `pid` only if it is still the process that started at `start_time`.
+
+    Uses a pidfd when available (no pid-reuse race between check and kill).
+    Returns True if the signal was sent.
+    """
+    if hasattr(os, "pidfd_open"):
+        try:
+            pfd = os.pidfd_open(pid)
+        except OSError:
+            pfd = None
+        if pfd is not None:
+            try:
+                if not process_alive(pid, start_time):
+                    return False
+                import signal
+                signal.pidfd_send_signal(pfd, sig)
+                return True
+            except OSError:
+                return False
+            finally:
+                os.close(pfd)
+    if not process_alive(pid, start_time):
+        return False
+    try:
+        os.kill(pid, sig)
+        return True
+    except OSError:
+        return False
+
+
+def group_verified(record):
+    """True if the task's process group still exists and is provably the task's.
+
+    Either its leader (the recorded pid == pgid) is alive with the recorded
+    start time, or (leader gone) some process is in that group AND in the
+    supervisor's session and started no earlier than the leader. The kernel
+    never reuses a pid number while it names a live process group or session,
+    so this cannot match an unrelated group.
+    """
+    pgid, start, sid = record.get("pgid"), record.get("pid_start_time"), record.get("sid")
+    if not isinstance(pgid, int) or pgid <= 1 or not isinstance(start, int):
+        return False
+    leader = proc_stat(pgid)
+    if leader and leader[3] == start and leader[1] == pgid:
+        return True
+    if not isinstance(sid, int):
+        return False
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = proc_stat(int(name))
+            if st and st[1] == pgid and st[2] == sid and st[3] >= start:
+                return True
+    return False
+
+
+def kill_group_if_verified(record, sig):
+    if not group_verified(record):
+        return False
+    try:
+        os.killpg(record["pgid"], sig)
+        return True
+    except OSError:
+        return False
+
+
+def cmd_cancel(opts):
+    import signal
+    tid, tdir = existing_task_dir(opts)
+    out_off, err_off, limit = paging(opts)
+    wait = opt_float(opts, "wait", 3.0, 0.0, MAX_WAIT)
+    record, state, error = load_task(tdir, tid)
+    signalled = False
+    if state not in TERMINAL:
+        # The marker also covers a daemon that has not recorded its start yet:
+        # it checks for the marker right after recording `running`.
+        try:
+            fd = os.open(os.path.join(tdir, "cancel_requested"), os.O_WRONLY | os.O_CREAT, 0o600)
+            os.write(fd, ("%.6f\n" % time.time()).encode())
+            os.close(fd)
+        except OSError:
+            pass
+        deadline = time.monotonic() + wait
+        if state == "running":
+            signalled = signal_verified_process(record.get("supervisor_pid"),
+                                                record.get("supervisor_start_time"), signal.SIGUSR1)
+        elif state == "unknown" and record.get("state") == "running":
+            # The daemon is gone but the task may not be: TERM, grace, KILL its
+            # verified group ourselves. Nothing is recorded: we cannot observe
+            # the exit status, so the state stays `unknown`.
+            if kill_group_if_verified(record, signal.SIGTERM):
+                signalled = True
+                end = time.monotonic() + GRACE_SECONDS
+                while time.monotonic() < end and group_verified(record):
+                    time.sleep(0.05)
+                kill_group_if_verified(record, signal.SIGKILL)
+        # Wait for the daemon to record a terminal state.
+        while True:
+            record, state, error = load_task(tdir, tid)
+            if state in TERMINAL or time.monotonic() >= deadline:
+                break
+            if state == "unknown" and record.get("state") == "running":
+                break  # no daemon left to record anything
+            time.sleep(0.02)
+        if state == "unknown" and signalled and record.get("state") == "running":
+            error = ("the task's supervisor is gone, so no outcome can be recorded; its "
+                     "process group was sent TERM then KILL. The task is not confirmed "
+                     "cancelled.")
+    view = status_view(tdir, tid, record, state, error, out_off, err_off, limit)
+    view["cancel_confirmed"] = state == "cancelled"
+    view["signalled"] = signalled
+    emit(view)
+
+
+# --- start --------------------------------------------------------------------
+
+def decode_spec(raw):
+    import binascii
+    import re
+    raw = raw.strip()
+    if len(raw) % 4 or not re.fullmatch(r"[A-Za-z0-9+/]*={0,2}", raw):
+        raise CliError("invalid", "--spec-b64 is not standard base64")
+    try:
+        spec = json_loads(binascii.a2b_base64(raw).decode("utf-8"))
+    except (ValueError, binascii.Error):
+        raise CliError("invalid", "--spec-b64 does not decode to UTF-8 JSON")
+    if not isinstance(spec, dict):
+        raise CliError("invalid", "the task spec must be a JSON object")
+    command = spec.get("command")
+    if not isinstance(command, str):
+        raise CliError("invalid", "spec.command must be a string")
+    if "\0" in command:
+        raise CliError("invalid", "spec.command must not contain NUL characters")
+    cwd = spec.get("cwd")
+    if cwd is not None and (not isinstance(cwd, str) or not cwd or "\0" in cwd):
+        raise CliError("invalid", "spec.cwd must be a non-empty string or null")
+    envs = spec.get("envs")
+    if envs is None:
+        envs = {}
+    if not isinstance(envs, dict):
+        raise CliError("invalid", "spec.envs must be an object of strings")
+    for k, v in envs.items():
+        if not isinstance(v, str) or not k or "=" in k or "\0" in k or "\0" in v:
+            raise CliError("invalid", "spec.envs: invalid variable %r (names must be non-empty "
+                                      "without '=' or NUL; values strings without NUL)" % k)
+    timeout = spec.get("timeout", DEFAULT_TIMEOUT)
+    if timeout is None:
+        timeout = DEFAULT_TIMEOUT
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (0 < timeout <= 1e7):
+        raise CliError("invalid", "spec.timeout must be a positive number of seconds")
+    return command, cwd, envs, timeout
+
+
+def cmd_start(opts):
+    tid = check_task_id(opts)
+    if "spec-b64" not in opts:
+        raise CliError("invalid", "--spec-b64 is required")
+    command, cwd, envs, timeout = decode_spec(opts["spec-b64"])
+    root = tasks_root(opts)
+    tdir = os.path.join(root, tid)
+    if os.path.lexists(tdir):
+        raise CliError("exists", "task %s already exists in this sandbox; it was not started "
+                                 "again (use get_task to read it)" % tid)
+    count = 0
+    with os.scandir(root) as it:
+        for entry in it:
+            if entry.is_dir(follow_symlinks=False):
+                count += 1
+    if count >= MAX_TASKS:
+        raise CliError("limit", "this sandbox already has %d task directories (the maximum); "
+                                "delete old tasks under %s or use a new sandbox" % (count, root))
+    if cwd is None:
+        home = os.environ.get("HOME") or "/"
+        cwd_run = home if os.path.isdir(home) else "/"
+    else:
+        if not os.path.isdir(cwd):
+            raise CliError("invalid", "cwd %s is not a directory" % cwd)
+        cwd_run = os.path.abspath(cwd)  # the daemon itself runs in /
+    try:
+        os.mkdir(tdir, 0o700)  # the atomic claim
+    except FileExistsError:
+        raise CliError("exists", "task %s already exists in this sandbox; it was not started "
+                                 "again (use get_task to read it)" % tid)
+    except OSError as e:
+        raise CliError("io", "cannot create task directory: %s" % (e.strerror or e))
+    created_at = time.time()
+    spec_record = {
+        "task_id": tid, "command": command, "cwd": cwd, "timeout": timeout,
+        "env_names": sorted(envs), "created_at": created_at,
+        "supervisor_version": SUPERVISOR_VERSION,
+    }
+    old_umask = os.umask(0o077)
+    try:
+        write_json_atomic(os.path.join(tdir, "spec.json"), spec_record)
+        for name in ("stdout", "stderr"):
+            os.close(os.open(os.path.join(tdir, name), os.O_WRONLY | os.O_CREAT, 0o600))
+    except OSError as e:
+        raise CliError("io", "cannot write task files: %s" % (e.strerror or e))
+    finally:
+        os.umask(old_umask)
+
+    status_path = os.path.join(tdir, "status.json")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    launch_error = None
+    try:
+        pid = os.fork()
+    except OSError as e:
+        pid = None
+        launch_error = e.strerror or str(e)
+    if pid == 0:
+        # Intermediate child: new session, fork the daemon, exit at once so the
+        # daemon is re-parented away from the launching call. Exit status 1
+        # tells the parent that no daemon exists.
+        code = 1
+        try:
+            os.setsid()
+            if os.fork() == 0:
+                daemon_main(tdir, tid, spec_record, cwd_run, envs, old_umask)  # never returns
+            code = 0
+        finally:
+            os._exit(code)
+    if pid is not None:
+        _, wst = os.waitpid(pid, 0)
+        if wst != 0:
+            launch_error = "the supervisor daemon could not be forked"
+    if launch_error is not None:
+        # No daemon was ever created, so this process is the only possible
+        # writer of status.json: record the failure (the command never ran).
+        write_json_atomic(status_path, dict(
+            spec_record, state="failed", started_at=None, finished_at=time.time(),
+            exit_code=None, signal=None, pid=None, pgid=None,
+            error="could not launch the task supervisor: %s" % launch_error))
+    deadline = time.monotonic() + START_WAIT
+    while not os.path.exists(status_path) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    record, state, error = load_task(tdir, tid)
+    if state == "unknown" and record.get("state") is None:
+        error = ("the supervisor did not record the task's start within %g s; inspect it "
+                 "with get_task instead of starting it again" % START_WAIT)
+    emit(status_view(tdir, tid, record, state, error))
+
+
+# --- the daemon ---------------------------------------------------------------
+
+def secret_values(envs):
+    """Byte values to mask: from the sandbox env and the task's envs."""
+    names = SECRET_NAME_PARTS
+    values = set()
+    pairs = list(os.environb.items()) + [(k.encode("utf-8", "surrogateescape"),
+                                          v.encode("utf-8", "surrogateescape"))
+                                         for k, v in envs.items()]
+    for k, v in pairs:
+        upper = k.decode("latin-1").upper()
+        if any(p in upper for p in names) and len(v) >= MIN_SECRET_LEN \
+                and v.lower() not in NON_SECRET_VALUES:
+            values.add(v)
+    return values
+
+
+class Masker:
+    """Streaming exact-value masking with a carry-over for values split across reads."""
+
+    def __init__(self, values):
+        import re
+        ordered = sorted(values, key=lambda v: (-len(v), v))  # longest first
+        self.regex = re.compile(b"|".join(re.escape(v) for v in ordered))
+        self.hold = len(ordered[0]) - 1
+
+    def feed(self, buf):
+        """Mask `buf` (= carry + new data). Returns (masked output, new carry).
+
+        Every match that STARTS before `cut` is final: the longest secret
+        starting there fits in `buf`. Bytes from max(cut, end of last final
+        match) on are held back, since they may begin a secret that the next
+        read completes. The result is identical to masking the whole stream
+        at once.
+        """
+        cut = len(buf) - self.hold
+        if cut <= 0:
+            return b"", buf
+        pieces = []
+        pos = 0
+        for m in self.regex.finditer(buf):
+            s = m.start()
+            if s >= cut:
+                break
+            pieces.append(buf[pos:s])
+            pieces.append(MASK)
+            pos = m.end()
+        end = max(pos, cut)
+        pieces.append(buf[pos:end])
+        return b"".join(pieces), buf[end:]
+
+    def flush(self, buf):
+        return self.regex.sub(MASK, buf)
+
+
+class Stream:
+    """One task pipe: drained continuously, first STREAM_LIMIT masked bytes stored."""
+
+    def __init__(self, owner, fd, path, masker, scratch):
+        self.owner = owner              # the Daemon: owns and closes descriptors
+        self.fd = fd
+        self.out = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        owner.fds.append(self.out)
+        self.masker = masker
+        self.scratch = scratch          # shared bytearray for count-only reads
+        self.carry = b""
+        self.stored = 0
+        self.total = 0                  # raw bytes the task wrote
+        self.truncated = False          # masked stream longer than STREAM_LIMIT
+        self.storing = True
+        self.open = True
+        self.store_error = None
+
+    def read(self):
+        """One read; returns False at EOF."""
+        if self.storing:
+            try:
+                data = os.read(self.fd, STORE_CHUNK)
+            except BlockingIOError:
+                return True
+            if not data:
+                return False
+            self.total += len(data)
+            self._take(data)
+            return True
+        try:
+            n = os.readv(self.fd, [self.scratch])
+        except BlockingIOError:
+            return True
+        if n == 0:
+            return False
+        self.total += n
+        self.truncated = True  # storage is full and the stream goes on
+        return True
+
+    def _take(self, data):
+        if self.masker is None:
+            self._store(data)
+            return
+        out, self.carry = self.masker.feed(self.carry + data)
+        if out:
+            self._store(out)
+
+    def _store(self, out):
+        room = STREAM_LIMIT - self.stored
+        if len(out) > room:
+            out = out[:room]
+            self.truncated = True
+        if out:
+            try:
+                write_all(self.out, out)
+            except OSError as e:
+                self.store_error = "could not store output: %s" % (e.strerror or e)
+                self.storing = False
+                return
+            self.stored += len(out)
+        if self.stored >= STREAM_LIMIT:
+            self.storing = False
+            if self.carry:
+                self.truncated = True
+            self.carry = b""
+
+    def close(self):
+        if not self.open:
+            return
+        self.open = False
+        if self.storing and self.carry:
+            carry, self.carry = self.carry, b""
+            self._store(self.masker.flush(carry))
+        self.owner.close_fd(self.fd)
+        self.owner.close_fd(self.out)
+
+
+def set_pipe_size(fd):
+    try:
+        import fcntl
+        fcntl.fcntl(fd, 1031, PIPE_SIZE)  # F_SETPIPE_SZ (constant only in 3.10+)
+    except (OSError, ImportError):
+        pass
+
+
+def daemon_main(tdir, tid, spec_record, cwd, envs, child_umask):
+    """Entry of the detached daemon (grandchild of `start`). Never returns."""
+    try:
+        # Close every inherited descriptor but 0-2 so the launching call's
+        # pipes (and anything else the caller passed) are released, then
+        # point 0-2 at /dev/null.
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            if fd > 2:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        if devnull > 2:
+            os.close(devnull)
+        os.chdir("/")
+        os.umask(0o077)
+        Daemon(tdir, tid, spec_record, cwd, envs, child_umask).run()
+    except BaseException:
+        pass
+    os._exit(0)
+
+
+class Daemon:
+    def __init__(self, tdir, tid, spec_record, cwd, envs, child_umask):
+        self.tdir = tdir
+        self.tid = tid
+        self.spec = spec_record
+        self.cwd = cwd
+        self.envs = envs
+        self.child_umask = child_umask
+        self.status_path = os.path.join(tdir, "status.json")
+        self.pid = None
+        self.fds = []            # descriptors to free before recording a failure
+        self.record = {
+            "task_id": tid, "state": "running", "command": spec_record["command"],
+            "cwd": spec_record["cwd"], "timeout": spec_record["timeout"],
+            "created_at": spec_record["created_at"],
+            "supervisor_pid": os.getpid(),
+            "supervisor_start_time": proc_start_time(os.getpid()),
+            "sid": os.getsid(0),
+            "pid": None, "pgid": None, "pid_start_time": None,
+            "started_at": None, "finished_at": None,
+            "exit_code": None, "signal": None, "error": None,
+            "stdout_total_bytes": 0, "stderr_total_bytes": 0,
+            "stdout_size": 0, "stderr_size": 0,
+            "stdout_truncated": False, "stderr_truncated": False,
+            "supervisor_version": SUPERVISOR_VERSION,
+        }
+
+    def save(self, sync=True):
+        write_json_atomic(self.status_path, self.record, sync)
+
+    def fail(self, message):
+        self.record.update(state="failed", error=message, finished_at=time.time())
+        self.save()
+
+    def pipe(self):
+        r, w = os.pipe()
+        self.fds += [r, w]
+        return r, w
+
+    def close_fd(self, fd):
+        if fd in self.fds:
+            self.fds.remove(fd)
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def run(self):
+        try:
+            self._run()
+        except BaseException as e:
+            # Supervisor failure: kill the task's group (child not yet reaped,
+            # so the pgid is still ours), free our descriptors (the failure
+            # may be EMFILE) and record `failed`.
+            if self.pid is not None and self.record["state"] == "running":
+                try:
+                    import signal
+                    os.killpg(self.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            try:
+                import signal
+                signal.set_wakeup_fd(-1)
+            except BaseException:
+                pass
+            for fd in list(self.fds):
+                self.close_fd(fd)
+            if self.record["state"] == "running":
+                if isinstance(e, SpawnError):
+                    self.fail("could not start the command: %s" % e)
+                elif isinstance(e, OSError) and self.pid is None:
+                    self.fail("could not start the command: %s" % (e.strerror or e))
+                else:
+                    self.fail("supervisor error: %s: %s" % (type(e).__name__, e))
+
+    def _spawn(self, signal):
+        """fork + exec /bin/bash -c COMMAND in a new process group. Returns (pid, out_r, err_r)."""
+        envb = dict(os.environb)
+        for k, v in self.envs.items():
+            envb[k.encode("utf-8", "surrogateescape")] = v.encode("utf-8", "surrogateescape")
+        argv = [b"bash", b"-c", self.spec["command"].encode("utf-8", "surrogateescape")]
+        cwd = self.cwd.encode("utf-8", "surrogateescape")
+        out_r, out_w = self.pipe()
+        err_r, err_w = self.pipe()
+        set_pipe_size(out_r)
+        set_pipe_size(err_r)
+        report_r, report_w = self.pipe()  # CLOEXEC: EOF on successful exec
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        self.fds.append(devnull)
+        self.record["started_at"] = time.time()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setpgid(0, 0)
+                signal.set_wakeup_fd(-1)
+                for s in (signal.SIGCHLD, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT,
+                          signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ):
+                    signal.signal(s, signal.SIG_DFL)  # Python ignores SIGPIPE/SIGXFSZ
+                os.umask(self.child_umask)
+                os.dup2(devnull, 0)
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                os.chdir(cwd)
+                os.execve(b"/bin/bash", argv, envb)
+            except BaseException as e:
+                try:
+                    msg = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+                    os.write(report_w, ("%s (%s)" % (msg, type(e).__name__)).encode("utf-8", "replace")[:2000])
+                except BaseException:
+                    pass
+            os._exit(127)
+        self.pid = pid
+        try:
+            os.setpgid(pid, pid)  # also done by the child; whichever runs first wins
+        except OSError:
+            pass
+        for fd in (out_w, err_w, report_w, devnull):
+            self.close_fd(fd)
+        report = b""
+        while True:
+            chunk = os.read(report_r, 4096)
+            if not chunk:
+                break
+            report += chunk
+        self.close_fd(report_r)
+        if report:
+            os.waitpid(pid, 0)
+            self.pid = None
+            raise SpawnError(report.decode("utf-8", "replace"))
+        return pid, out_r, err_r
+
+    def _run(self):
+        import select
+        import signal
+
+        wake_r, wake_w = self.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+
+        def noop(signum, frame):
+            pass
+
+        # Handlers (not SIG_IGN) so the exec'd command gets default dispositions.
+        for s in (signal.SIGCHLD, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(s, noop)
+
+        masker = None
+        secrets = secret_values(self.envs)
+        if secrets:
+            masker = Masker(secrets)
+
+        pid, out_r, err_r = self._spawn(signal)
+        pgid = pid
+        self.record.update(pid=pid, pgid=pgid, pid_start_time=proc_start_time(pid))
+        self.save()
+
+        scratch = bytearray(READ_CHUNK)
+        streams = {
+            out_r: Stream(self, out_r, os.path.join(self.tdir, "stdout"), masker, scratch),
+            err_r: Stream(self, err_r, os.path.join(self.tdir, "stderr"), masker, scratch),
+        }
+        names = {out_r: "stdout", err_r: "stderr"}
+        poller = select.poll()
+        for fd in (out_r, err_r, wake_r):
+            poller.register(fd, select.POLLIN)
+
+        cancel_path = os.path.join(self.tdir, "cancel_requested")
+        cancel = os.path.exists(cancel_path)
+        term = False
+        reason = None            # "cancelled" | "timed_out" | "supervisor_signal"
+        term_sent = None
+        kill_sent = False
+        wstatus = None
+        drain_deadline = drain_hard = None
+        start_mono = time.monotonic()
+        timeout = self.spec["timeout"]
+        deadline = start_mono + timeout if timeout else None
+        next_tick = start_mono + PROGRESS_INTERVAL
+        last_totals = None
+
+        def killpg(sig):
+            try:
+                os.killpg(pgid, sig)
+            except OSError:
+                pass  # ESRCH: nothing left; EPERM: member we may not signal
+
+        while True:
+            now = time.monotonic()
+            wake_at = next_tick
+            if wstatus is None:
+                if reason is None and deadline is not None:
+                    wake_at = min(wake_at, deadline)
+                if term_sent is not None and not kill_sent:
+                    wake_at = min(wake_at, term_sent + GRACE_SECONDS)
+            if drain_deadline is not None:
+                wake_at = min(wake_at, drain_deadline)
+            ms = max(0, int((wake_at - now) * 1000) + 1)
+            for fd, _ev in poller.poll(ms):
+                if fd == wake_r:
+                    try:
+                        sigs = os.read(wake_r, 4096)
+                    except BlockingIOError:
+                        sigs = b""
+                    if signal.SIGUSR1 in sigs:
+                        cancel = True
+                    if signal.SIGTERM in sigs or signal.SIGINT in sigs:
+                        term = True
+                    continue
+                st = streams[fd]
+                if not st.read():
+                    poller.unregister(fd)
+                    st.close()
+                elif drain_deadline is not None:
+                    drain_deadline = min(time.monotonic() + DRAIN_IDLE, drain_hard)
+
+            if wstatus is None:
+                # Detect the exit WITHOUT reaping, kill the rest of the group
+                # while the zombie leader still pins the pgid, then reap.
+                info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                if info is not None:
+                    self.record["finished_at"] = time.time()
+                    killpg(signal.SIGKILL)
+                    _, wstatus = os.waitpid(pid, 0)
+                    drain_deadline = time.monotonic() + DRAIN_IDLE
+                    drain_hard = time.monotonic() + DRAIN_MAX
+
+            now = time.monotonic()
+            if wstatus is None:
+                if reason is None:
+                    if cancel:
+                        reason = "cancelled"
+                    elif term:
+                        reason = "supervisor_signal"
+                    elif deadline is not None and now >= deadline:
+                        reason = "timed_out"
+                    if reason is not None:
+                        killpg(signal.SIGTERM)
+                        term_sent = now
+                elif not kill_sent and now >= term_sent + GRACE_SECONDS:
+                    killpg(signal.SIGKILL)
+                    kill_sent = True
+
+            if now >= next_tick:
+                next_tick = now + PROGRESS_INTERVAL
+                if wstatus is None:
+                    if not cancel and os.path.exists(cancel_path):
+                        cancel = True
+                    totals = tuple((s.total, s.truncated) for s in streams.values())
+                    if totals != last_totals:
+                        last_totals = totals
+                        self._record_streams(streams, names)
+                        self.save(sync=False)
+
+            if wstatus is not None and (not any(s.open for s in streams.values())
+                                        or time.monotonic() >= drain_deadline):
+                break
+
+        for st in streams.values():
+            st.close()
+        self._record_streams(streams, names)
+        if os.WIFSIGNALED(wstatus):
+            sig = os.WTERMSIG(wstatus)
+            exit_code = 128 + sig
+        else:
+            sig = None
+            exit_code = os.WEXITSTATUS(wstatus)
+        if reason == "cancelled":
+            state = "cancelled"
+        elif reason == "timed_out":
+            state = "timed_out"
+        elif reason == "supervisor_signal":
+            state = "failed"
+            self.record["error"] = "the supervisor was asked to stop (SIGTERM) and ended the task"
+        else:
+            state = "succeeded" if exit_code == 0 and sig is None else "failed"
+        errors = [s.store_error for s in streams.values() if s.store_error]
+        if errors:
+            self.record["storage_error"] = "; ".join(errors)
+        self.record["supervisor_max_rss_kb"] = max_rss_kb()
+        self.record.update(state=state, exit_code=exit_code, signal=sig)
+        self.save()
+
+    def _record_streams(self, streams, names):
+        for fd, st in streams.items():
+            n = names[fd]
+            self.record[n + "_total_bytes"] = st.total
+            self.record[n + "_size"] = st.stored
+            self.record[n + "_truncated"] = st.truncated
+
+
+class SpawnError(Exception):
+    pass
+
+
+def max_rss_kb():
+    """Peak resident set size of this process (VmHWM), in KiB, or None."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+# --- entry point --------------------------------------------------------------
+
+def main(argv):
+    try:
+        cmd, opts = parse_args(argv)
+        if cmd == "version":
+            emit({"version": SUPERVISOR_VERSION})
+        elif cmd == "start":
+            cmd_start(opts)
+        elif cmd == "status":
+            cmd_status(opts)
+        elif cmd == "cancel":
+            cmd_cancel(opts)
+        else:
+            cmd_list(opts)
+        return 0
+    except CliError as e:
+        emit({"error": e.message, "code": e.code})
+        return 2
+    except Exception as e:  # never leave the gateway without one JSON object
+        emit({"error": "supervisor error: %s: %s" % (type(e).__name__, e), "code": "internal"})
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,697 @@
+"""Tests for supervisor.py: real processes, temporary base directories, no mocks.
+
+Run from the repository root with
+    python3 -m unittest discover -s supervisor -v
+or with pytest. Linux only.
+"""
+
+import base64
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SUPERVISOR = os.path.join(HERE, "supervisor.py")
+MIB = 1 << 20
+
+
+def new_id():
+    return os.urandom(16).hex()
+
+
+def read_text(path):
+    with open(path) as f:
+        return f.read()
+
+
+def proc_gone(pid):
+    """True if `pid` no longer runs (missing or a zombie)."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            raw = f.read()
+    except OSError:
+        return True
+    return raw[raw.rfind(b")") + 2:].split()[0] in (b"Z", b"X")
+
+
+def wait_gone(pid, seconds=3.0):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if proc_gone(pid):
+            return True
+        time.sleep(0.02)
+    return proc_gone(pid)
+
+
+class SupervisorTestCase(unittest.TestCase):
+    def setUp(self):
+        self.base = tempfile.mkdtemp(prefix="sup-test-")
+        self.work = tempfile.mkdtemp(prefix="sup-work-")
+        self.env = dict(os.environ)
+        self.cleanup_pids = []
+
+    def tearDown(self):
+        # Cancel anything still running, then remove the directories.
+        root = os.path.join(self.base, "tasks")
+        for tid in os.listdir(root) if os.path.isdir(root) else []:
+            try:
+                with open(os.path.join(root, tid, "status.json")) as f:
+                    running = json.load(f).get("state") == "running"
+            except (OSError, ValueError):
+                running = False
+            if running:
+                self.cli("cancel", "--task-id", tid, "--wait", "3", check=False)
+        for pid in self.cleanup_pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        shutil.rmtree(self.base, ignore_errors=True)
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    # -- helpers ---------------------------------------------------------------
+
+    def cli(self, *args, check=True, env=None, base=True, timeout=40, cwd=None):
+        argv = [sys.executable, SUPERVISOR] + list(args)
+        if base:
+            argv += ["--base", self.base]
+        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           env=env or self.env, timeout=timeout, cwd=cwd)
+        lines = p.stdout.decode().splitlines()
+        self.assertEqual(len(lines), 1, "expected exactly one JSON line, got %r (stderr %r)"
+                         % (p.stdout, p.stderr))
+        obj = json.loads(lines[0])
+        if check:
+            self.assertEqual(p.returncode, 0, obj)
+        obj["_rc"] = p.returncode
+        return obj
+
+    def start(self, command, envs=None, cwd=None, timeout=30, tid=None, env=None, check=True):
+        tid = tid or new_id()
+        spec = {"command": command, "cwd": cwd, "envs": envs or {}, "timeout": timeout}
+        b64 = base64.b64encode(json.dumps(spec).encode()).decode()
+        obj = self.cli("start", "--task-id", tid, "--spec-b64", b64, env=env, check=check)
+        return tid, obj
+
+    def status(self, tid, *extra, check=True):
+        return self.cli("status", "--task-id", tid, *extra, check=check)
+
+    def wait_terminal(self, tid, seconds=15.0):
+        end = time.monotonic() + seconds
+        while True:
+            st = self.status(tid, "--wait", "1", "--limit", "0", "--stdout-offset", str(1 << 40),
+                             "--stderr-offset", str(1 << 40))
+            if st["state"] != "running" or time.monotonic() > end:
+                return st
+            # A running task whose state we saw: loop (wait returns on change).
+
+    def read_all(self, tid, stream="stdout", limit=65536):
+        data = b""
+        off = 0
+        while True:
+            st = self.status(tid, "--%s-offset" % stream, str(off), "--limit", str(limit))
+            page = base64.b64decode(st[stream + "_b64"])
+            self.assertEqual(st[stream + "_next_offset"], off + len(page))
+            if not page:
+                return data, st
+            data += page
+            off += len(page)
+
+    def wait_output(self, tid, needle, seconds=10.0):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            data, st = self.read_all(tid)
+            if needle in data:
+                return st
+            time.sleep(0.05)
+        self.fail("output %r did not appear" % needle)
+
+    # -- tests -------------------------------------------------------------------
+
+    def test_version(self):
+        obj = self.cli("version", base=False)
+        self.assertEqual(obj["version"], "1")
+
+    def test_happy_path_stdout_stderr_separate(self):
+        tid, first = self.start("echo hello; echo oops >&2; echo $FOO; pwd",
+                                envs={"FOO": "bar"}, cwd=self.work)
+        self.assertEqual(first["task_id"], tid)
+        self.assertIn(first["state"], ("running", "succeeded"))
+        self.assertEqual(first["stdout_b64"], "")  # start prints empty pages
+        st = self.wait_terminal(tid)
+        self.assertEqual(st["state"], "succeeded")
+        self.assertEqual(st["exit_code"], 0)
+        self.assertIsNone(st["signal"])
+        self.assertIsNone(st["error"])
+        out, st = self.read_all(tid)
+        err, _ = self.read_all(tid, "stderr")
+        self.assertEqual(out, ("hello\nbar\n%s\n" % self.work).encode())
+        self.assertEqual(err, b"oops\n")
+        self.assertEqual(st["stdout_size"], len(out))
+        self.assertEqual(st["stdout_total_bytes"], len(out))
+        self.assertEqual(st["stderr_size"], 5)
+        self.assertFalse(st["stdout_truncated"])
+        self.assertLessEqual(st["started_at"], st["finished_at"])
+        self.assertEqual(st["command"], "echo hello; echo oops >&2; echo $FOO; pwd")
+        self.assertEqual(st["timeout"], 30)
+        self.assertIsInstance(st["pid"], int)
+        self.assertEqual(st["pid"], st["pgid"])
+        # Private directories and files.
+        tdir = os.path.join(self.base, "tasks", tid)
+        for path in (self.base, os.path.join(self.base, "tasks"), tdir):
+            self.assertEqual(os.stat(path).st_mode & 0o777, 0o700, path)
+        self.assertEqual(os.stat(os.path.join(tdir, "status.json")).st_mode & 0o777, 0o600)
+        # The task's env values are not persisted, only names.
+        spec = json.loads(read_text(os.path.join(tdir, "spec.json")))
+        self.assertEqual(spec["env_names"], ["FOO"])
+        self.assertNotIn("bar", json.dumps(spec))
+
+    def test_relative_cwd_is_resolved_by_start(self):
+        os.mkdir(os.path.join(self.work, "sub"))
+        spec = {"command": "pwd", "cwd": "sub", "envs": {}, "timeout": 10}
+        b64 = base64.b64encode(json.dumps(spec).encode()).decode()
+        tid = new_id()
+        self.cli("start", "--task-id", tid, "--spec-b64", b64, cwd=self.work)
+        self.assertEqual(self.wait_terminal(tid)["state"], "succeeded")
+        self.assertEqual(self.read_all(tid)[0], (os.path.join(self.work, "sub") + "\n").encode())
+
+    def test_import_invocation(self):
+        # The form recommended to the gateway: import the module (cached
+        # bytecode) instead of running the file as a script.
+        code = ("import sys; sys.path.insert(0, %r); import supervisor; "
+                "sys.exit(supervisor.main(sys.argv[1:]))" % HERE)
+        spec = {"command": "echo via-import", "cwd": None, "envs": {}, "timeout": 10}
+        b64 = base64.b64encode(json.dumps(spec).encode()).decode()
+        tid = new_id()
+        for args in (["start", "--task-id", tid, "--spec-b64", b64],
+                     ["status", "--task-id", tid, "--wait", "5", "--stdout-offset", "0"]):
+            p = subprocess.run([sys.executable, "-I", "-S", "-c", code] + args + ["--base", self.base],
+                               stdout=subprocess.PIPE, timeout=30)
+            self.assertEqual(p.returncode, 0, p.stdout)
+            self.assertEqual(len(p.stdout.splitlines()), 1)
+        self.assertEqual(self.wait_terminal(tid)["state"], "succeeded")
+        self.assertEqual(self.read_all(tid)[0], b"via-import\n")
+        p = subprocess.run([sys.executable, "-I", "-S", "-c", code, "status", "--task-id", "x"],
+                           stdout=subprocess.PIPE, timeout=30)
+        self.assertEqual(p.returncode, 2)
+        self.assertEqual(json.loads(p.stdout)["code"], "invalid")
+
+    def test_base_dir_permissions_tightened(self):
+        os.chmod(self.base, 0o755)
+        self.cli("list")
+        self.assertEqual(os.stat(self.base).st_mode & 0o777, 0o700)
+
+    def test_nonzero_exit_is_failed(self):
+        tid, _ = self.start("echo partial; exit 3")
+        st = self.wait_terminal(tid)
+        self.assertEqual(st["state"], "failed")
+        self.assertEqual(st["exit_code"], 3)
+        self.assertIsNone(st["signal"])
+
+    def test_death_by_signal(self):
+        tid, _ = self.start("kill -KILL $$")
+        st = self.wait_terminal(tid)
+        self.assertEqual(st["state"], "failed")
+        self.assertEqual(st["signal"], 9)
+        self.assertEqual(st["exit_code"], 128 + 9)
+
+    def test_resubmitted_start_never_runs_twice(self):
+        marker = os.path.join(self.work, "ran")
+        tid, _ = self.start("echo run >> %s" % marker)
+        self.assertEqual(self.wait_terminal(tid)["state"], "succeeded")
+        again = self.start("echo run >> %s" % marker, tid=tid, check=False)[1]
+        self.assertEqual(again["_rc"], 2)
+        self.assertEqual(again["code"], "exists")
+        time.sleep(0.2)
+        self.assertEqual(read_text(marker), "run\n")
+        # The original record is untouched.
+        self.assertEqual(self.status(tid)["state"], "succeeded")
+
+    def test_task_limit(self):
+        root = os.path.join(self.base, "tasks")
+        os.makedirs(root)
+        for _ in range(128):
+            os.mkdir(os.path.join(root, new_id()))
+        tid = new_id()
+        obj = self.start("echo no", tid=tid, check=False)[1]
+        self.assertEqual(obj["_rc"], 2)
+        self.assertEqual(obj["code"], "limit")
+        self.assertIn("delete", obj["error"])
+        self.assertFalse(os.path.exists(os.path.join(root, tid)))
+        # An existing id is still reported as `exists`, not `limit`.
+        some = sorted(os.listdir(root))[0]
+        self.assertEqual(self.start("echo no", tid=some, check=False)[1]["code"], "exists")
+        # Freeing one slot allows the next start.
+        os.rmdir(os.path.join(root, some))
+        tid2, _ = self.start("echo yes")
+        self.assertEqual(self.wait_terminal(tid2)["state"], "succeeded")
+
+    def test_big_output_truncated_and_counted(self):
+        blob = os.urandom(3 * MIB + 123)
+        path = os.path.join(self.work, "blob")
+        with open(path, "wb") as f:
+            f.write(blob)
+        tid, _ = self.start("cat %s; head -c 2000 %s >&2" % (path, path),
+                            envs={"API_TOKEN": "not-in-the-random-data-xyzzy"})
+        st = self.wait_terminal(tid)
+        self.assertEqual(st["state"], "succeeded")
+        out, st = self.read_all(tid, limit=MIB)
+        self.assertEqual(out, blob[:MIB])
+        self.assertEqual(st["stdout_size"], MIB)
+        self.assertEqual(st["stdout_total_bytes"], len(blob))
+        self.assertTrue(st["stdout_truncated"])
+        err, st = self.read_all(tid, "stderr")
+        self.assertEqual(err, blob[:2000])
+        self.assertEqual(st["stderr_total_bytes"], 2000)
+        self.assertFalse(st["stderr_truncated"])
+
+    def test_exactly_one_mib_not_truncated(self):
+        tid, _ = self.start("head -c %d /dev/zero" % MIB)
+        st = self.wait_terminal(tid)
+        self.assertEqual(st["stdout_size"], MIB)
+        self.assertEqual(st["stdout_total_bytes"], MIB)
+        self.assertFalse(st["stdout_truncated"])
+        tid, _ = self.start("head -c %d /dev/zero" % (MIB + 1))
+        st = self.wait_terminal(tid)
+        self.assertEqual(st["stdout_size"], MIB)
+        self.assertEqual(st["stdout_total_bytes"], MIB + 1)
+        self.assertTrue(st["stdout_truncated"])
+
+    def test_paging_odd_limits_and_replay(self):
+        script = "import sys\nfor i in range(3000): sys.stdout.write('line %d\\n' % i)\n"
+        path = os.path.join(self.work, "gen.py")
+        with open(path, "w") as f:
+            f.write(script)
+        tid, _ = self.start("%s %s" % (sys.executable, path))
+        self.wait_terminal(tid)
+        expected = "".join("line %d\n" % i for i in range(3000)).encode()
+        for limit in (1, 7777, 65536):
+            if limit == 1:
+                # Only the first pages one byte at a time (keeps the test fast).
+                st = self.status(tid, "--stdout-offset", "5", "--limit", "1")
+                self.assertEqual(base64.b64decode(st["stdout_b64"]), expected[5:6])
+                self.assertEqual(st["stdout_next_offset"], 6)
+                continue
+            data, _ = self.read_all(tid, limit=limit)
+            self.assertEqual(data, expected)
+        a = self.status(tid, "--stdout-offset", "12345", "--limit", "999")
+        b = self.status(tid, "--stdout-offset", "12345", "--limit", "999")
+        self.assertEqual(a["stdout_b64"], b["stdout_b64"])
+        self.assertEqual(base64.b64decode(a["stdout_b64"]), expected[12345:12345 + 999])
+        self.assertEqual(a["stdout_next_offset"], 12345 + 999)
+        beyond = self.status(tid, "--stdout-offset", str(len(expected) + 50))
+        self.assertEqual(beyond["stdout_b64"], "")
+        self.assertEqual(beyond["stdout_next_offset"], len(expected) + 50)
+        self.assertEqual(beyond["stdout_size"], len(expected))
+
+    def test_masking(self):
+        secret = "Sup3rSecretValue-0123456789"
+        sandbox_secret = "sandbox-level-password"
+        env = dict(self.env, DB_PASSWORD=sandbox_secret)
+        half = len(secret) // 2
+        script = (
+            "import os, sys, time\n"
+            "s = os.environ['MY_API_KEY']\n"
+            "w = sys.stdout.buffer\n"
+            "w.write(b'A:' + s.encode() + b'\\n'); w.flush()\n"
+            # the secret split across two pipe reads
+            "w.write(b'B:' + s[:%d].encode()); w.flush(); time.sleep(0.4)\n"
+            "w.write(s[%d:].encode() + b'\\n'); w.flush()\n"
+            "w.write(b'C:' + os.environ['GREETING'].encode() + b'\\n')\n"
+            "w.write(b'D:' + os.environ['SHORT_TOKEN'].encode() + b'\\n')\n"
+            "w.write(b'E:' + os.environ['DB_PASSWORD'].encode() + b'\\n')\n"
+            "w.write(b'F:' + os.environ['lower_secret_name'].encode() + b'\\n')\n"
+            "w.write(b'G:' + s[:-1].encode())\n"  # look-alike prefix at EOF
+            "w.flush()\n"
+            "sys.stderr.write('err ' + s + '\\n')\n"
+        ) % (half, half)
+        path = os.path.join(self.work, "leak.py")
+        with open(path, "w") as f:
+            f.write(script)
+        envs = {"MY_API_KEY": secret, "GREETING": secret[:10], "SHORT_TOKEN": "abc",
+                "lower_secret_name": "lowercase-name-secret"}
+        tid, _ = self.start("%s %s" % (sys.executable, path), envs=envs, env=env)
+        st = self.wait_terminal(tid)
+        self.assertEqual(st["state"], "succeeded", st)
+        out, st = self.read_all(tid)
+        err, _ = self.read_all(tid, "stderr")
+        expected = ("A:***\nB:***\nC:%s\nD:abc\nE:***\nF:***\nG:%s"
+                    % (secret[:10], secret[:-1])).encode()
+        self.assertEqual(out, expected)
+        self.assertEqual(err, b"err ***\n")
+        # Totals count the raw stream.
+        raw_len = len(expected) + 2 * (len(secret) - 3) + (len(sandbox_secret) - 3) + \
+            (len("lowercase-name-secret") - 3)
+        self.assertEqual(st["stdout_total_bytes"], raw_len)
+        self.assertEqual(st["stdout_size"], len(expected))
+        tdir = os.path.join(self.base, "tasks", tid)
+        for name in os.listdir(tdir):
+            with open(os.path.join(tdir, name), "rb") as f:
+                self.assertNotIn(secret.encode(), f.read(), name)
+
+    def test_masking_split_exactly_at_read_boundary_large(self):
+        # The secret straddles the point where the stored prefix is cut, and
+        # appears many times: nothing of it may be stored in clear.
+        secret = "K" * 5 + "tokenvalue"
+        script = ("import sys\nw = sys.stdout.buffer\n"
+                  "w.write(b'x' * (%d - 7) + %r * 200000)\n") % (MIB, secret.encode())
+        path = os.path.join(self.work, "many.py")
+        with open(path, "w") as f:
+            f.write(script)
+        tid, _ = self.start("%s %s" % (sys.executable, path), envs={"SECRET_X": secret})
+        st = self.wait_terminal(tid)
+        out, st = self.read_all(tid, limit=MIB)
+        self.assertEqual(len(out), MIB)
+        self.assertTrue(st["stdout_truncated"])
+        self.assertEqual(out[:MIB - 7], b"x" * (MIB - 7))
+        self.assertEqual(out[MIB - 7:], b"***" * 2 + b"*")
+        self.assertNotIn(b"tokenvalue", out)
+        self.assertEqual(st["stdout_total_bytes"], MIB - 7 + len(secret) * 200000)
+
+    def test_timeout_kills_group(self):
+        pidfile = os.path.join(self.work, "bg")
+        tid, _ = self.start("sleep 60 & echo $! > %s; sleep 60" % pidfile, timeout=1)
+        st = self.wait_terminal(tid)
+        self.assertEqual(st["state"], "timed_out")
+        self.assertGreaterEqual(st["finished_at"] - st["started_at"], 0.9)
+        self.assertLess(st["finished_at"] - st["started_at"], 10)
+        bg = int(read_text(pidfile))
+        self.assertTrue(wait_gone(bg), "background child survived the timeout")
+        self.assertTrue(wait_gone(st["pid"]))
+
+    def test_timeout_term_ignored_then_killed(self):
+        tid, _ = self.start("trap '' TERM; echo ready; sleep 60", timeout=1)
+        st = self.wait_terminal(tid)
+        self.assertEqual(st["state"], "timed_out")
+        self.assertEqual(st["signal"], 9)
+        self.assertGreaterEqual(st["finished_at"] - st["started_at"], 2.5)  # 1 s + 2 s grace
+
+    def test_cancel_running(self):
+        tid, _ = self.start("echo ready; sleep 60")
+        self.wait_output(tid, b"ready")
+        t0 = time.monotonic()
+        st = self.cli("cancel", "--task-id", tid)
+        self.assertEqual(st["state"], "cancelled")
+        self.assertTrue(st["cancel_confirmed"])
+        self.assertTrue(st["signalled"])
+        self.assertEqual(st["signal"], 15)
+        self.assertLess(time.monotonic() - t0, 8.0)
+        self.assertEqual(base64.b64decode(st["stdout_b64"]), b"ready\n")
+        self.assertTrue(wait_gone(st["pid"]))
+        # Idempotent: a second cancel reports the same saved outcome.
+        again = self.cli("cancel", "--task-id", tid)
+        self.assertEqual(again["state"], "cancelled")
+        self.assertEqual(again["finished_at"], st["finished_at"])
+        self.assertFalse(again["signalled"])
+
+    def test_cancel_term_ignoring_task_is_killed(self):
+        script = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                  "print('ready', flush=True)\ntime.sleep(60)\n")
+        path = os.path.join(self.work, "stubborn.py")
+        with open(path, "w") as f:
+            f.write(script)
+        tid, _ = self.start("%s %s" % (sys.executable, path))
+        self.wait_output(tid, b"ready")
+        t0 = time.monotonic()
+        st = self.cli("cancel", "--task-id", tid, "--wait", "5")
+        elapsed = time.monotonic() - t0
+        self.assertEqual(st["state"], "cancelled")
+        self.assertTrue(st["cancel_confirmed"])
+        self.assertEqual(st["signal"], 9)
+        self.assertGreaterEqual(elapsed, 1.5)  # waited the TERM grace before KILL
+        self.assertTrue(wait_gone(st["pid"]))
+
+    def test_cancel_finished_task_signals_nothing(self):
+        tid, _ = self.start("exit 4")
+        done = self.wait_terminal(tid)
+        tdir = os.path.join(self.base, "tasks", tid)
+        before = os.stat(os.path.join(tdir, "status.json")).st_mtime_ns
+        st = self.cli("cancel", "--task-id", tid)
+        self.assertEqual(st["state"], "failed")
+        self.assertEqual(st["exit_code"], 4)
+        self.assertEqual(st["finished_at"], done["finished_at"])
+        self.assertFalse(st["cancel_confirmed"])
+        self.assertFalse(st["signalled"])
+        self.assertFalse(os.path.exists(os.path.join(tdir, "cancel_requested")))
+        self.assertEqual(os.stat(os.path.join(tdir, "status.json")).st_mtime_ns, before)
+
+    def test_group_members_killed_at_completion(self):
+        pidfile = os.path.join(self.work, "bg")
+        tid, _ = self.start("sleep 60 > /dev/null 2>&1 & echo $! > %s; echo done" % pidfile)
+        st = self.wait_terminal(tid)
+        self.assertEqual(st["state"], "succeeded")
+        self.assertTrue(wait_gone(int(read_text(pidfile))))
+
+    def test_setsid_child_escapes_cleanup(self):
+        # Documented limitation: a process in its own session survives the
+        # group cleanup. It also keeps stdout open; the task must still finish.
+        pidfile = os.path.join(self.work, "esc")
+        # The loop waits until the child runs in its own session (field 6 of
+        # /proc/PID/stat) before the task ends and its group is killed.
+        tid, _ = self.start(
+            "setsid sleep 30 & p=$!; echo $p > %s; i=0; "
+            "until [ \"$(cut -d' ' -f6 /proc/$p/stat)\" = \"$p\" ] || [ $i -ge 500 ]; "
+            "do sleep 0.02; i=$((i+1)); done; echo done" % pidfile)
+        t0 = time.monotonic()
+        st = self.wait_terminal(tid)
+        self.assertLess(time.monotonic() - t0, 8)
+        pid = int(read_text(pidfile))
+        self.cleanup_pids.append(pid)
+        self.assertEqual(st["state"], "succeeded")
+        self.assertFalse(proc_gone(pid), "setsid child was expected to escape")
+        out, _ = self.read_all(tid)
+        self.assertEqual(out, b"done\n")
+
+    def test_killed_supervisor_reports_unknown(self):
+        tid, first = self.start("echo ready; sleep 60")
+        self.wait_output(tid, b"ready")
+        record = json.loads(read_text(os.path.join(self.base, "tasks", tid, "status.json")))
+        os.kill(record["supervisor_pid"], signal.SIGKILL)
+        self.assertTrue(wait_gone(record["supervisor_pid"]))
+        st = self.status(tid)
+        self.assertEqual(st["state"], "unknown")
+        self.assertIsNotNone(st["error"])
+        self.assertIsNone(st["exit_code"])
+        listed = self.cli("list")["tasks"]
+        self.assertEqual([t["state"] for t in listed if t["task_id"] == tid], ["unknown"])
+        # Waiting on an unknown task with a dead supervisor returns at once.
+        t0 = time.monotonic()
+        self.status(tid, "--wait", "5", "--stdout-offset", "6")
+        self.assertLess(time.monotonic() - t0, 3)
+        # Cancel kills the verified group itself but never claims success.
+        st = self.cli("cancel", "--task-id", tid)
+        self.assertEqual(st["state"], "unknown")
+        self.assertFalse(st["cancel_confirmed"])
+        self.assertTrue(st["signalled"])
+        self.assertTrue(wait_gone(record["pid"]))
+
+    def test_supervisor_sigterm_records_failed(self):
+        tid, _ = self.start("echo ready; sleep 60")
+        self.wait_output(tid, b"ready")
+        record = json.loads(read_text(os.path.join(self.base, "tasks", tid, "status.json")))
+        os.kill(record["supervisor_pid"], signal.SIGTERM)
+        st = self.wait_terminal(tid)
+        self.assertEqual(st["state"], "failed")
+        self.assertIn("SIGTERM", st["error"])
+        self.assertTrue(wait_gone(record["pid"]))
+
+    def test_wait_returns_early_on_output(self):
+        tid, _ = self.start("sleep 0.5; echo late; sleep 60")
+        t0 = time.monotonic()
+        st = self.status(tid, "--wait", "20")
+        elapsed = time.monotonic() - t0
+        self.assertEqual(base64.b64decode(st["stdout_b64"]), b"late\n")
+        self.assertLess(elapsed, 10)
+        # Nothing new past the offset: waits (roughly) the whole time.
+        t0 = time.monotonic()
+        st = self.status(tid, "--wait", "0.6", "--stdout-offset", "5")
+        self.assertGreaterEqual(time.monotonic() - t0, 0.5)
+        self.assertEqual(st["state"], "running")
+        self.assertEqual(st["stdout_b64"], "")
+
+    def test_wait_returns_on_state_change(self):
+        tid, _ = self.start("sleep 0.5")
+        t0 = time.monotonic()
+        st = self.status(tid, "--wait", "20")
+        self.assertEqual(st["state"], "succeeded")
+        self.assertLess(time.monotonic() - t0, 10)
+
+    def test_invalid_ids_and_not_found(self):
+        for bad in ("abc", "A" * 32, "0" * 31, "0" * 33, "../../../../etc/passwd", "g" * 32):
+            obj = self.cli("status", "--task-id", bad, check=False)
+            self.assertEqual((obj["_rc"], obj["code"]), (2, "invalid"), bad)
+            obj = self.start("echo x", tid=bad, check=False)[1]
+            self.assertEqual(obj["code"], "invalid", bad)
+        obj = self.cli("status", "--task-id", new_id(), check=False)
+        self.assertEqual((obj["_rc"], obj["code"]), (2, "not_found"))
+        self.assertIn("not found in this sandbox", obj["error"])
+        obj = self.cli("cancel", "--task-id", new_id(), check=False)
+        self.assertEqual(obj["code"], "not_found")
+        obj = self.cli("status", "--task-id", new_id(), "--bogus", "1", check=False)
+        self.assertEqual(obj["code"], "invalid")
+        obj = self.cli("frobnicate", check=False)
+        self.assertEqual(obj["code"], "invalid")
+
+    def test_invalid_spec_creates_nothing(self):
+        tid = new_id()
+        cases = [
+            "not base64!",
+            base64.b64encode(b"[1, 2]").decode(),
+            base64.b64encode(b'{"command": 5}').decode(),
+            base64.b64encode(json.dumps({"command": "true", "cwd": "/no/such/dir"}).encode()).decode(),
+            base64.b64encode(json.dumps({"command": "true", "timeout": -1}).encode()).decode(),
+            base64.b64encode(json.dumps({"command": "true", "envs": {"A=B": "x"}}).encode()).decode(),
+        ]
+        for b64 in cases:
+            obj = self.cli("start", "--task-id", tid, "--spec-b64", b64, check=False)
+            self.assertEqual((obj["_rc"], obj["code"]), (2, "invalid"), b64)
+            self.assertFalse(os.path.exists(os.path.join(self.base, "tasks", tid)))
+
+    def test_launch_failure_records_failed(self):
+        # With RLIMIT_NOFILE = 8 the start CLI still works, but the daemon
+        # cannot create its pipes: the task must be recorded `failed` with an
+        # error, and the command must not have run.
+        import resource
+        marker = os.path.join(self.work, "ran")
+        tid = new_id()
+        spec = {"command": "touch %s" % marker, "cwd": None, "envs": {}, "timeout": 10}
+        b64 = base64.b64encode(json.dumps(spec).encode()).decode()
+        p = subprocess.run(
+            [sys.executable, SUPERVISOR, "start", "--task-id", tid, "--spec-b64", b64,
+             "--base", self.base], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (8, 8)))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        st = self.wait_terminal(tid)
+        self.assertEqual(st["state"], "failed")
+        self.assertIn("could not start the command", st["error"])
+        self.assertIsNone(st["exit_code"])
+        self.assertFalse(os.path.exists(marker))
+
+    def test_unknown_without_status(self):
+        tid = new_id()
+        tdir = os.path.join(self.base, "tasks", tid)
+        os.makedirs(tdir)
+        with open(os.path.join(tdir, "spec.json"), "w") as f:
+            json.dump({"command": "echo x", "timeout": 5, "created_at": 1.0}, f)
+        st = self.status(tid)
+        self.assertEqual(st["state"], "unknown")
+        self.assertIsNone(st["exit_code"])
+        self.assertEqual(st["command"], "echo x")
+        # A corrupt status file is not success either.
+        with open(os.path.join(tdir, "status.json"), "w") as f:
+            f.write('{"state": "succ')
+        self.assertEqual(self.status(tid)["state"], "unknown")
+
+    def test_list_sorted(self):
+        a, _ = self.start("echo first\necho second line")
+        time.sleep(0.05)
+        b, _ = self.start("exit 1")
+        self.wait_terminal(a)
+        self.wait_terminal(b)
+        tasks = self.cli("list")["tasks"]
+        self.assertEqual([t["task_id"] for t in tasks], [a, b])
+        self.assertEqual(tasks[0]["command_first_line"], "echo first")
+        self.assertEqual(tasks[0]["state"], "succeeded")
+        self.assertEqual((tasks[1]["state"], tasks[1]["exit_code"]), ("failed", 1))
+
+    def test_start_returns_while_task_runs(self):
+        # The launching call must not wait for the task: the daemon releases
+        # the caller's stdout/stderr pipes.
+        t0 = time.monotonic()
+        tid, first = self.start("sleep 30")
+        self.assertLess(time.monotonic() - t0, 5)
+        self.assertEqual(first["state"], "running")
+        # The daemon is in another session than the caller and the task has
+        # its own group, distinct from the daemon's.
+        record = json.loads(read_text(os.path.join(self.base, "tasks", tid, "status.json")))
+        self.assertNotEqual(os.getsid(record["supervisor_pid"]), os.getsid(0))
+        self.assertNotEqual(os.getpgid(record["supervisor_pid"]), record["pgid"])
+        self.assertEqual(os.getpgid(record["pid"]), record["pgid"])
+
+
+def load_module():
+    """Import supervisor.py itself (for the pure functions tested in-process)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("sandbox_supervisor", SUPERVISOR)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class PureFunctionTests(unittest.TestCase):
+    """In-process checks of the JSON codec and the streaming masker."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.sup = load_module()
+
+    def test_json_codec_matches_json_module(self):
+        objs = [
+            {"a": None, "b": True, "c": False, "d": 0, "e": -12345678901234567890,
+             "f": 1.5, "g": 1796044027.7744076, "h": 1e16, "i": "tab\t\"q\" \u00e9 \U0001f600 \x00",
+             "j": [1, "x", {"k": []}], "k": {}, "l": [], "\u2603": "snow"},
+            [], "plain", 3, 0.1,
+        ]
+        for obj in objs:
+            text = self.sup.json_dumps(obj)
+            self.assertEqual(text, json.dumps(obj, separators=(",", ":")))
+            self.assertEqual(self.sup.json_loads(text), obj)
+            self.assertEqual(self.sup.json_loads("  \n" + json.dumps(obj, indent=2) + "\n "), obj)
+        for bad in ('{"state": "succ', "", "[1,]", '{"a":1} x', "{'a': 1}"):
+            with self.assertRaises(ValueError, msg=bad):
+                self.sup.json_loads(bad)
+        with self.assertRaises(ValueError):
+            self.sup.json_dumps(float("nan"))
+
+    def test_masker_every_split_equals_whole_stream(self):
+        import re
+        secrets = [b"abcdef", b"abc123", b"cdefgh", b"zzzz"]
+        masker = self.sup.Masker(secrets)
+        pattern = re.compile(b"|".join(re.escape(v) for v in sorted(secrets, key=len, reverse=True)))
+        streams = [
+            b"xxabcdefyyabc123abcdefgh--zzzzzabcdeabc12cdefg",
+            b"abcdef" * 5 + b"abcde",
+            b"cdefghabcdefgh" + b"zz" + b"zz",
+            b"no secrets here at all",
+        ]
+        for data in streams:
+            expected = pattern.sub(b"***", data)
+            for i in range(len(data) + 1):
+                for j in range(i, len(data) + 1):
+                    out, carry = b"", b""
+                    for part in (data[:i], data[i:j], data[j:]):
+                        o, carry = masker.feed(carry + part)
+                        out += o
+                    out += masker.flush(carry)
+                    self.assertEqual(out, expected, (data, i, j))
+
+    def test_secret_selection(self):
+        old = dict(os.environ)
+        try:
+            os.environ["SANDBOX_API_KEY"] = "sandbox-value"
+            os.environ["PLAIN"] = "plain-value"
+            values = self.sup.secret_values({
+                "my_token": "tok-value", "GH_PASSWORD": "pw-value", "SECRET": "abc",
+                "TOKENIZERS_PARALLELISM": "false", "GREETING": "hello-value",
+                "MONKEY": "banana-value"})
+        finally:
+            os.environ.clear()
+            os.environ.update(old)
+        self.assertIn(b"sandbox-value", values)
+        self.assertIn(b"tok-value", values)
+        self.assertIn(b"pw-value", values)
+        self.assertIn(b"banana-value", values)   # MONKEY contains KEY: masked (documented)
+        self.assertNotIn(b"abc", values)         # shorter than 4 bytes
+        self.assertNotIn(b"false", values)       # boolean flag value
+        self.assertNotIn(b"hello-value", values)
+        self.assertNotIn(b"plain-value", values)
+
+
+if __name__ == "__main__":
+    unittest.main()
