@@ -418,4 +418,15 @@ mod tests {
         assert!(err.to_string().contains("listen_on"), "{err}");
         assert!(Config::load_with_env(Some(&dir.path().join("none.toml")), &[]).is_err());
     }
+
+    #[test]
+    fn example_configs_parse() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+        let local = Config::load_with_env(Some(&dir.join("local.toml")), &[]).unwrap();
+        assert_eq!(local.provider.kind, ProviderKind::Local);
+        assert_eq!(local.server.listen, Config::default().server.listen);
+        let cloud = Config::load_with_env(Some(&dir.join("e2b-cloud.toml")), &[]).unwrap();
+        assert_eq!(cloud.provider.kind, ProviderKind::E2b);
+        assert_eq!(cloud.provider.deployment, "prod");
+    }
 }

@@ -241,3 +241,30 @@ async fn idle_session_expiry_kills_owned_sandboxes() {
     }
     drop(client);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn using_a_sandbox_renews_its_timeout() {
+    if !require_root("using_a_sandbox_renews_its_timeout") {
+        return;
+    }
+    let provider = ProviderProc::start();
+    let gateway = GatewayProc::start_e2b(&provider, "[sandbox]\nrenew_on_use_secs = 900\n", &[]);
+    let direct = provider.client();
+    let client = connect(&gateway.mcp_url(), None).await;
+    let id = ok(&client, "create_sandbox", json!({"timeout": 20})).await["sandbox_id"].as_str().unwrap().to_string();
+    let deadline_of = |detail: sandbox_mcp::e2b::wire::SandboxDetail| {
+        chrono::DateTime::parse_from_rfc3339(&detail.end_at).unwrap().timestamp() - chrono::Utc::now().timestamp()
+    };
+    assert!(deadline_of(direct.get_sandbox(&id).await.unwrap()) <= 20);
+    ok(&client, "run_command", json!({"command": "true"})).await;
+    let mut left = 0;
+    for _ in 0..50 {
+        left = deadline_of(direct.get_sandbox(&id).await.unwrap());
+        if left > 600 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(left > 600, "run_command did not renew the deadline (left {left} s)");
+    close(client).await;
+}

@@ -45,8 +45,8 @@ pub struct GatewayCore {
     pub shutting_down: AtomicBool,
     /// Session cleanups under way (awaited on shutdown).
     pub cleanups: TaskTracker,
-    /// sandbox id -> (last renewal, deadline we believe it has).
-    renewals: Mutex<HashMap<String, (Instant, SystemTime)>>,
+    /// sandbox id -> (last renewal by us, deadline we believe it has).
+    renewals: Mutex<HashMap<String, (Option<Instant>, SystemTime)>>,
 }
 
 impl GatewayCore {
@@ -70,7 +70,8 @@ impl GatewayCore {
     /// Records the deadline a sandbox was created or renewed with.
     pub(crate) fn note_deadline(&self, sandbox_id: &str, deadline: SystemTime) {
         if let Ok(mut map) = self.renewals.lock() {
-            map.insert(sandbox_id.to_string(), (Instant::now(), deadline));
+            let last = map.get(sandbox_id).and_then(|(last, _)| *last);
+            map.insert(sandbox_id.to_string(), (last, deadline));
         }
     }
 
@@ -85,11 +86,11 @@ impl GatewayCore {
         {
             let Ok(mut map) = self.renewals.lock() else { return };
             if let Some((last, deadline)) = map.get(sandbox_id)
-                && (last.elapsed() < RENEW_MIN_INTERVAL || *deadline >= wanted)
+                && (last.is_some_and(|t| t.elapsed() < RENEW_MIN_INTERVAL) || *deadline >= wanted)
             {
                 return;
             }
-            map.insert(sandbox_id.to_string(), (Instant::now(), wanted));
+            map.insert(sandbox_id.to_string(), (Some(Instant::now()), wanted));
         }
         let core = Arc::clone(self);
         let id = sandbox_id.to_string();
@@ -158,7 +159,7 @@ impl SessionEndHook for GatewayCore {
     }
 }
 
-/// Counts tool calls in progress (graceful shutdown waits for zero).
+/// Counts `/mcp` POST requests in progress, responses included (graceful shutdown waits for zero).
 #[derive(Default)]
 pub struct InFlight {
     count: AtomicUsize,
@@ -166,12 +167,13 @@ pub struct InFlight {
 }
 
 /// Decrements the in-flight count when dropped.
-pub struct InFlightGuard<'a>(&'a InFlight);
+pub struct InFlightGuard(Arc<GatewayCore>);
 
 impl InFlight {
-    pub fn enter(&self) -> InFlightGuard<'_> {
+    /// Counts one request in flight until the guard is dropped.
+    pub fn enter_owned(&self, core: &Arc<GatewayCore>) -> InFlightGuard {
         self.count.fetch_add(1, Ordering::SeqCst);
-        InFlightGuard(self)
+        InFlightGuard(Arc::clone(core))
     }
 
     pub fn current(&self) -> usize {
@@ -193,10 +195,11 @@ impl InFlight {
     }
 }
 
-impl Drop for InFlightGuard<'_> {
+impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.idle.notify_waiters();
+        let in_flight = &self.0.in_flight;
+        if in_flight.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            in_flight.idle.notify_waiters();
         }
     }
 }
@@ -265,14 +268,13 @@ impl Gateway {
         result
     }
 
-    /// Runs a tool body, counting it in flight and logging one line with its outcome.
+    /// Runs a tool body and logs one line with its outcome.
     pub(crate) async fn logged<T>(
         &self,
         tool: &'static str,
         call: &CallContext,
         body: impl Future<Output = Result<T, String>>,
     ) -> ToolResult<T> {
-        let _in_flight = self.core.in_flight.enter();
         let started = Instant::now();
         let result = body.await.map_err(|e| self.core.masker.mask(&e).into_owned());
         let duration_ms = (started.elapsed().as_secs_f64() * 10_000.0).round() / 10.0;
@@ -319,7 +321,7 @@ impl Gateway {
         if let Ok(end) = chrono::DateTime::parse_from_rfc3339(&detail.end_at) {
             let deadline = SystemTime::UNIX_EPOCH + Duration::from_secs(end.timestamp().max(0) as u64);
             if let Ok(mut map) = self.core.renewals.lock() {
-                map.entry(id.to_string()).or_insert((Instant::now() - RENEW_MIN_INTERVAL, deadline)).1 = deadline;
+                map.entry(id.to_string()).or_insert((None, deadline)).1 = deadline;
             }
         }
         Ok(detail)

@@ -3,6 +3,7 @@
 
 pub mod args;
 pub mod auth;
+pub mod drain;
 pub mod exec_tools;
 pub mod file_tools;
 pub mod handler;

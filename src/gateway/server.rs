@@ -19,6 +19,7 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use tokio_util::sync::CancellationToken;
 
 use super::auth::{AuthState, TokenSet, require_tenant};
+use super::drain::track_in_flight;
 use super::handler::{Gateway, GatewayCore};
 use super::masking::SecretMasker;
 use super::provider;
@@ -81,7 +82,7 @@ pub async fn serve_on(
 
     let sessions_stop = CancellationToken::new();
     let mut http_config = StreamableHttpServerConfig::default()
-        .with_allowed_origins(config.server.allowed_origins.clone())
+        .with_allowed_origins(effective_origins(&config.server.allowed_origins))
         .enforce_origin_validation()
         .with_sse_keep_alive(Some(Duration::from_secs(config.server.sse_keep_alive_secs.max(1))))
         .with_max_request_body_bytes(config.server.max_body_bytes)
@@ -101,8 +102,10 @@ pub async fn serve_on(
         http_config,
     );
     let auth = AuthState { tokens: TokenSet::new(&config.auth.tokens), sessions: Arc::clone(&sessions) };
-    let mcp =
-        Router::new().nest_service("/mcp", service).layer(axum::middleware::from_fn_with_state(auth, require_tenant));
+    let mcp = Router::new()
+        .nest_service("/mcp", service)
+        .layer(axum::middleware::from_fn_with_state(auth, require_tenant))
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&core), track_in_flight));
     let app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -158,6 +161,22 @@ pub async fn serve_on(
     }
     tracing::info!("sandbox-mcp gateway stopped");
     Ok(())
+}
+
+/// Origins of browsers on this machine (local tools such as MCP Inspector).
+pub const LOOPBACK_ORIGINS: [&str; 6] = [
+    "http://localhost:*",
+    "http://127.0.0.1:*",
+    "http://[::1]:*",
+    "https://localhost:*",
+    "https://127.0.0.1:*",
+    "https://[::1]:*",
+];
+
+/// The Origin allow-list: the configured one, or loopback origins only when none is configured
+/// (so a page from any other site, e.g. after DNS rebinding, gets 403).
+fn effective_origins(configured: &[String]) -> Vec<String> {
+    if configured.is_empty() { LOOPBACK_ORIGINS.iter().map(|o| o.to_string()).collect() } else { configured.to_vec() }
 }
 
 async fn healthz() -> impl IntoResponse {

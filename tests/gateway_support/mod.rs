@@ -147,6 +147,8 @@ pub struct GatewayProc {
     pub child: Option<Child>,
     pub addr: SocketAddr,
     pub log: Arc<Mutex<String>>,
+    /// State dir of the embedded provider (when `provider.kind = "local"`).
+    pub state_dir: PathBuf,
     _tmp: tempfile::TempDir,
 }
 
@@ -193,7 +195,8 @@ impl GatewayProc {
                 log.push('\n');
             }
         });
-        let mut gateway = Self { child: Some(child), addr, log, _tmp: tmp };
+        let state_dir = tmp.path().join("state");
+        let mut gateway = Self { child: Some(child), addr, log, state_dir, _tmp: tmp };
         gateway.wait_healthy();
         gateway
     }
@@ -249,6 +252,14 @@ impl GatewayProc {
         false
     }
 
+    /// Sends SIGTERM without waiting.
+    pub fn signal_term(&self) {
+        if let Some(child) = &self.child {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        }
+    }
+
     /// SIGTERM and wait for exit; returns the exit status success.
     pub fn shutdown(&mut self) -> bool {
         let Some(mut child) = self.child.take() else { return false };
@@ -290,11 +301,12 @@ pub async fn connect(url: &str, token: Option<&str>) -> McpClient {
 }
 
 /// Calls a tool; returns the raw result.
-pub async fn call(client: &McpClient, tool: &str, args: Value) -> CallToolResult {
+pub async fn call(client: &rmcp::Peer<RoleClient>, tool: &str, args: Value) -> CallToolResult {
     let Value::Object(map) = args else { panic!("arguments must be an object") };
-    client
-        .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(map))
+    let request = client.call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(map));
+    tokio::time::timeout(Duration::from_secs(120), request)
         .await
+        .unwrap_or_else(|_| panic!("{tool}: no answer within 120 s"))
         .unwrap_or_else(|e| panic!("{tool}: protocol error {e}"))
 }
 
@@ -304,14 +316,14 @@ pub fn text(result: &CallToolResult) -> String {
 }
 
 /// Calls a tool that must succeed; returns its structured content.
-pub async fn ok(client: &McpClient, tool: &str, args: Value) -> Value {
+pub async fn ok(client: &rmcp::Peer<RoleClient>, tool: &str, args: Value) -> Value {
     let result = call(client, tool, args).await;
     assert_ne!(result.is_error, Some(true), "{tool} failed: {}", text(&result));
     result.structured_content.clone().unwrap_or_else(|| panic!("{tool}: no structured content"))
 }
 
 /// Calls a tool that must fail; returns its error text.
-pub async fn err(client: &McpClient, tool: &str, args: Value) -> String {
+pub async fn err(client: &rmcp::Peer<RoleClient>, tool: &str, args: Value) -> String {
     let result = call(client, tool, args).await;
     assert_eq!(result.is_error, Some(true), "{tool} should have failed: {:?}", result.structured_content);
     text(&result)

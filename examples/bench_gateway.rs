@@ -1,0 +1,299 @@
+//! Gateway benchmark (needs root for the local provider, and the release binary):
+//!
+//!   cargo build --release --bin sandbox-mcp && cargo run --release --example bench_gateway
+//!
+//! Measures, against a real `sandbox-mcp provider` and a real `sandbox-mcp serve`:
+//! 1. gateway overhead: p50 of `run_command "true"` through MCP minus p50 of the same
+//!    command (`/bin/bash -l -c true`, same user) through the provider client directly
+//!    (target <= 1 ms);
+//! 2. tool calls per second with 32 concurrent MCP sessions;
+//! 3. gateway RSS growth with 1,000 idle sessions (target <= 64 KiB per session).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use rmcp::model::{CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, ProtocolVersion};
+use rmcp::service::RunningService;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{RoleClient, ServiceExt};
+use sandbox_mcp::e2b::{CallOptions, E2bClient, OutputLimits, ProviderEndpoint, wire};
+use serde_json::json;
+
+const LATENCY_SAMPLES: usize = 300;
+const CONCURRENT_SESSIONS: usize = 32;
+const THROUGHPUT_SECS: u64 = 8;
+const IDLE_SESSIONS: usize = 1000;
+const API_KEY: &str = "bench-provider-key-0123456789";
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        for _ in 0..200 {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn binary() -> anyhow::Result<std::path::PathBuf> {
+    let exe = std::env::current_exe()?;
+    let bin = exe.parent().and_then(|p| p.parent()).map(|p| p.join("sandbox-mcp")).context("locating target dir")?;
+    if !bin.exists() {
+        bail!("{} not found: run `cargo build --release --bin sandbox-mcp` first", bin.display());
+    }
+    Ok(bin)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(18999)
+}
+
+fn p50(samples: &mut [f64]) -> f64 {
+    samples.sort_by(|a, b| a.total_cmp(b));
+    samples[samples.len() / 2]
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).map(str::to_string))
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
+async fn mcp_client(url: &str) -> anyhow::Result<RunningService<RoleClient, ClientConfig>> {
+    let transport =
+        StreamableHttpClientTransport::from_config(StreamableHttpClientTransportConfig::with_uri(url.to_string()));
+    let info = ClientConfig::new(ClientCapabilities::default(), Implementation::new("bench", "0"))
+        .with_protocol_version(ProtocolVersion::V_2025_11_25);
+    Ok(info.serve(transport).await?)
+}
+
+async fn tool(
+    client: &rmcp::Peer<RoleClient>,
+    name: &str,
+    args: serde_json::Value,
+) -> anyhow::Result<serde_json::Value> {
+    let serde_json::Value::Object(map) = args else { bail!("args") };
+    let result = client.call_tool(CallToolRequestParams::new(name.to_string()).with_arguments(map)).await?;
+    if result.is_error == Some(true) {
+        bail!("{name} failed: {:?}", result.content);
+    }
+    result.structured_content.context("no structured content")
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        bail!("run as root (the local provider needs namespaces)");
+    }
+    let bin = binary()?;
+    let tmp = tempfile::tempdir()?;
+
+    // The provider, alone.
+    let mut provider = Command::new(&bin)
+        .args(["provider", "--listen", "127.0.0.1:0", "--api-key", API_KEY, "--state-dir"])
+        .arg(tmp.path().join("state"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    BufReader::new(provider.stdout.take().context("stdout")?).read_line(&mut line)?;
+    let provider = Proc(provider);
+    let provider_url =
+        line.trim().rsplit("http://").next().map(|a| format!("http://{a}")).context("provider address")?;
+
+    // The gateway, pointed at it (the E2B code path).
+    let config = tmp.path().join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[provider]\nkind = \"e2b\"\napi_url = \"{provider_url}\"\nsandbox_url = \"{provider_url}\"\n\
+             api_key_env = \"BENCH_KEY\"\n[server]\nlog_format = \"json\"\n"
+        ),
+    )?;
+    let port = free_port();
+    let gateway = Proc(
+        Command::new(&bin)
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--config"])
+            .arg(&config)
+            .env("BENCH_KEY", API_KEY)
+            .env("RUST_LOG", "warn")
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    for _ in 0..100 {
+        if http.get(format!("{base}/healthz")).send().await.is_ok_and(|r| r.status().is_success()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let url = format!("{base}/mcp");
+
+    // 1. Direct provider client.
+    let direct = E2bClient::new(ProviderEndpoint {
+        api_url: provider_url.parse()?,
+        sandbox_url: Some(provider_url.parse()?),
+        domain: "localhost".into(),
+        api_key: Some(API_KEY.into()),
+        request_timeout: Duration::from_secs(30),
+    })?;
+    let sandbox = direct
+        .create_sandbox(&wire::NewSandbox { template_id: "base".into(), timeout: Some(600), ..Default::default() })
+        .await?;
+    let envd = direct.envd(&sandbox);
+    let request = wire::StartRequest {
+        process: wire::ProcessConfig {
+            cmd: "/bin/bash".into(),
+            args: vec!["-l".into(), "-c".into(), "true".into()],
+            ..Default::default()
+        },
+        stdin: Some(false),
+        ..Default::default()
+    };
+    let options = CallOptions::user("user").with_timeout(Duration::from_secs(60));
+    let limits = OutputLimits { max_stdout: 65536, max_stderr: 65536 };
+    for _ in 0..10 {
+        envd.run(&request, &options, limits).await?;
+    }
+    let mut direct_ms = Vec::with_capacity(LATENCY_SAMPLES);
+    for _ in 0..LATENCY_SAMPLES {
+        let started = Instant::now();
+        envd.run(&request, &options, limits).await?;
+        direct_ms.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    let direct_p50 = p50(&mut direct_ms);
+    direct.kill_sandbox(&sandbox.sandbox_id).await?;
+
+    // Same through MCP.
+    let client = mcp_client(&url).await?;
+    let created = tool(&client, "create_sandbox", json!({})).await?;
+    let sandbox_id = created["sandbox_id"].as_str().context("sandbox_id")?.to_string();
+    for _ in 0..10 {
+        tool(&client, "run_command", json!({"command": "true"})).await?;
+    }
+    let mut mcp_ms = Vec::with_capacity(LATENCY_SAMPLES);
+    for _ in 0..LATENCY_SAMPLES {
+        let started = Instant::now();
+        tool(&client, "run_command", json!({"command": "true"})).await?;
+        mcp_ms.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    let mcp_p50 = p50(&mut mcp_ms);
+    let overhead = mcp_p50 - direct_p50;
+    println!("run_command \"true\" p50: direct {direct_p50:.3} ms, through MCP {mcp_p50:.3} ms");
+    println!(
+        "gateway overhead (p50 difference): {overhead:.3} ms  (ratio MCP/direct {:.3}; target <= 1 ms: {})",
+        mcp_p50 / direct_p50,
+        if overhead <= 1.0 { "met" } else { "NOT met" }
+    );
+
+    // 2. Throughput with 32 concurrent sessions sharing the sandbox.
+    let mut sessions = Vec::new();
+    for _ in 0..CONCURRENT_SESSIONS {
+        let session = mcp_client(&url).await?;
+        tool(&session, "connect_sandbox", json!({"sandbox_id": sandbox_id})).await?;
+        sessions.push(session);
+    }
+    let deadline = Instant::now() + Duration::from_secs(THROUGHPUT_SECS);
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for session in &sessions {
+        let peer = session.peer().clone();
+        workers.push(tokio::spawn(async move {
+            let mut calls = 0u64;
+            let mut latencies = Vec::new();
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                if tool(&peer, "run_command", json!({"command": "true"})).await.is_ok() {
+                    calls += 1;
+                    latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+                }
+            }
+            (calls, latencies)
+        }));
+    }
+    let mut total = 0;
+    let mut latencies = Vec::new();
+    for worker in workers {
+        let (calls, mut l) = worker.await?;
+        total += calls;
+        latencies.append(&mut l);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    println!(
+        "throughput: {:.1} run_command calls/s with {CONCURRENT_SESSIONS} concurrent sessions ({total} calls in {elapsed:.1} s, p50 {:.2} ms)",
+        total as f64 / elapsed,
+        if latencies.is_empty() { 0.0 } else { p50(&mut latencies) }
+    );
+    for mut session in sessions {
+        let _ = session.close_with_timeout(Duration::from_secs(5)).await;
+    }
+
+    // 3. RSS with 1,000 idle sessions (raw initialize + initialized; left open).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pid = gateway.0.id();
+    let before = rss_kib(pid);
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "idle", "version": "0"}}});
+    let idle = Arc::new(reqwest::Client::new());
+    let mut opened = 0;
+    for chunk in 0..(IDLE_SESSIONS / 50) {
+        let mut batch = Vec::new();
+        for _ in 0..50 {
+            let (idle, url, init) = (Arc::clone(&idle), url.clone(), init.clone());
+            batch.push(tokio::spawn(async move {
+                let response = idle
+                    .post(&url)
+                    .header("accept", "application/json, text/event-stream")
+                    .json(&init)
+                    .send()
+                    .await
+                    .ok()?;
+                let session = response.headers().get("mcp-session-id")?.to_str().ok()?.to_string();
+                let _ = response.bytes().await;
+                idle.post(&url)
+                    .header("accept", "application/json, text/event-stream")
+                    .header("mcp-session-id", &session)
+                    .header("mcp-protocol-version", "2025-11-25")
+                    .json(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+                    .send()
+                    .await
+                    .ok()?;
+                Some(session)
+            }));
+        }
+        for handle in batch {
+            if handle.await.ok().flatten().is_some() {
+                opened += 1;
+            }
+        }
+        let _ = chunk;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = rss_kib(pid);
+    let per_session = (after.saturating_sub(before)) as f64 / opened.max(1) as f64;
+    println!(
+        "idle sessions: {opened} opened; gateway RSS {before} KiB -> {after} KiB = {per_session:.1} KiB per session \
+         (target <= 64 KiB: {})",
+        if per_session <= 64.0 { "met" } else { "NOT met" }
+    );
+
+    let _ = client.cancel().await;
+    let _ = direct.kill_sandbox(&sandbox_id).await;
+    drop(gateway);
+    drop(provider);
+    Ok(())
+}

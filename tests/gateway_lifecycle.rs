@@ -1,0 +1,94 @@
+//! Gateway lifecycle against real processes: the provider going down and
+//! coming back (clear tool errors, `/readyz` failing then recovering), the
+//! embedded local provider (the default with no config), and graceful
+//! shutdown (readiness off, in-flight calls finish, owned sandboxes killed).
+
+mod gateway_support;
+
+use std::time::Duration;
+
+use gateway_support::*;
+use serde_json::json;
+
+async fn readyz(gateway: &GatewayProc) -> (u16, String) {
+    match reqwest::Client::new().get(format!("{}/readyz", gateway.base())).send().await {
+        Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+        Err(e) => (0, e.to_string()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_down_gives_clear_errors_and_recovers() {
+    if !require_root("provider_down_gives_clear_errors_and_recovers") {
+        return;
+    }
+    let mut provider = ProviderProc::start();
+    let gateway = GatewayProc::start_e2b(&provider, "", &[]);
+    let client = connect(&gateway.mcp_url(), None).await;
+    let id = ok(&client, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_string();
+    ok(&client, "write_file", json!({"path": "keep.txt", "content": "still here"})).await;
+    assert_eq!(readyz(&gateway).await.0, 200);
+
+    provider.stop();
+    let (status, body) = readyz(&gateway).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("provider"), "{body}");
+    let message = err(&client, "run_command", json!({"command": "true"})).await;
+    assert!(message.contains(&id) && message.contains("unreachable"), "{message}");
+    let message = err(&client, "create_sandbox", json!({})).await;
+    assert!(message.contains("unreachable"), "{message}");
+    let message = err(&client, "list_sandboxes", empty()).await;
+    assert!(message.contains("unreachable"), "{message}");
+    assert!(!message.contains(&provider.api_key));
+
+    // Same address, same state: the provider re-adopts the sandbox and the gateway recovers.
+    let restarted = ProviderProc::start_at(&provider.state_dir, provider.addr, &provider.api_key);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while readyz(&gateway).await.0 != 200 {
+        assert!(std::time::Instant::now() < deadline, "readyz did not recover");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let read = ok(&client, "read_file", json!({"path": "keep.txt"})).await;
+    assert_eq!(read["content"], json!("still here"));
+    let out = ok(&client, "run_command", json!({"command": "echo back"})).await;
+    assert_eq!(out["stdout"], json!("back\n"));
+    close(client).await;
+    assert!(wait_gone(&restarted.client(), &id, Duration::from_secs(15)).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_provider_and_graceful_shutdown() {
+    if !require_root("embedded_provider_and_graceful_shutdown") {
+        return;
+    }
+    // No provider section at all: the embedded local provider on a private port.
+    let mut gateway = GatewayProc::start("", &[]);
+    assert_eq!(readyz(&gateway).await.0, 200);
+    let client = connect(&gateway.mcp_url(), None).await;
+    let created = ok(&client, "create_sandbox", json!({})).await;
+    let id = created["sandbox_id"].as_str().unwrap().to_string();
+    let out = ok(&client, "run_command", json!({"command": "echo embedded; id -un"})).await;
+    assert_eq!(out["stdout"], json!("embedded\nuser\n"));
+
+    // SIGTERM while a call is in flight: readiness fails at once, the call still completes.
+    let slow = {
+        let client = client.clone();
+        tokio::spawn(async move { call(&client, "run_command", json!({"command": "sleep 2; echo done"})).await })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    gateway.signal_term();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(readyz(&gateway).await.0, 503, "readiness must fail first");
+    let finished = slow.await.unwrap();
+    assert_ne!(finished.is_error, Some(true), "{}", text(&finished));
+    assert_eq!(finished.structured_content.unwrap()["stdout"], json!("done\n"));
+    assert!(gateway.shutdown(), "serve did not exit cleanly; log:\n{}", gateway.log_text());
+    let log = gateway.log_text();
+    assert!(log.contains("killed its owned sandboxes") && log.contains("\"shutdown\""), "{log}");
+    drop(client);
+
+    // The owned sandbox is really gone: a provider on the same state dir finds nothing to re-adopt.
+    let provider = ProviderProc::start_at(&gateway.state_dir, "127.0.0.1:0".parse().unwrap(), "check-key-0123456789");
+    let left = provider.client().list_all_sandboxes(&[]).await.unwrap();
+    assert!(left.iter().all(|s| s.sandbox_id != id), "sandbox {id} survived the gateway's shutdown: {left:?}");
+}
