@@ -241,8 +241,7 @@ pub struct Gateway {
 impl Gateway {
     /// Every tool family, combined once and shared by all sessions.
     pub fn tool_router() -> ToolRouter<Gateway> {
-        Self::sandbox_router() + Self::exec_router() + Self::file_router()
-        // + Self::task_router()   // reconnectable tasks (src/gateway/task_tools.rs)
+        Self::sandbox_router() + Self::exec_router() + Self::file_router() + Self::task_router()
     }
 
     pub fn new(core: Arc<GatewayCore>, router: Arc<ToolRouter<Gateway>>) -> Self {

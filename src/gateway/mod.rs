@@ -12,7 +12,7 @@ pub mod provider;
 pub mod sandbox_tools;
 pub mod server;
 pub mod sessions;
-// pub mod task_tools;   // reconnectable tasks: start_task / get_task / cancel_task / list_tasks
+pub mod task_tools;
 
 pub use handler::{Gateway, GatewayCore};
 pub use sessions::{SessionRegistry, SessionState};

@@ -1,1 +1,46 @@
-//! Host side of reconnectable tasks: ids, launch encoding, paging, states.
+//! Host side of reconnectable tasks (DESIGN.md §4): task ids, launch
+//! encoding and validation, the supervisor's CLI protocol, paging with the
+//! gateway's own secret masking, and [`service::TaskService`], which runs the
+//! supervisor inside a sandbox through any [`service::SupervisorTransport`]
+//! and installs it on first use.
+
+pub mod id;
+pub mod launch;
+pub mod page;
+pub mod protocol;
+pub mod service;
+pub mod view;
+
+#[cfg(test)]
+mod local_tests;
+
+use std::sync::atomic::AtomicU64;
+
+/// The supervisor script shipped inside the binary.
+pub const SUPERVISOR_SOURCE: &str = include_str!("../../supervisor/supervisor.py");
+/// Where the supervisor lives in a sandbox (the sandbox user's private dir).
+pub const SUPERVISOR_DIR: &str = "/home/user/.sandbox-mcp";
+pub const SUPERVISOR_PATH: &str = "/home/user/.sandbox-mcp/supervisor.py";
+
+/// Number of supervisor installs into sandboxes since start (metrics read it).
+pub static SUPERVISOR_INSTALLS: AtomicU64 = AtomicU64::new(0);
+
+/// `SUPERVISOR_VERSION` as written in the embedded script.
+pub fn supervisor_version() -> &'static str {
+    SUPERVISOR_SOURCE
+        .lines()
+        .find_map(|l| l.strip_prefix("SUPERVISOR_VERSION = "))
+        .map(|v| v.trim().trim_matches(|c| c == '"' || c == '\''))
+        .unwrap_or("")
+}
+
+pub use id::TaskId;
+pub use protocol::TaskState;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn embedded_supervisor_declares_its_version() {
+        assert!(!super::supervisor_version().is_empty());
+    }
+}

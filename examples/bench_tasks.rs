@@ -1,0 +1,319 @@
+//! Task tool latencies through MCP against a real `sandbox-mcp serve`
+//! (embedded local provider): medians (and p90) of start_task to response,
+//! get_task with a 16 KiB page, cancel_task of a TERM-obeying task, and the
+//! supervisor's memory (RSS of an idle one, peak RSS of one draining 3 MiB),
+//! and a breakdown: the same in-sandbox work timed through envd directly.
+//! The gateway talks to a separate `sandbox-mcp provider` (kind = "e2b").
+//!
+//! Run as root (the local provider needs namespaces):
+//!
+//! ```text
+//! cargo build --release && cargo run --release --example bench_tasks [-- --bin target/release/sandbox-mcp --n 40]
+//! ```
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use rmcp::model::{CallToolRequestParams, ClientConfig};
+use rmcp::service::RunningService;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::{RoleClient, ServiceExt};
+use sandbox_mcp::e2b::{CallOptions, E2bClient, EnvdClient, OutputLimits, ProviderEndpoint, wire};
+use serde_json::{Value, json};
+
+type Client = RunningService<RoleClient, ClientConfig>;
+
+async fn call(client: &Client, tool: &str, args: Value) -> anyhow::Result<Value> {
+    let Value::Object(map) = args else { bail!("arguments must be an object") };
+    let result = client.call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(map)).await?;
+    if result.is_error == Some(true) {
+        let text: Vec<String> = result.content.iter().filter_map(|c| c.as_text().map(|t| t.text.clone())).collect();
+        bail!("{tool}: {}", text.join(" "));
+    }
+    result.structured_content.context("no structured content")
+}
+
+async fn timed(client: &Client, tool: &str, args: Value) -> anyhow::Result<(Duration, Value)> {
+    let t0 = Instant::now();
+    let v = call(client, tool, args).await?;
+    Ok((t0.elapsed(), v))
+}
+
+fn summary(name: &str, target_ms: f64, mut samples: Vec<Duration>) {
+    samples.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let median = ms(samples[samples.len() / 2]);
+    let p90 = ms(samples[(samples.len() * 9 / 10).min(samples.len() - 1)]);
+    let verdict = match target_ms {
+        t if t.is_infinite() => String::new(),
+        t if median <= t => format!("(target <= {t} ms: ok)"),
+        t => format!("(target <= {t} ms: OVER TARGET)"),
+    };
+    println!("{name:<36} n={:<4} median {median:>8.1} ms   p90 {p90:>8.1} ms   {verdict}", samples.len());
+}
+
+struct Gateway {
+    child: Child,
+    provider: Child,
+    provider_url: String,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        stop(&mut self.child);
+        stop(&mut self.provider);
+    }
+}
+
+const PROVIDER_KEY: &str = "bench-tasks-provider-key";
+
+/// Spawns `bin args...` and returns it with the first line (of stdout or stderr) that `find` accepts.
+fn spawn_waiting(
+    bin: &PathBuf,
+    args: &[&str],
+    envs: &[(&str, &str)],
+    stdout: bool,
+    find: fn(&str) -> Option<String>,
+) -> anyhow::Result<(Child, String)> {
+    let mut cmd = Command::new(bin);
+    cmd.args(args).stdin(Stdio::null());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    if stdout {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+    } else {
+        cmd.stdout(Stdio::null()).stderr(Stdio::piped());
+    }
+    let mut child = cmd.spawn().with_context(|| format!("spawning {}", bin.display()))?;
+    let pipe: Box<dyn std::io::Read + Send> = if stdout {
+        Box::new(child.stdout.take().context("stdout")?)
+    } else {
+        Box::new(child.stderr.take().context("stderr")?)
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            if let Some(found) = find(&line) {
+                let _ = tx.send(found);
+            }
+        }
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(found) => Ok((child, found)),
+        Err(_) => {
+            stop(&mut child);
+            bail!("{args:?} did not report its address")
+        }
+    }
+}
+
+fn stop(child: &mut Child) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// A separate `sandbox-mcp provider` (so the bench can also time envd directly) and `serve` pointed at it.
+fn start_gateway(bin: &PathBuf) -> anyhow::Result<Gateway> {
+    let dir = tempfile::tempdir()?;
+    let state = dir.path().join("state");
+    let (mut provider, provider_url) = spawn_waiting(
+        bin,
+        &["provider", "--listen", "127.0.0.1:0", "--state-dir", state.to_str().context("path")?],
+        &[("E2B_API_KEY", PROVIDER_KEY)],
+        true,
+        |line| line.strip_prefix("sandbox-mcp provider listening on ").map(|s| s.trim().to_string()),
+    )?;
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nlog_format = \"json\"\n[provider]\nkind = \"e2b\"\n\
+             api_url = \"{provider_url}\"\nsandbox_url = \"{provider_url}\"\napi_key_env = \"BENCH_PROVIDER_KEY\"\n"
+        ),
+    )?;
+    let serve = spawn_waiting(
+        bin,
+        &["serve", "--config", config.to_str().context("path")?],
+        &[("BENCH_PROVIDER_KEY", PROVIDER_KEY), ("RUST_LOG", "warn,sandbox_mcp::gateway::server=info")],
+        false,
+        |line| {
+            let v: Value = serde_json::from_str(line).ok()?;
+            if v["message"].as_str()?.contains("gateway listening") {
+                v["addr"].as_str().map(str::to_string)
+            } else {
+                None
+            }
+        },
+    );
+    let (child, addr) = match serve {
+        Ok(found) => found,
+        Err(err) => {
+            stop(&mut provider);
+            return Err(err);
+        }
+    };
+    Ok(Gateway { child, provider, provider_url, url: format!("http://{addr}/mcp"), _dir: dir })
+}
+
+/// Times `argv` run through envd directly (no gateway, no MCP).
+async fn time_envd(envd: &EnvdClient, argv: &[&str], n: usize) -> anyhow::Result<Vec<Duration>> {
+    let request = wire::StartRequest {
+        process: wire::ProcessConfig {
+            cmd: argv[0].to_string(),
+            args: argv[1..].iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        },
+        stdin: Some(false),
+        ..Default::default()
+    };
+    let options = CallOptions::user("user").with_timeout(Duration::from_secs(30));
+    let mut samples = Vec::new();
+    for _ in 0..n {
+        let t0 = Instant::now();
+        let out = envd.run(&request, &options, OutputLimits { max_stdout: 1 << 22, max_stderr: 1 << 16 }).await?;
+        samples.push(t0.elapsed());
+        if out.exit_code != 0 {
+            bail!("{argv:?} exited {}: {}", out.exit_code, String::from_utf8_lossy(&out.stderr));
+        }
+    }
+    Ok(samples)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    let n: usize = arg("--n").map(|v| v.parse()).transpose()?.unwrap_or(40);
+    let bin = match arg("--bin") {
+        Some(path) => PathBuf::from(path),
+        // target/<profile>/examples/bench_tasks -> target/<profile>/sandbox-mcp
+        None => std::env::current_exe()?.parent().and_then(|p| p.parent()).context("exe dir")?.join("sandbox-mcp"),
+    };
+    if !nix::unistd::geteuid().is_root() {
+        bail!("run as root: the embedded local provider needs namespaces");
+    }
+    let gateway = start_gateway(&bin)?;
+    let client = ClientConfig::default().serve(StreamableHttpClientTransport::from_uri(gateway.url.clone())).await?;
+    let sandbox = call(&client, "create_sandbox", json!({"timeout": 1800})).await?;
+    let sid = sandbox["sandbox_id"].as_str().context("sandbox_id")?.to_string();
+    println!("sandbox {sid}; n = {n}; binary {}", bin.display());
+
+    // Warm-up: installs the supervisor (first use per sandbox).
+    let (first, _) = timed(&client, "start_task", json!({"sandbox_id": sid, "command": "true"})).await?;
+    println!("first start_task (includes supervisor install): {:.1} ms", first.as_secs_f64() * 1000.0);
+
+    // start_task of a TERM-obeying long task; these are then cancelled.
+    let n = n.min(100);
+    let mut starts = Vec::new();
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let (d, v) = timed(&client, "start_task", json!({"sandbox_id": sid, "command": "sleep 600"})).await?;
+        starts.push(d);
+        ids.push(v["task_id"].as_str().context("task_id")?.to_string());
+    }
+
+    // Idle supervisor RSS (one of the sleeping tasks).
+    let rss = call(
+        &client,
+        "run_command",
+        json!({"sandbox_id": sid, "command": format!(
+            "python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))[\"supervisor_pid\"]; \
+             print([l for l in open(\"/proc/%d/status\" % p) if l.startswith(\"VmRSS\")][0].split()[1])' \
+             /home/user/.sandbox-mcp/tasks/{}/status.json", ids[0])}),
+    )
+    .await?;
+
+    let mut cancels = Vec::new();
+    for id in &ids {
+        let (d, v) = timed(&client, "cancel_task", json!({"sandbox_id": sid, "task_id": id, "limit": 1})).await?;
+        if v["cancel_confirmed"] != true {
+            bail!("cancel not confirmed: {v}");
+        }
+        cancels.push(d);
+    }
+
+    // get_task with a 16 KiB page of a task that wrote 3 MiB (1 MiB kept).
+    let v = call(
+        &client,
+        "start_task",
+        json!({"sandbox_id": sid, "command": "head -c 3145728 /dev/urandom | base64 -w 100"}),
+    )
+    .await?;
+    let big = v["task_id"].as_str().context("task_id")?.to_string();
+    loop {
+        let v = call(&client, "get_task", json!({"sandbox_id": sid, "task_id": big, "limit": 1, "wait_seconds": 5}))
+            .await?;
+        if v["state"] != "running" {
+            break;
+        }
+    }
+    let mut gets = Vec::new();
+    for i in 0..n {
+        let offset = (i * 16_384) % (1 << 20);
+        let (d, v) = timed(
+            &client,
+            "get_task",
+            json!({"sandbox_id": sid, "task_id": big, "stdout_offset": offset, "limit": 16384}),
+        )
+        .await?;
+        if v["stdout"].as_str().map_or(0, str::len) != 16_384 {
+            bail!("short page at {offset}");
+        }
+        gets.push(d);
+    }
+    let peak = call(
+        &client,
+        "run_command",
+        json!({"sandbox_id": sid, "command": format!(
+            "python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get(\"supervisor_max_rss_kb\"))' \
+             /home/user/.sandbox-mcp/tasks/{big}/status.json")}),
+    )
+    .await?;
+
+    // Where the time goes: the same work through envd directly (no gateway, no MCP).
+    let origin = url::Url::parse(&gateway.provider_url)?;
+    let direct = E2bClient::new(ProviderEndpoint {
+        api_url: origin.clone(),
+        sandbox_url: Some(origin),
+        domain: "localhost".into(),
+        api_key: Some(PROVIDER_KEY.into()),
+        request_timeout: Duration::from_secs(30),
+    })?;
+    let envd = direct.envd(&direct.connect_sandbox(&sid, None).await?);
+    let envd_true = time_envd(&envd, &["/bin/true"], n).await?;
+    let envd_python = time_envd(&envd, &["python3", "-I", "-S", "-c", "pass"], n).await?;
+    let program = "import sys; sys.path.insert(0, \"/home/user/.sandbox-mcp\"); import supervisor; sys.exit(supervisor.main(sys.argv[1:]))";
+    let envd_status =
+        time_envd(&envd, &["python3", "-I", "-S", "-c", program, "status", "--task-id", &big, "--limit", "16384"], n)
+            .await?;
+
+    println!();
+    summary("start_task -> response", 30.0, starts);
+    summary("get_task, 16 KiB page", 10.0, gets);
+    summary("cancel_task (TERM-obeying task)", 100.0, cancels);
+    println!("breakdown (envd directly, no gateway/MCP):");
+    summary("  envd run /bin/true", f64::INFINITY, envd_true);
+    summary("  envd run python3 -I -S -c pass", f64::INFINITY, envd_python);
+    summary("  envd run supervisor status 16 KiB", f64::INFINITY, envd_status);
+    println!("supervisor RSS, idle task:          {} KiB", rss["stdout"].as_str().unwrap_or("?").trim());
+    println!("supervisor peak RSS, 3 MiB output:  {} KiB", peak["stdout"].as_str().unwrap_or("?").trim());
+
+    let _ = call(&client, "kill_sandbox", json!({"sandbox_id": sid})).await;
+    let _ = client.cancel().await;
+    drop(gateway);
+    Ok(())
+}

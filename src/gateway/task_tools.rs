@@ -1,0 +1,278 @@
+//! Reconnectable background tasks: `start_task`, `get_task`, `cancel_task`,
+//! `list_tasks`. The task's truth lives in the sandbox (see `crate::tasks`);
+//! these tools only reach a sandbox through the normal connect path (which
+//! resumes a paused sandbox), never extend its deadline, and never make it
+//! owned. `start_task` retains the sandbox for the session before launching.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::request::Parts;
+use rmcp::handler::server::tool::Extension;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::{Json, tool, tool_router};
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use super::args::validate_envs;
+use super::handler::{CallContext, Gateway, ResolvedSandbox, not_found_message};
+use crate::config::{Config, ProviderKind};
+use crate::e2b::{CallOptions, E2bError, OutputLimits, wire};
+use crate::tasks::TaskId;
+use crate::tasks::launch::{self, TaskSpec};
+use crate::tasks::page::{self, PageRequest};
+use crate::tasks::service::{ExecOutput, SupervisorTransport, TaskError, TaskService, TransportError};
+use crate::tasks::view::{StartedTask, TaskListView, TaskView};
+
+/// The sandbox user the supervisor runs as.
+const TASK_USER: &str = "user";
+/// Output kept from one supervisor call (a status page is at most ~200 KB of JSON).
+const SUPERVISOR_MAX_STDOUT: usize = 4 << 20;
+const SUPERVISOR_MAX_STDERR: usize = 64 << 10;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StartTaskArgs {
+    /// Shell command line, run as `bash -c COMMAND` in the background (at most 65,536 characters).
+    pub command: String,
+    /// Sandbox to run in; omit to use this session's default sandbox. A task never creates a sandbox.
+    #[serde(default)]
+    pub sandbox_id: Option<String>,
+    /// Working directory, an absolute path (default: /home/user).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Seconds after which the task is stopped (TERM, then KILL) and ends as timed_out: 1-3600, default 300.
+    /// The sandbox's own deadline still applies and is not extended by task tools.
+    #[serde(default)]
+    pub timeout: Option<i64>,
+    /// Extra environment variables. Values of variables whose names contain KEY, TOKEN, SECRET or PASSWORD are
+    /// masked in the saved output.
+    #[serde(default)]
+    pub envs: Option<HashMap<String, String>>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GetTaskArgs {
+    /// Sandbox holding the task (as returned by start_task).
+    pub sandbox_id: String,
+    /// The task's id: 32 lowercase hex characters (as returned by start_task or list_tasks).
+    pub task_id: String,
+    /// Byte offset into the saved stdout to read from (0-1,048,576; default 0). Pass the previous
+    /// stdout_next_offset to read on.
+    #[serde(default)]
+    pub stdout_offset: Option<i64>,
+    /// Byte offset into the saved stderr (0-1,048,576; default 0).
+    #[serde(default)]
+    pub stderr_offset: Option<i64>,
+    /// Most bytes returned per stream (1-65,536; default 16,384).
+    #[serde(default)]
+    pub limit: Option<i64>,
+    /// Wait up to this many seconds (0-30, default 0) for new output past the offsets or a state change
+    /// before answering.
+    #[serde(default)]
+    pub wait_seconds: Option<f64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelTaskArgs {
+    /// Sandbox holding the task.
+    pub sandbox_id: String,
+    /// The task's id: 32 lowercase hex characters.
+    pub task_id: String,
+    /// Byte offset into the saved stdout for the returned page (0-1,048,576; default 0).
+    #[serde(default)]
+    pub stdout_offset: Option<i64>,
+    /// Byte offset into the saved stderr for the returned page (0-1,048,576; default 0).
+    #[serde(default)]
+    pub stderr_offset: Option<i64>,
+    /// Most bytes returned per stream (1-65,536; default 16,384).
+    #[serde(default)]
+    pub limit: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListTasksArgs {
+    /// Sandbox whose tasks to list; omit to use this session's default sandbox.
+    #[serde(default)]
+    pub sandbox_id: Option<String>,
+}
+
+#[tool_router(router = task_router, vis = "pub(crate)")]
+impl Gateway {
+    #[tool(description = "Start a long-running shell command in the background in a sandbox and return at once with \
+        a handle (sandbox_id, task_id). The task keeps running after this MCP session ends or the server \
+        restarts; read its output and exit code with get_task (paged, up to 1 MiB per stream is saved), stop \
+        it with cancel_task, and recover handles with list_tasks. Timeout 1-3600 s (default 300). The sandbox \
+        is kept alive when this session ends. If state is \"unknown\", do not start it again: inspect it with \
+        get_task.")]
+    pub async fn start_task(
+        &self,
+        Parameters(args): Parameters<StartTaskArgs>,
+        Extension(parts): Extension<Parts>,
+    ) -> Result<Json<StartedTask>, String> {
+        let call = self.call_context("start_task", &parts)?;
+        self.logged("start_task", &call, self.start_task_impl(&call, args)).await
+    }
+
+    #[tool(description = "Read a background task's state, exit code and one page of its saved stdout/stderr. Needs \
+        sandbox_id and task_id. Page with stdout_offset/stderr_offset (pass back the *_next_offset values) and \
+        limit; wait_seconds (0-30) waits for new output or a state change. States: running, succeeded, failed, \
+        cancelled, timed_out, unknown. A non-zero exit code is a normal result. Reading the same offsets again \
+        returns the same page.")]
+    pub async fn get_task(
+        &self,
+        Parameters(args): Parameters<GetTaskArgs>,
+        Extension(parts): Extension<Parts>,
+    ) -> Result<Json<TaskView>, String> {
+        let call = self.call_context("get_task", &parts)?;
+        self.logged("get_task", &call, self.get_task_impl(&call, args)).await
+    }
+
+    #[tool(
+        description = "Stop a background task: TERM, then KILL, to the task's own process group, waiting up to 3 s \
+        for it to end. Returns the same fields as get_task plus cancel_confirmed (true only when the task was \
+        seen ending as cancelled). A task that already finished is left as it was and its saved outcome returned."
+    )]
+    pub async fn cancel_task(
+        &self,
+        Parameters(args): Parameters<CancelTaskArgs>,
+        Extension(parts): Extension<Parts>,
+    ) -> Result<Json<TaskView>, String> {
+        let call = self.call_context("cancel_task", &parts)?;
+        self.logged("cancel_task", &call, self.cancel_task_impl(&call, args)).await
+    }
+
+    #[tool(description = "List every background task in a sandbox (task_id, state, times, exit code, first line of \
+        the command), oldest first. Use it to recover task handles. Omit sandbox_id to use the session's default \
+        sandbox.")]
+    pub async fn list_tasks(
+        &self,
+        Parameters(args): Parameters<ListTasksArgs>,
+        Extension(parts): Extension<Parts>,
+    ) -> Result<Json<TaskListView>, String> {
+        let call = self.call_context("list_tasks", &parts)?;
+        self.logged("list_tasks", &call, self.list_tasks_impl(&call, args)).await
+    }
+}
+
+impl Gateway {
+    /// The process-wide task service (its install cache is shared by every session).
+    fn tasks(&self) -> &'static TaskService {
+        static SERVICE: OnceLock<TaskService> = OnceLock::new();
+        SERVICE.get_or_init(|| TaskService::new(gateway_secrets(&self.core.config)))
+    }
+
+    /// Resolves the sandbox (tenant check; a paused one is resumed) without renewing its deadline.
+    async fn task_sandbox(&self, call: &CallContext, sandbox_id: Option<&str>) -> Result<ResolvedSandbox, String> {
+        let id = self.sandbox_id_or_default(call, sandbox_id)?;
+        self.resolve_sandbox(call, Some(&id)).await.map_err(|err| {
+            if err == not_found_message(&id) { TaskError::SandboxGone(id.clone()).to_string() } else { err }
+        })
+    }
+
+    async fn start_task_impl(&self, call: &CallContext, args: StartTaskArgs) -> Result<StartedTask, String> {
+        // Everything is validated, and the id chosen, before any remote connection.
+        let envs_map = args.envs.unwrap_or_default();
+        validate_envs(&envs_map)?;
+        let envs: BTreeMap<String, String> = envs_map.into_iter().collect();
+        let spec = TaskSpec::new(args.command, args.cwd, envs, args.timeout).map_err(|e| e.to_string())?;
+        let task_id = TaskId::generate();
+        launch::start_args(&task_id, &spec).map_err(|e| e.to_string())?;
+
+        let sandbox = self.task_sandbox(call, args.sandbox_id.as_deref()).await?;
+        // Retain before launching: even an uncertain launch keeps the sandbox past the session.
+        self.retain(&call.session_id, &sandbox.id).map_err(|e| e.to_string())?;
+        let transport = EnvdTransport { gateway: self, sandbox: &sandbox };
+        self.tasks().start(&transport, &sandbox.id, &task_id, &spec).await.map_err(|e| e.to_string())
+    }
+
+    async fn get_task_impl(&self, call: &CallContext, args: GetTaskArgs) -> Result<TaskView, String> {
+        let task_id = TaskId::parse(&args.task_id).map_err(|e| e.to_string())?;
+        let page = PageRequest::new(args.stdout_offset, args.stderr_offset, args.limit).map_err(|e| e.to_string())?;
+        let wait = page::check_wait(args.wait_seconds).map_err(|e| e.to_string())?;
+        let sandbox = self.task_sandbox(call, Some(&args.sandbox_id)).await?;
+        let transport = EnvdTransport { gateway: self, sandbox: &sandbox };
+        self.tasks().status(&transport, &sandbox.id, &task_id, &page, wait).await.map_err(|e| e.to_string())
+    }
+
+    async fn cancel_task_impl(&self, call: &CallContext, args: CancelTaskArgs) -> Result<TaskView, String> {
+        let task_id = TaskId::parse(&args.task_id).map_err(|e| e.to_string())?;
+        let page = PageRequest::new(args.stdout_offset, args.stderr_offset, args.limit).map_err(|e| e.to_string())?;
+        let sandbox = self.task_sandbox(call, Some(&args.sandbox_id)).await?;
+        let transport = EnvdTransport { gateway: self, sandbox: &sandbox };
+        self.tasks().cancel(&transport, &sandbox.id, &task_id, &page).await.map_err(|e| e.to_string())
+    }
+
+    async fn list_tasks_impl(&self, call: &CallContext, args: ListTasksArgs) -> Result<TaskListView, String> {
+        let sandbox = self.task_sandbox(call, args.sandbox_id.as_deref()).await?;
+        let transport = EnvdTransport { gateway: self, sandbox: &sandbox };
+        self.tasks().list(&transport, &sandbox.id).await.map_err(|e| e.to_string())
+    }
+}
+
+/// The gateway's own secret values: `tasks.secrets` and the provider API key (for E2B; the embedded
+/// provider's key is random per process and never given to sandboxes).
+fn gateway_secrets(config: &Config) -> Vec<String> {
+    let mut secrets: Vec<String> = config.tasks.secrets.iter().filter(|s| s.len() >= 6).cloned().collect();
+    if config.provider.kind == ProviderKind::E2b
+        && let Ok(key) = std::env::var(&config.provider.api_key_env)
+        && key.len() >= 6
+    {
+        secrets.push(key);
+    }
+    secrets
+}
+
+/// Runs the supervisor through the sandbox's envd (process Start, files API), as `user`.
+struct EnvdTransport<'a> {
+    gateway: &'a Gateway,
+    sandbox: &'a ResolvedSandbox,
+}
+
+impl EnvdTransport<'_> {
+    fn classify(&self, err: &E2bError) -> TransportError {
+        if err.is_sandbox_gone() {
+            // Forget it in every session (the message itself is replaced by the task one).
+            let _ = self.gateway.provider_error("reach", &self.sandbox.id, err);
+            return TransportError::SandboxGone;
+        }
+        match err {
+            // The request never left: nothing can have run.
+            E2bError::Transport { source, .. } if source.is_connect() => TransportError::NotSent(err.to_string()),
+            E2bError::Config { .. } => TransportError::NotSent(err.to_string()),
+            _ => TransportError::Uncertain(err.to_string()),
+        }
+    }
+}
+
+impl SupervisorTransport for EnvdTransport<'_> {
+    async fn exec(&self, argv: Vec<String>, timeout: Duration) -> Result<ExecOutput, TransportError> {
+        let mut argv = argv.into_iter();
+        let cmd = argv.next().unwrap_or_default();
+        let request = wire::StartRequest {
+            process: wire::ProcessConfig { cmd, args: argv.collect(), envs: HashMap::new(), cwd: None },
+            stdin: Some(false),
+            ..Default::default()
+        };
+        let options = CallOptions::user(TASK_USER).with_timeout(timeout);
+        let limits = OutputLimits { max_stdout: SUPERVISOR_MAX_STDOUT, max_stderr: SUPERVISOR_MAX_STDERR };
+        let out = self.sandbox.envd.run(&request, &options, limits).await.map_err(|e| self.classify(&e))?;
+        Ok(ExecOutput { exit_code: out.exit_code, stdout: out.stdout.to_vec(), stderr: out.stderr.to_vec() })
+    }
+
+    async fn install(&self, path: &str, content: &'static [u8]) -> Result<(), TransportError> {
+        // The files API creates the parent directory; the supervisor tightens it to 0700 on first use.
+        // Written aside and renamed over, so a concurrent reader never runs a half-written script.
+        let options = CallOptions::user(TASK_USER);
+        let tmp = format!("{path}.tmp{:016x}", rand::random::<u64>());
+        let envd = &self.sandbox.envd;
+        envd.write_file(&tmp, Bytes::from_static(content), &options).await.map_err(|e| self.classify(&e))?;
+        envd.rename(&tmp, path, &options).await.map_err(|e| self.classify(&e))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,179 @@
+//! Runs [`TaskService`] against the real supervisor script through a local
+//! python3 (no sandbox): install on first use, reinstall of a missing or
+//! outdated script, start / status / cancel / list, paging and masking.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::service::{ExecOutput, SupervisorTransport, TaskService, TransportError};
+use super::{SUPERVISOR_INSTALLS, TaskId, TaskState, launch::TaskSpec, page::PageRequest};
+
+/// python3 on this host, with HOME pointing at a private temp directory.
+struct LocalPython {
+    home: tempfile::TempDir,
+}
+
+impl LocalPython {
+    fn new() -> Self {
+        Self { home: tempfile::tempdir().unwrap() }
+    }
+    fn script(&self) -> PathBuf {
+        self.home.path().join(".sandbox-mcp/supervisor.py")
+    }
+    fn service(&self, secrets: &[&str]) -> TaskService {
+        TaskService::with_script_path(self.script().to_str().unwrap(), secrets.iter().copied())
+    }
+}
+
+impl SupervisorTransport for LocalPython {
+    async fn exec(&self, argv: Vec<String>, timeout: Duration) -> Result<ExecOutput, TransportError> {
+        let mut cmd = tokio::process::Command::new(&argv[0]);
+        cmd.args(&argv[1..]).env("HOME", self.home.path()).kill_on_drop(true);
+        let out = tokio::time::timeout(timeout, cmd.output())
+            .await
+            .map_err(|_| TransportError::Uncertain("timed out".into()))?
+            .map_err(|e| TransportError::NotSent(e.to_string()))?;
+        Ok(ExecOutput { exit_code: out.status.code().unwrap_or(-1), stdout: out.stdout, stderr: out.stderr })
+    }
+
+    async fn install(&self, path: &str, content: &'static [u8]) -> Result<(), TransportError> {
+        let path = PathBuf::from(path);
+        std::fs::create_dir_all(path.parent().unwrap()).map_err(|e| TransportError::NotSent(e.to_string()))?;
+        let tmp = path.with_extension(format!("tmp{}", rand::random::<u32>()));
+        std::fs::write(&tmp, content).map_err(|e| TransportError::NotSent(e.to_string()))?;
+        std::fs::rename(&tmp, &path).map_err(|e| TransportError::NotSent(e.to_string()))
+    }
+}
+
+fn spec(command: &str, envs: &[(&str, &str)], timeout: Option<i64>) -> TaskSpec {
+    let envs: BTreeMap<String, String> = envs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    TaskSpec::new(command.to_owned(), None, envs, timeout).unwrap()
+}
+
+fn page(out: i64, err: i64, limit: i64) -> PageRequest {
+    PageRequest::new(Some(out), Some(err), Some(limit)).unwrap()
+}
+
+async fn wait_terminal(svc: &TaskService, t: &LocalPython, id: &TaskId) -> super::view::TaskView {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = svc.status(t, "sbx", id, &page(0, 0, 65_536), 2.0).await.unwrap();
+        if v.state.is_terminal() || Instant::now() > deadline {
+            return v;
+        }
+    }
+}
+
+#[tokio::test]
+async fn installs_once_then_runs_tasks_and_pages_output() {
+    let t = LocalPython::new();
+    let svc = t.service(&[]);
+    let before = SUPERVISOR_INSTALLS.load(Ordering::Relaxed);
+    let id = TaskId::generate();
+    let started =
+        svc.start(&t, "sbx", &id, &spec("printf 'hello\\nworld'; echo oops >&2; exit 3", &[], None)).await.unwrap();
+    assert_eq!(started.task_id, id.as_str());
+    assert!(matches!(started.state, TaskState::Running | TaskState::Failed), "{started:?}");
+    assert!(SUPERVISOR_INSTALLS.load(Ordering::Relaxed) > before);
+    assert!(t.script().exists());
+
+    let v = wait_terminal(&svc, &t, &id).await;
+    assert_eq!(v.state, TaskState::Failed);
+    assert_eq!(v.exit_code, Some(3));
+    assert_eq!(v.stdout, "hello\nworld");
+    assert_eq!(v.stderr, "oops\n");
+    assert!(v.finished_at.unwrap() >= v.started_at.unwrap());
+    // Odd-sized pages reassemble exactly; replay is identical.
+    let p = svc.status(&t, "sbx", &id, &page(3, 1, 4), 0.0).await.unwrap();
+    assert_eq!((p.stdout.as_str(), p.stdout_next_offset), ("lo\nw", 7));
+    assert_eq!((p.stderr.as_str(), p.stderr_next_offset), ("ops\n", 5));
+    let again = svc.status(&t, "sbx", &id, &page(3, 1, 4), 0.0).await.unwrap();
+    assert_eq!((again.stdout, again.stderr), (p.stdout, p.stderr));
+
+    let list = svc.list(&t, "sbx").await.unwrap();
+    assert_eq!(list.tasks.len(), 1);
+    assert_eq!(list.tasks[0].command_first_line.as_deref(), Some("printf 'hello\\nworld'; echo oops >&2; exit 3"));
+    // Unknown task: a clear error.
+    let err = svc.status(&t, "sbx", &TaskId::generate(), &page(0, 0, 10), 0.0).await.unwrap_err();
+    assert!(err.to_string().contains("not found"), "{err}");
+}
+
+#[tokio::test]
+async fn missing_or_outdated_script_is_reinstalled() {
+    let t = LocalPython::new();
+    std::fs::create_dir_all(t.script().parent().unwrap()).unwrap();
+    std::fs::write(t.script(), "import json\nprint(json.dumps({'version': '0'}))\n").unwrap();
+    let svc = t.service(&[]);
+    let list = svc.list(&t, "sbx").await.unwrap();
+    assert!(list.tasks.is_empty());
+    assert_eq!(std::fs::read_to_string(t.script()).unwrap(), super::SUPERVISOR_SOURCE);
+    // Cached now; delete the script: the next call notices and reinstalls.
+    std::fs::remove_file(t.script()).unwrap();
+    let before = SUPERVISOR_INSTALLS.load(Ordering::Relaxed);
+    assert!(svc.list(&t, "sbx").await.unwrap().tasks.is_empty());
+    assert!(SUPERVISOR_INSTALLS.load(Ordering::Relaxed) > before);
+    assert!(t.script().exists());
+}
+
+#[tokio::test]
+async fn secrets_are_masked_by_supervisor_and_gateway() {
+    let t = LocalPython::new();
+    let svc = t.service(&["gateway-secret-value"]);
+    let id = TaskId::generate();
+    let cmd = "printf 'a:%s b:%s c:gateway-secret-valuX d:%s\\n' \"$API_TOKEN\" gateway-secret-value my-token-valuX";
+    svc.start(&t, "sbx", &id, &spec(cmd, &[("API_TOKEN", "my-token-value")], None)).await.unwrap();
+    let v = wait_terminal(&svc, &t, &id).await;
+    assert_eq!(v.state, TaskState::Succeeded, "{v:?}");
+    assert_eq!(v.stdout, "a:*** b:*** c:gateway-secret-valuX d:my-token-valuX\n");
+    // A page edge inside the gateway secret: both pages show only a mask.
+    let p1 = svc.status(&t, "sbx", &id, &page(0, 0, 14), 0.0).await.unwrap();
+    assert_eq!(p1.stdout, "a:*** b:***");
+    let p2 = svc.status(&t, "sbx", &id, &page(14, 0, 20), 0.0).await.unwrap();
+    assert_eq!(p2.stdout, "*** c:gat");
+}
+
+#[tokio::test]
+async fn cancel_and_timeout_end_tasks() {
+    let t = LocalPython::new();
+    let svc = t.service(&[]);
+    let id = TaskId::generate();
+    svc.start(&t, "sbx", &id, &spec("echo go; sleep 30", &[], None)).await.unwrap();
+    let v = svc.status(&t, "sbx", &id, &page(0, 0, 100), 5.0).await.unwrap();
+    assert_eq!((v.state, v.stdout.as_str()), (TaskState::Running, "go\n"));
+    let c = svc.cancel(&t, "sbx", &id, &page(0, 0, 100)).await.unwrap();
+    assert_eq!(c.state, TaskState::Cancelled);
+    assert_eq!(c.cancel_confirmed, Some(true));
+    // Cancelling again returns the saved outcome.
+    let c2 = svc.cancel(&t, "sbx", &id, &page(0, 0, 100)).await.unwrap();
+    assert_eq!((c2.state, c2.finished_at), (TaskState::Cancelled, c.finished_at));
+
+    let id = TaskId::generate();
+    svc.start(&t, "sbx", &id, &spec("sleep 30", &[], Some(1))).await.unwrap();
+    let v = wait_terminal(&svc, &t, &id).await;
+    assert_eq!(v.state, TaskState::TimedOut);
+}
+
+#[tokio::test]
+async fn concurrent_first_calls_install_once() {
+    let t = LocalPython::new();
+    let svc = t.service(&[]);
+    let before = SUPERVISOR_INSTALLS.load(Ordering::Relaxed);
+    let starts = (0..8).map(|_| {
+        let (svc, t) = (&svc, &t);
+        async move {
+            let id = TaskId::generate();
+            let s = svc.start(t, "sbx-concurrent", &id, &spec("echo hi", &[], None)).await.unwrap();
+            assert_ne!(s.state, TaskState::Unknown, "{s:?}");
+            id
+        }
+    });
+    let ids = futures_util::future::join_all(starts).await;
+    // Other tests may install concurrently, so only an upper bound on our own share is checked via the cache.
+    assert!(SUPERVISOR_INSTALLS.load(Ordering::Relaxed) > before);
+    for id in &ids {
+        let v = wait_terminal(&svc, &t, id).await;
+        assert_eq!((v.state, v.stdout.as_str()), (TaskState::Succeeded, "hi\n"));
+    }
+}

@@ -1,0 +1,257 @@
+//! Pages of task output as the gateway returns them: paging arguments,
+//! the widened window fetched so that the gateway's own secrets are masked
+//! even when a page boundary splits one, and lossy UTF-8 decoding.
+
+use base64::Engine as _;
+
+/// Largest byte offset a caller may ask for (the stored prefix is 1 MiB).
+pub const MAX_OFFSET: u64 = 1_048_576;
+/// Page size bounds and default, bytes per stream.
+pub const MIN_LIMIT: u64 = 1;
+pub const MAX_LIMIT: u64 = 65_536;
+pub const DEFAULT_LIMIT: u64 = 16_384;
+/// Longest `wait_seconds`.
+pub const MAX_WAIT_SECONDS: f64 = 30.0;
+/// Largest window the supervisor serves in one call.
+const SUPERVISOR_MAX_LIMIT: u64 = 1 << 20;
+/// What a masked secret is replaced with (same marker as the supervisor's).
+pub const MASK: &str = "***";
+/// Configured values shorter than this are not masked (they would mangle
+/// ordinary output while protecting nothing).
+const MIN_SECRET_LEN: usize = 4;
+
+/// Why paging arguments are refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PageError {
+    #[error("{0} must be between 0 and 1048576 (bytes into the stored output)")]
+    OffsetOutOfRange(&'static str),
+    #[error("limit must be between 1 and 65536 bytes per stream")]
+    LimitOutOfRange,
+    #[error("wait_seconds must be between 0 and 30")]
+    WaitOutOfRange,
+}
+
+/// Validated paging arguments of get_task / cancel_task.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PageRequest {
+    pub stdout_offset: u64,
+    pub stderr_offset: u64,
+    pub limit: u64,
+}
+
+impl PageRequest {
+    /// Signed inputs, so that a negative value gets the same clear message as a too-large one.
+    pub fn new(stdout_offset: Option<i64>, stderr_offset: Option<i64>, limit: Option<i64>) -> Result<Self, PageError> {
+        let offset = |v: Option<i64>, name| {
+            u64::try_from(v.unwrap_or(0)).ok().filter(|v| *v <= MAX_OFFSET).ok_or(PageError::OffsetOutOfRange(name))
+        };
+        let stdout_offset = offset(stdout_offset, "stdout_offset")?;
+        let stderr_offset = offset(stderr_offset, "stderr_offset")?;
+        let limit = u64::try_from(limit.unwrap_or(DEFAULT_LIMIT as i64))
+            .ok()
+            .filter(|l| (MIN_LIMIT..=MAX_LIMIT).contains(l))
+            .ok_or(PageError::LimitOutOfRange)?;
+        Ok(Self { stdout_offset, stderr_offset, limit })
+    }
+}
+
+/// Validates `wait_seconds` (0–30, finite).
+pub fn check_wait(wait: Option<f64>) -> Result<f64, PageError> {
+    let wait = wait.unwrap_or(0.0);
+    if wait.is_finite() && (0.0..=MAX_WAIT_SECONDS).contains(&wait) { Ok(wait) } else { Err(PageError::WaitOutOfRange) }
+}
+
+/// Exact byte values the gateway masks in every page (its own configured
+/// secrets: provider key, `tasks.secrets`).
+#[derive(Debug, Clone, Default)]
+pub struct SecretMasker {
+    /// Longest first, so that the longest secret wins at a position.
+    secrets: Vec<Vec<u8>>,
+}
+
+impl SecretMasker {
+    pub fn new<I, S>(values: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut secrets: Vec<Vec<u8>> =
+            values.into_iter().map(|s| s.as_ref().as_bytes().to_vec()).filter(|s| s.len() >= MIN_SECRET_LEN).collect();
+        secrets.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        secrets.dedup();
+        Self { secrets }
+    }
+
+    /// Bytes of context needed on each side of a page to see a split secret.
+    pub fn context(&self) -> u64 {
+        self.secrets.first().map_or(0, |s| s.len() as u64 - 1)
+    }
+
+    /// Non-overlapping matches (leftmost, longest at a position) in `data`.
+    fn matches(&self, data: &[u8]) -> Vec<(usize, usize)> {
+        let mut found = Vec::new();
+        if self.secrets.is_empty() {
+            return found;
+        }
+        let mut i = 0;
+        while i < data.len() {
+            match self.secrets.iter().find(|s| data[i..].starts_with(s)) {
+                Some(s) => {
+                    found.push((i, i + s.len()));
+                    i += s.len();
+                }
+                None => i += 1,
+            }
+        }
+        found
+    }
+
+    /// Masks a text value (e.g. a command line shown by list_tasks).
+    pub fn mask_text(&self, text: &str) -> String {
+        String::from_utf8_lossy(&self.mask_range(text.as_bytes(), 0, text.len())).into_owned()
+    }
+
+    /// Returns `window[start..end]` with every secret occurrence that
+    /// overlaps it replaced by the mask (a secret cut by the page edge leaves
+    /// only a mask on each page that holds part of it).
+    fn mask_range(&self, window: &[u8], start: usize, end: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(end - start);
+        let mut pos = start;
+        for (m_start, m_end) in self.matches(window) {
+            if m_end <= start || m_start >= end {
+                continue;
+            }
+            let cut = m_start.max(start);
+            out.extend_from_slice(&window[pos..cut]);
+            out.extend_from_slice(MASK.as_bytes());
+            pos = m_end.min(end);
+        }
+        if pos < end {
+            out.extend_from_slice(&window[pos..end]);
+        }
+        out
+    }
+}
+
+/// The window asked of the supervisor for one page request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Window {
+    pub stdout_offset: u64,
+    pub stderr_offset: u64,
+    pub limit: u64,
+}
+
+impl Window {
+    /// Widens `page` by the masker's context on both sides.
+    pub fn for_page(page: &PageRequest, masker: &SecretMasker) -> Self {
+        let ctx = masker.context();
+        let limit = (page.limit + 2 * ctx).min(SUPERVISOR_MAX_LIMIT.max(page.limit));
+        Self {
+            stdout_offset: page.stdout_offset.saturating_sub(ctx),
+            stderr_offset: page.stderr_offset.saturating_sub(ctx),
+            limit,
+        }
+    }
+}
+
+/// One stream's page, cut from a window.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamPage {
+    /// Lossy UTF-8 text of the masked bytes.
+    pub text: String,
+    /// Offset of the first byte after the page.
+    pub next_offset: u64,
+}
+
+/// Why a window could not be cut into a page.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("the task supervisor returned a malformed output page")]
+pub struct MalformedPage;
+
+/// Cuts the requested page out of a window returned by the supervisor.
+pub fn cut_page(
+    window_b64: &str,
+    window_offset: u64,
+    offset: u64,
+    limit: u64,
+    masker: &SecretMasker,
+) -> Result<StreamPage, MalformedPage> {
+    let window = base64::engine::general_purpose::STANDARD.decode(window_b64).map_err(|_| MalformedPage)?;
+    let skip = offset.checked_sub(window_offset).ok_or(MalformedPage)?;
+    let start = usize::try_from(skip).map_err(|_| MalformedPage)?.min(window.len());
+    let len = usize::try_from(limit).map_err(|_| MalformedPage)?.min(window.len() - start);
+    let end = start + len;
+    let masked = masker.mask_range(&window, start, end);
+    Ok(StreamPage { text: String::from_utf8_lossy(&masked).into_owned(), next_offset: offset + len as u64 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b64(data: &[u8]) -> String {
+        base64::engine::general_purpose::STANDARD.encode(data)
+    }
+
+    #[test]
+    fn paging_arguments_are_bounded() {
+        assert!(PageRequest::new(Some(1_048_576), Some(0), Some(65_536)).is_ok());
+        assert_eq!(PageRequest::new(Some(1_048_577), None, None), Err(PageError::OffsetOutOfRange("stdout_offset")));
+        assert_eq!(PageRequest::new(None, Some(1_048_577), None), Err(PageError::OffsetOutOfRange("stderr_offset")));
+        assert_eq!(PageRequest::new(None, None, Some(0)), Err(PageError::LimitOutOfRange));
+        assert_eq!(PageRequest::new(None, None, Some(65_537)), Err(PageError::LimitOutOfRange));
+        assert_eq!(PageRequest::new(Some(-1), None, None), Err(PageError::OffsetOutOfRange("stdout_offset")));
+        assert_eq!(PageRequest::new(None, None, Some(-5)), Err(PageError::LimitOutOfRange));
+        assert_eq!(PageRequest::new(None, None, None).unwrap().limit, 16_384);
+        assert_eq!(check_wait(Some(30.5)), Err(PageError::WaitOutOfRange));
+        assert_eq!(check_wait(Some(f64::NAN)), Err(PageError::WaitOutOfRange));
+        assert_eq!(check_wait(None), Ok(0.0));
+    }
+
+    #[test]
+    fn pages_without_secrets_are_plain_slices() {
+        let m = SecretMasker::new(Vec::<String>::new());
+        let page = PageRequest::new(Some(3), Some(0), Some(4)).unwrap();
+        let w = Window::for_page(&page, &m);
+        assert_eq!(w, Window { stdout_offset: 3, stderr_offset: 0, limit: 4 });
+        let p = cut_page(&b64(b"defg"), 3, 3, 4, &m).unwrap();
+        assert_eq!(p, StreamPage { text: "defg".into(), next_offset: 7 });
+        // Past the end: empty page, offset unchanged.
+        assert_eq!(cut_page("", 50, 50, 4, &m).unwrap(), StreamPage { text: String::new(), next_offset: 50 });
+    }
+
+    #[test]
+    fn split_utf8_becomes_replacement_character() {
+        let m = SecretMasker::default();
+        let data = "aé".as_bytes(); // 61 c3 a9
+        assert_eq!(cut_page(&b64(&data[..2]), 0, 0, 2, &m).unwrap().text, "a\u{fffd}");
+        assert_eq!(cut_page(&b64(&data[2..]), 2, 2, 2, &m).unwrap().text, "\u{fffd}");
+    }
+
+    #[test]
+    fn secrets_split_by_a_page_edge_are_masked_on_both_pages() {
+        let m = SecretMasker::new(["hunter2-secret", "xy"]);
+        assert_eq!(m.context(), 13);
+        let stream = b"0123456789hunter2-secret tail hunter2-secreX xy";
+        // Page [0, 15) cuts the secret (at 10..24) after 5 bytes.
+        let page = PageRequest::new(Some(0), Some(0), Some(15)).unwrap();
+        let w = Window::for_page(&page, &m);
+        assert_eq!((w.stdout_offset, w.limit), (0, 41));
+        let win = &stream[..41];
+        let p1 = cut_page(&b64(win), 0, 0, 15, &m).unwrap();
+        assert_eq!(p1.text, "0123456789***");
+        assert_eq!(p1.next_offset, 15);
+        // Next page starts inside the secret.
+        let page2 = PageRequest::new(Some(15), Some(0), Some(15)).unwrap();
+        let w2 = Window::for_page(&page2, &m);
+        assert_eq!(w2.stdout_offset, 2);
+        let win2 = &stream[2..(2 + w2.limit as usize).min(stream.len())];
+        let p2 = cut_page(&b64(win2), 2, 15, 15, &m).unwrap();
+        assert_eq!(p2.text, "*** tail ");
+        assert_eq!(p2.next_offset, 30);
+        // The look-alike (one byte differs) and the too-short value stay.
+        assert_eq!(m.mask_text("hunter2-secreX xy"), "hunter2-secreX xy");
+        // Replay returns the same page.
+        assert_eq!(cut_page(&b64(win), 0, 0, 15, &m).unwrap(), p1);
+    }
+}
