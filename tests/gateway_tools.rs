@@ -26,13 +26,17 @@ async fn tools_work_end_to_end_with_session_defaults_and_ownership() {
     assert_eq!(
         names,
         [
+            "cancel_task",
             "connect_sandbox",
             "create_sandbox",
+            "get_task",
             "kill_sandbox",
             "list_files",
             "list_sandboxes",
+            "list_tasks",
             "read_file",
             "run_command",
+            "start_task",
             "write_file"
         ]
     );
