@@ -207,7 +207,7 @@ impl Provider {
         let pid = agent.pid;
         let start_time = process_start_time(pid).unwrap_or(0);
         if let Err(message) = wait_ready(agent.ready).await {
-            tracing::warn!(sandbox = %id, %message, "sandbox agent failed to start");
+            tracing::warn!(sandbox = %id, error = %message, "sandbox agent failed to start");
             process::kill_and_wait(pid, start_time, KILL_TIMEOUT).await;
             cgroups::remove(&cgroup_dirs).await;
             let log = std::fs::read_to_string(dir.join(LOG_FILE)).unwrap_or_default();
