@@ -530,24 +530,3 @@ async fn library_entry_point_serves_and_kills_all_on_request() {
         assert!(!Path::new(&cg).exists(), "{cg}");
     }
 }
-
-/// The official E2B Python SDK against the provider (control plane and data plane on one port).
-/// Needs `E2B_SDK_PYTHON` = a python with `e2b==2.63.0`; skips loudly otherwise.
-#[test]
-fn official_sdk_drives_the_provider() {
-    if !is_root() {
-        return;
-    }
-    let Ok(python) = std::env::var("E2B_SDK_PYTHON") else {
-        eprintln!(
-            "SKIPPED official_sdk_drives_the_provider: set E2B_SDK_PYTHON to a python with e2b==2.63.0 installed"
-        );
-        return;
-    };
-    let p = Provider::start(&[]);
-    let probe = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/local_provider_support/sdk_probe.py");
-    let out = Command::new(python).arg(probe).arg(&p.base).arg(KEY).output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("all 14 steps passed"), "{stdout}");
-}
