@@ -21,8 +21,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::auth::{AuthState, TokenSet, require_tenant};
 use super::drain::track_in_flight;
-use super::handler::{Gateway, GatewayCore};
+use super::handler::{Gateway, GatewayCore, META_DEPLOYMENT};
 use super::masking::SecretMasker;
+use super::metrics;
 use super::provider;
 use super::sessions::{SessionEndHook, SessionRegistry, TrackingSessionManager};
 use crate::config::Config;
@@ -103,8 +104,19 @@ pub async fn serve_on(
         http_config,
     );
     let auth = AuthState { tokens: TokenSet::new(&config.auth.tokens), sessions: Arc::clone(&sessions) };
-    let mcp = Router::new()
-        .nest_service("/mcp", service)
+    let mut mcp = Router::new().nest_service("/mcp", service);
+    // ops (metrics): /metrics on the main listener, behind the same auth as /mcp, unless an admin listener is set.
+    let metrics_stop = CancellationToken::new();
+    let mut admin = None;
+    if config.metrics.enabled {
+        if config.metrics.listen.is_empty() {
+            mcp = mcp.route("/metrics", get(metrics::serve_metrics).with_state(Arc::clone(&core.metrics)));
+        } else {
+            let listen = config.metrics.listen.as_str();
+            admin = Some(metrics::start_admin_listener(listen, Arc::clone(&core.metrics), metrics_stop.clone()).await?);
+        }
+    }
+    let mcp = mcp
         .layer(axum::middleware::from_fn_with_state(auth, require_tenant))
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&core), track_in_flight));
     let app = Router::new()
@@ -115,6 +127,7 @@ pub async fn serve_on(
 
     let addr: SocketAddr = listener.local_addr().context("reading the listening address")?;
     tracing::info!(%addr, auth = config.has_auth(), provider = ?config.provider.kind, "sandbox-mcp gateway listening (MCP on /mcp)");
+    log_deployment_sandboxes(Arc::clone(&core)); // ops: background, never blocks start-up
     let http_stop = CancellationToken::new();
     let http_stop_signal = http_stop.clone();
     let mut server = tokio::spawn(async move {
@@ -134,6 +147,7 @@ pub async fn serve_on(
             // The server ended by itself: report why after cleaning up.
             core.shutting_down.store(true, Ordering::SeqCst);
             core.end_all_sessions(&core, Duration::from_secs(config.server.shutdown_grace_secs)).await;
+            metrics_stop.cancel();
             if let Some(embedded) = connection.embedded { embedded.shutdown().await; }
             return match result {
                 Ok(Ok(())) => Ok(()),
@@ -164,11 +178,37 @@ pub async fn serve_on(
             server.abort();
         }
     }
+    metrics_stop.cancel(); // ops: the admin listener closes last (metrics stay scrapable during the drain)
+    if let Some(admin) = admin {
+        let _ = tokio::time::timeout(Duration::from_secs(2), admin).await;
+    }
     if let Some(embedded) = connection.embedded {
         embedded.shutdown().await;
     }
     tracing::info!("sandbox-mcp gateway stopped");
     Ok(())
+}
+
+/// Bound on the start-up count of this deployment's sandboxes.
+const STARTUP_LIST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Logs (info) how many sandboxes tagged with this deployment are alive; best effort, in the background.
+fn log_deployment_sandboxes(core: Arc<GatewayCore>) {
+    tokio::spawn(async move {
+        let deployment = core.config.provider.deployment.clone();
+        let filter = [(META_DEPLOYMENT.to_string(), deployment.clone())];
+        match tokio::time::timeout(STARTUP_LIST_TIMEOUT, core.provider.list_all_sandboxes(&filter)).await {
+            Ok(Ok(sandboxes)) => tracing::info!(
+                deployment = %deployment,
+                alive = sandboxes.len(),
+                "sandboxes of this deployment alive at start-up (left by earlier gateway runs or retained for tasks)"
+            ),
+            Ok(Err(err)) => tracing::warn!(deployment = %deployment, error = %core.masker.mask(&err.to_string()),
+                "cannot count this deployment's sandboxes at start-up (provider unreachable?)"),
+            Err(_) => tracing::warn!(deployment = %deployment,
+                "counting this deployment's sandboxes at start-up timed out after {STARTUP_LIST_TIMEOUT:?}"),
+        }
+    });
 }
 
 /// Origins of browsers on this machine (local tools such as MCP Inspector).
