@@ -97,3 +97,66 @@ async fn sigterm_drains_calls_kills_owned_keeps_retained() {
     );
     assert!(restarted.log_text().contains("\"deployment\":\"shutdown-test\""), "{}", restarted.log_text());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_overlong_call_still_exits_within_grace() {
+    if !require_root("sigterm_with_overlong_call_still_exits_within_grace") {
+        return;
+    }
+    const SHORT_GRACE_SECS: u64 = 4;
+    let provider = ProviderProc::start();
+    let provider_client = provider.client();
+    let extra = format!("[server]\nshutdown_grace_secs = {SHORT_GRACE_SECS}\n");
+    let mut gateway = GatewayProc::start_e2b(&provider, &extra, &[]);
+    let client = connect(&gateway.mcp_url(), None).await;
+    let s1 = ok(&client, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_string();
+
+    // A call far longer than the grace period: shutdown must not wait for it.
+    let overlong = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let Some(serde_json::Value::Object(args)) = Some(json!({"command": "sleep 60; echo late", "timeout": 120}))
+            else {
+                unreachable!()
+            };
+            let request = rmcp::model::CallToolRequestParams::new("run_command").with_arguments(args);
+            tokio::time::timeout(Duration::from_secs(60), client.call_tool(request)).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    gateway.signal_term();
+    let term_sent = Instant::now();
+
+    let mut child = gateway.child.take().expect("serve process");
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if term_sent.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("serve did not exit; log:\n{}", gateway.log_text());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let took = term_sent.elapsed();
+    assert!(status.success(), "serve exited with {status}; log:\n{}", gateway.log_text());
+    // The grace bounds the whole shutdown (drain + cleanup), plus at most ~1 s to close connections.
+    assert!(
+        took < Duration::from_secs(SHORT_GRACE_SECS) + Duration::from_millis(1500),
+        "shutdown took {took:?} with a {SHORT_GRACE_SECS} s grace; log:\n{}",
+        gateway.log_text()
+    );
+    let log = gateway.log_text();
+    assert!(log.contains("grace period over"), "{log}");
+    // The call did not complete normally, and the owned sandbox was still cleaned up.
+    eprintln!("shutdown with an overlong call took {took:?} (grace {SHORT_GRACE_SECS} s)");
+    if !overlong.is_finished() {
+        // The client may wait for a response that will never come.
+        overlong.abort();
+    } else if let Ok(Ok(Ok(result))) = overlong.await {
+        assert!(!text(&result).contains("late"), "the overlong call cannot have finished: {}", text(&result));
+    }
+    assert!(!sandbox_exists(&provider_client, &s1).await, "owned sandbox {s1} survived the shutdown; log:\n{log}");
+    drop(client);
+}

@@ -1,7 +1,8 @@
 //! The HTTP server: `/mcp` (rmcp streamable HTTP behind bearer auth),
-//! `/healthz`, `/readyz`, and the graceful shutdown sequence (readiness
-//! fails, in-flight calls finish within the grace period, sessions end and
-//! their owned sandboxes are killed, then the listener closes).
+//! `/healthz`, `/readyz`, `/metrics` (see `metrics.rs`), and the graceful
+//! shutdown sequence, bounded as a whole by the grace period: readiness
+//! fails, in-flight calls get the grace minus a cleanup reserve, sessions end
+//! and their owned (unretained) sandboxes are killed, then the listener closes.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -30,6 +31,13 @@ use crate::config::Config;
 
 /// Bound on the provider health check behind `/readyz`.
 const READY_CHECK_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Part of the shutdown grace kept for session cleanup (a quarter of the grace, at most this).
+const MAX_CLEANUP_RESERVE: Duration = Duration::from_secs(5);
+/// Cleanup always gets at least this much, even when the grace is used up.
+const MIN_CLEANUP_BUDGET: Duration = Duration::from_secs(1);
+/// Bound on closing the remaining connections after cleanup.
+const CONNECTION_CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Refuses a non-loopback listener without auth unless explicitly allowed.
 pub fn check_auth_policy(config: &Config) -> anyhow::Result<()> {
@@ -157,30 +165,32 @@ pub async fn serve_on(
         }
     }
 
+    // The grace bounds the whole sequence: in-flight calls get the grace minus a reserve kept for
+    // killing owned sandboxes, so cleanup still happens before an orchestrator's SIGKILL.
     let grace = Duration::from_secs(config.server.shutdown_grace_secs);
+    let deadline = tokio::time::Instant::now() + grace;
+    let cleanup_reserve = (grace / 4).min(MAX_CLEANUP_RESERVE);
     core.shutting_down.store(true, Ordering::SeqCst);
     tracing::info!(
         in_flight = core.in_flight.current(),
         grace_secs = grace.as_secs(),
         "shutting down: readiness off, waiting for in-flight calls"
     );
-    let left = core.in_flight.wait_idle(grace).await;
+    let left = core.in_flight.wait_idle(grace.saturating_sub(cleanup_reserve)).await;
     if left > 0 {
         tracing::warn!(in_flight = left, "grace period over; ending sessions with calls still running");
     }
     sessions_stop.cancel();
-    core.end_all_sessions(&core, grace).await;
+    let cleanup_budget = deadline.saturating_duration_since(tokio::time::Instant::now()).max(MIN_CLEANUP_BUDGET);
+    core.end_all_sessions(&core, cleanup_budget).await;
     http_stop.cancel();
-    match tokio::time::timeout(Duration::from_secs(5), &mut server).await {
-        Ok(_) => {}
-        Err(_) => {
-            tracing::warn!("open connections did not close within 5 s; closing them");
-            server.abort();
-        }
+    if tokio::time::timeout(CONNECTION_CLOSE_TIMEOUT, &mut server).await.is_err() {
+        tracing::warn!("open connections did not close within {CONNECTION_CLOSE_TIMEOUT:?}; closing them");
+        server.abort();
     }
     metrics_stop.cancel(); // ops: the admin listener closes last (metrics stay scrapable during the drain)
     if let Some(admin) = admin {
-        let _ = tokio::time::timeout(Duration::from_secs(2), admin).await;
+        let _ = tokio::time::timeout(CONNECTION_CLOSE_TIMEOUT, admin).await;
     }
     if let Some(embedded) = connection.embedded {
         embedded.shutdown().await;
