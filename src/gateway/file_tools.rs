@@ -172,6 +172,7 @@ fn file_error(gateway: &Gateway, action: &str, path: &str, sandbox_id: &str, err
     if err.is_not_found() {
         return format!("{path}: no such file or directory in sandbox {sandbox_id}");
     }
+    gateway.core.metrics.record_provider_error(err.op()); // ops (metrics; a missing file is not counted)
     if let E2bError::TooLarge { limit, .. } = err {
         return format!("{path} is larger than {limit} bytes; read a part with run_command (head, tail, split)");
     }

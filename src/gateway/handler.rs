@@ -17,6 +17,7 @@ use tokio_util::task::TaskTracker;
 
 use super::auth::Tenant;
 use super::masking::SecretMasker;
+use super::metrics::GatewayMetrics;
 use super::sessions::{EndReason, SessionEndHook, SessionError, SessionRegistry, SessionState};
 use crate::config::Config;
 use crate::e2b::{E2bClient, E2bError, EnvdClient, wire};
@@ -43,6 +44,8 @@ pub struct GatewayCore {
     pub masker: SecretMasker,
     pub in_flight: InFlight,
     pub shutting_down: AtomicBool,
+    /// Prometheus metrics (ops).
+    pub metrics: Arc<GatewayMetrics>,
     /// Session cleanups under way (awaited on shutdown).
     pub cleanups: TaskTracker,
     /// sandbox id -> (last renewal by us, deadline we believe it has).
@@ -51,10 +54,12 @@ pub struct GatewayCore {
 
 impl GatewayCore {
     pub fn new(config: Arc<Config>, provider: E2bClient, sessions: Arc<SessionRegistry>, masker: SecretMasker) -> Self {
+        let metrics = Arc::new(GatewayMetrics::new(Arc::clone(&sessions)));
         Self {
             config,
             provider,
             sessions,
+            metrics,
             masker,
             in_flight: InFlight::default(),
             shutting_down: AtomicBool::new(false),
@@ -263,6 +268,7 @@ impl Gateway {
             },
         };
         if let Err(err) = &result {
+            self.core.metrics.record_tool_call(tool, false, None); // ops (metrics)
             tracing::info!(tool, outcome = "error", error = %err, "tool call");
         }
         result
@@ -277,7 +283,9 @@ impl Gateway {
     ) -> ToolResult<T> {
         let started = Instant::now();
         let result = body.await.map_err(|e| self.core.masker.mask(&e).into_owned());
-        let duration_ms = (started.elapsed().as_secs_f64() * 10_000.0).round() / 10.0;
+        let elapsed = started.elapsed();
+        self.core.metrics.record_tool_call(tool, result.is_ok(), Some(elapsed)); // ops (metrics)
+        let duration_ms = (elapsed.as_secs_f64() * 10_000.0).round() / 10.0;
         match &result {
             Ok(_) => tracing::info!(tool, session = %call.session_id, tenant = %call.tenant,
                 sandbox = %call.sandbox(), duration_ms, outcome = "ok", "tool call"),
@@ -388,6 +396,7 @@ impl Gateway {
 
     /// Turns a provider error into a sentence an agent can act on; forgets sandboxes that are gone.
     pub(crate) fn provider_error(&self, action: &str, sandbox_id: &str, err: &E2bError) -> String {
+        self.core.metrics.record_provider_error(err.op()); // ops (metrics)
         if err.is_sandbox_gone() {
             self.core.forget_sandbox(sandbox_id);
             return not_found_message(sandbox_id);

@@ -8,6 +8,7 @@ pub mod exec_tools;
 pub mod file_tools;
 pub mod handler;
 pub mod masking;
+pub mod metrics;
 pub mod provider;
 pub mod sandbox_tools;
 pub mod server;

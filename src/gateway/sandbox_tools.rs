@@ -179,6 +179,7 @@ impl Gateway {
             ..Default::default()
         };
         let sandbox = self.core.provider.create_sandbox(&request).await.map_err(|err| {
+            self.core.metrics.record_provider_error(err.op()); // ops (metrics)
             if err.is_transient() {
                 format!("could not create a sandbox: the sandbox provider is unreachable or busy ({err}); try again in a few seconds")
             } else {
@@ -261,6 +262,7 @@ impl Gateway {
             (META_DEPLOYMENT.to_string(), self.core.config.provider.deployment.clone()),
         ];
         let details = self.core.provider.list_all_sandboxes(&filter).await.map_err(|err| {
+            self.core.metrics.record_provider_error(err.op()); // ops (metrics)
             if err.is_transient() {
                 format!("could not list sandboxes: the sandbox provider is unreachable or busy ({err}); try again in a few seconds")
             } else {

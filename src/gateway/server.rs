@@ -1,7 +1,8 @@
 //! The HTTP server: `/mcp` (rmcp streamable HTTP behind bearer auth),
-//! `/healthz`, `/readyz`, and the graceful shutdown sequence (readiness
-//! fails, in-flight calls finish within the grace period, sessions end and
-//! their owned sandboxes are killed, then the listener closes).
+//! `/healthz`, `/readyz`, `/metrics` (see `metrics.rs`), and the graceful
+//! shutdown sequence, bounded as a whole by the grace period: readiness
+//! fails, in-flight calls get the grace minus a cleanup reserve, sessions end
+//! and their owned (unretained) sandboxes are killed, then the listener closes.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,14 +22,22 @@ use tokio_util::sync::CancellationToken;
 
 use super::auth::{AuthState, TokenSet, require_tenant};
 use super::drain::track_in_flight;
-use super::handler::{Gateway, GatewayCore};
+use super::handler::{Gateway, GatewayCore, META_DEPLOYMENT};
 use super::masking::SecretMasker;
+use super::metrics;
 use super::provider;
 use super::sessions::{SessionEndHook, SessionRegistry, TrackingSessionManager};
 use crate::config::Config;
 
 /// Bound on the provider health check behind `/readyz`.
 const READY_CHECK_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Part of the shutdown grace kept for session cleanup (a quarter of the grace, at most this).
+const MAX_CLEANUP_RESERVE: Duration = Duration::from_secs(5);
+/// Cleanup always gets at least this much, even when the grace is used up.
+const MIN_CLEANUP_BUDGET: Duration = Duration::from_secs(1);
+/// Bound on closing the remaining connections after cleanup.
+const CONNECTION_CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Refuses a non-loopback listener without auth unless explicitly allowed.
 pub fn check_auth_policy(config: &Config) -> anyhow::Result<()> {
@@ -103,8 +112,19 @@ pub async fn serve_on(
         http_config,
     );
     let auth = AuthState { tokens: TokenSet::new(&config.auth.tokens), sessions: Arc::clone(&sessions) };
-    let mcp = Router::new()
-        .nest_service("/mcp", service)
+    let mut mcp = Router::new().nest_service("/mcp", service);
+    // ops (metrics): /metrics on the main listener, behind the same auth as /mcp, unless an admin listener is set.
+    let metrics_stop = CancellationToken::new();
+    let mut admin = None;
+    if config.metrics.enabled {
+        if config.metrics.listen.is_empty() {
+            mcp = mcp.route("/metrics", get(metrics::serve_metrics).with_state(Arc::clone(&core.metrics)));
+        } else {
+            let listen = config.metrics.listen.as_str();
+            admin = Some(metrics::start_admin_listener(listen, Arc::clone(&core.metrics), metrics_stop.clone()).await?);
+        }
+    }
+    let mcp = mcp
         .layer(axum::middleware::from_fn_with_state(auth, require_tenant))
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&core), track_in_flight));
     let app = Router::new()
@@ -115,6 +135,7 @@ pub async fn serve_on(
 
     let addr: SocketAddr = listener.local_addr().context("reading the listening address")?;
     tracing::info!(%addr, auth = config.has_auth(), provider = ?config.provider.kind, "sandbox-mcp gateway listening (MCP on /mcp)");
+    log_deployment_sandboxes(Arc::clone(&core)); // ops: background, never blocks start-up
     let http_stop = CancellationToken::new();
     let http_stop_signal = http_stop.clone();
     let mut server = tokio::spawn(async move {
@@ -134,6 +155,7 @@ pub async fn serve_on(
             // The server ended by itself: report why after cleaning up.
             core.shutting_down.store(true, Ordering::SeqCst);
             core.end_all_sessions(&core, Duration::from_secs(config.server.shutdown_grace_secs)).await;
+            metrics_stop.cancel();
             if let Some(embedded) = connection.embedded { embedded.shutdown().await; }
             return match result {
                 Ok(Ok(())) => Ok(()),
@@ -143,32 +165,60 @@ pub async fn serve_on(
         }
     }
 
+    // The grace bounds the whole sequence: in-flight calls get the grace minus a reserve kept for
+    // killing owned sandboxes, so cleanup still happens before an orchestrator's SIGKILL.
     let grace = Duration::from_secs(config.server.shutdown_grace_secs);
+    let deadline = tokio::time::Instant::now() + grace;
+    let cleanup_reserve = (grace / 4).min(MAX_CLEANUP_RESERVE);
     core.shutting_down.store(true, Ordering::SeqCst);
     tracing::info!(
         in_flight = core.in_flight.current(),
         grace_secs = grace.as_secs(),
         "shutting down: readiness off, waiting for in-flight calls"
     );
-    let left = core.in_flight.wait_idle(grace).await;
+    let left = core.in_flight.wait_idle(grace.saturating_sub(cleanup_reserve)).await;
     if left > 0 {
         tracing::warn!(in_flight = left, "grace period over; ending sessions with calls still running");
     }
     sessions_stop.cancel();
-    core.end_all_sessions(&core, grace).await;
+    let cleanup_budget = deadline.saturating_duration_since(tokio::time::Instant::now()).max(MIN_CLEANUP_BUDGET);
+    core.end_all_sessions(&core, cleanup_budget).await;
     http_stop.cancel();
-    match tokio::time::timeout(Duration::from_secs(5), &mut server).await {
-        Ok(_) => {}
-        Err(_) => {
-            tracing::warn!("open connections did not close within 5 s; closing them");
-            server.abort();
-        }
+    if tokio::time::timeout(CONNECTION_CLOSE_TIMEOUT, &mut server).await.is_err() {
+        tracing::warn!("open connections did not close within {CONNECTION_CLOSE_TIMEOUT:?}; closing them");
+        server.abort();
+    }
+    metrics_stop.cancel(); // ops: the admin listener closes last (metrics stay scrapable during the drain)
+    if let Some(admin) = admin {
+        let _ = tokio::time::timeout(CONNECTION_CLOSE_TIMEOUT, admin).await;
     }
     if let Some(embedded) = connection.embedded {
         embedded.shutdown().await;
     }
     tracing::info!("sandbox-mcp gateway stopped");
     Ok(())
+}
+
+/// Bound on the start-up count of this deployment's sandboxes.
+const STARTUP_LIST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Logs (info) how many sandboxes tagged with this deployment are alive; best effort, in the background.
+fn log_deployment_sandboxes(core: Arc<GatewayCore>) {
+    tokio::spawn(async move {
+        let deployment = core.config.provider.deployment.clone();
+        let filter = [(META_DEPLOYMENT.to_string(), deployment.clone())];
+        match tokio::time::timeout(STARTUP_LIST_TIMEOUT, core.provider.list_all_sandboxes(&filter)).await {
+            Ok(Ok(sandboxes)) => tracing::info!(
+                deployment = %deployment,
+                alive = sandboxes.len(),
+                "sandboxes of this deployment alive at start-up (left by earlier gateway runs or retained for tasks)"
+            ),
+            Ok(Err(err)) => tracing::warn!(deployment = %deployment, error = %core.masker.mask(&err.to_string()),
+                "cannot count this deployment's sandboxes at start-up (provider unreachable?)"),
+            Err(_) => tracing::warn!(deployment = %deployment,
+                "counting this deployment's sandboxes at start-up timed out after {STARTUP_LIST_TIMEOUT:?}"),
+        }
+    });
 }
 
 /// Origins of browsers on this machine (local tools such as MCP Inspector).

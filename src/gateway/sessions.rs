@@ -105,6 +105,16 @@ pub enum SessionError {
     WrongTenant,
 }
 
+/// What `SessionRegistry::sandbox_counts` reports (for the metrics gauges).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SandboxCounts {
+    pub sessions: usize,
+    /// Distinct sandboxes created by live sessions (retained ones included).
+    pub owned: usize,
+    /// Distinct sandboxes that live sessions retain (a task was started in them).
+    pub retained: usize,
+}
+
 /// All live sessions, shared by the session manager and the tool handler.
 #[derive(Default)]
 pub struct SessionRegistry {
@@ -194,6 +204,15 @@ impl SessionRegistry {
 
     pub fn len(&self) -> usize {
         self.lock().len()
+    }
+
+    // ops (metrics): counts read at each /metrics scrape.
+    /// Live sessions and the distinct sandboxes they own and retain.
+    pub fn sandbox_counts(&self) -> SandboxCounts {
+        let sessions = self.lock();
+        let owned: BTreeSet<&String> = sessions.values().flat_map(|s| s.owned.iter()).collect();
+        let retained: BTreeSet<&String> = sessions.values().flat_map(|s| s.retained.iter()).collect();
+        SandboxCounts { sessions: sessions.len(), owned: owned.len(), retained: retained.len() }
     }
 
     pub fn is_empty(&self) -> bool {

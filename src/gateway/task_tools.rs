@@ -241,6 +241,7 @@ impl EnvdTransport<'_> {
             let _ = self.gateway.provider_error("reach", &self.sandbox.id, err);
             return TransportError::SandboxGone;
         }
+        self.gateway.core.metrics.record_provider_error(err.op()); // ops (metrics)
         match err {
             // The request never left: nothing can have run.
             E2bError::Transport { source, .. } if source.is_connect() => TransportError::NotSent(err.to_string()),
