@@ -25,6 +25,7 @@ Subcommands (details in supervisor/README.md):
   version
   start  --task-id ID --spec-b64 B64
   status --task-id ID [--stdout-offset N] [--stderr-offset N] [--limit L] [--wait S]
+         [--wait-stdout-offset N] [--wait-stderr-offset N]
   cancel --task-id ID [same paging args] [--wait S (default 3)]
   list
   (all but version accept --base DIR, default $HOME/.sandbox-mcp)
@@ -44,7 +45,7 @@ Imports are kept minimal because the gateway runs ``status`` on every
 get_task call and interpreter start-up dominates its latency.
 """
 
-SUPERVISOR_VERSION = "1"
+SUPERVISOR_VERSION = "2"
 
 import os
 import sys
@@ -97,7 +98,8 @@ TERMINAL = ("succeeded", "failed", "cancelled", "timed_out")
 CLI_OPTIONS = {
     "version": ("base",),
     "start": ("task-id", "spec-b64", "base"),
-    "status": ("task-id", "stdout-offset", "stderr-offset", "limit", "wait", "base"),
+    "status": ("task-id", "stdout-offset", "stderr-offset", "limit", "wait",
+               "wait-stdout-offset", "wait-stderr-offset", "base"),
     "cancel": ("task-id", "stdout-offset", "stderr-offset", "limit", "wait", "base"),
     "list": ("base",),
 }
@@ -531,7 +533,12 @@ def cmd_status(opts):
     wait = opt_float(opts, "wait", 0.0, 0.0, MAX_WAIT)
     record, state, error = load_task(tdir, tid)
     if wait > 0:
-        wait_for_change(tdir, tid, state, record, out_off, err_off, wait)
+        # The wait watches for output past the caller's own offsets, which may
+        # differ from the page's (the gateway reads a wider page to mask
+        # secrets that straddle its edges).
+        wait_out = opt_int(opts, "wait-stdout-offset", out_off, 0, 1 << 62)
+        wait_err = opt_int(opts, "wait-stderr-offset", err_off, 0, 1 << 62)
+        wait_for_change(tdir, tid, state, record, wait_out, wait_err, wait)
         record, state, error = load_task(tdir, tid)
     emit(status_view(tdir, tid, record, state, error, out_off, err_off, limit))
 

@@ -136,7 +136,7 @@ class SupervisorTestCase(unittest.TestCase):
 
     def test_version(self):
         obj = self.cli("version", base=False)
-        self.assertEqual(obj["version"], "1")
+        self.assertEqual(obj["version"], "2")
 
     def test_happy_path_stdout_stderr_separate(self):
         tid, first = self.start("echo hello; echo oops >&2; echo $FOO; pwd",
@@ -514,6 +514,17 @@ class SupervisorTestCase(unittest.TestCase):
         self.assertGreaterEqual(time.monotonic() - t0, 0.5)
         self.assertEqual(st["state"], "running")
         self.assertEqual(st["stdout_b64"], "")
+
+    def test_wait_offsets_are_independent_of_the_page(self):
+        # A page from offset 0 that waits past offset 5: output before 5 does not end the wait.
+        tid, _ = self.start("echo early; sleep 60")
+        self.status(tid, "--wait", "10")  # "early\n" is stored
+        t0 = time.monotonic()
+        st = self.status(tid, "--wait", "0.6", "--stdout-offset", "0", "--wait-stdout-offset", "6")
+        self.assertGreaterEqual(time.monotonic() - t0, 0.5)
+        self.assertEqual(base64.b64decode(st["stdout_b64"]), b"early\n")
+        obj = self.cli("status", "--task-id", tid, "--wait", "1", "--wait-stdout-offset", "-1", check=False)
+        self.assertEqual(obj["code"], "invalid")
 
     def test_wait_returns_on_state_change(self):
         tid, _ = self.start("sleep 0.5")

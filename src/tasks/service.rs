@@ -268,8 +268,15 @@ impl TaskService {
         let window = Window::for_page(page, &self.masker);
         let mut args = paging_args("status", task_id, &window);
         if wait_seconds > 0.0 {
-            args.push("--wait".to_owned());
-            args.push(format!("{wait_seconds}"));
+            // Wait for output past the caller's offsets, not the widened window's.
+            args.extend([
+                "--wait".to_owned(),
+                format!("{wait_seconds}"),
+                "--wait-stdout-offset".to_owned(),
+                page.stdout_offset.to_string(),
+                "--wait-stderr-offset".to_owned(),
+                page.stderr_offset.to_string(),
+            ]);
         }
         let timeout = CALL_TIMEOUT + Duration::from_secs_f64(wait_seconds);
         let reply = self.call(t, sandbox_id, args, timeout).await.map_err(|e| self.transport_error(sandbox_id, e))?;
