@@ -21,6 +21,7 @@ use super::metrics::GatewayMetrics;
 use super::sessions::{EndReason, SessionEndHook, SessionError, SessionRegistry, SessionState};
 use crate::config::Config;
 use crate::e2b::{E2bClient, E2bError, EnvdClient, wire};
+use crate::tasks::service::TaskService;
 
 /// Metadata keys the gateway puts on every sandbox it creates.
 pub const META_TENANT: &str = "sandbox_mcp_tenant";
@@ -46,6 +47,8 @@ pub struct GatewayCore {
     pub shutting_down: AtomicBool,
     /// Prometheus metrics (ops).
     pub metrics: Arc<GatewayMetrics>,
+    /// Task tools' service: supervisor install cache and page masking (same secrets as `masker`).
+    pub tasks: TaskService,
     /// Session cleanups under way (awaited on shutdown).
     pub cleanups: TaskTracker,
     /// sandbox id -> (last renewal by us, deadline we believe it has).
@@ -55,7 +58,9 @@ pub struct GatewayCore {
 impl GatewayCore {
     pub fn new(config: Arc<Config>, provider: E2bClient, sessions: Arc<SessionRegistry>, masker: SecretMasker) -> Self {
         let metrics = Arc::new(GatewayMetrics::new(Arc::clone(&sessions)));
+        let tasks = TaskService::new(masker.values());
         Self {
+            tasks,
             config,
             provider,
             sessions,

@@ -33,6 +33,11 @@ impl SecretMasker {
         (Self { secrets }, too_short)
     }
 
+    /// The secret values, longest first (task pages mask the same set, byte-wise).
+    pub fn values(&self) -> &[String] {
+        &self.secrets
+    }
+
     /// The text with every secret value replaced by [`MASK`].
     pub fn mask<'a>(&self, text: &'a str) -> Cow<'a, str> {
         let mut out = Cow::Borrowed(text);

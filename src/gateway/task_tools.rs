@@ -5,7 +5,6 @@
 //! owned. `start_task` retains the sandbox for the session before launching.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,7 +17,6 @@ use serde::Deserialize;
 
 use super::args::validate_envs;
 use super::handler::{CallContext, Gateway, ResolvedSandbox, not_found_message};
-use crate::config::{Config, ProviderKind};
 use crate::e2b::{CallOptions, E2bError, OutputLimits, wire};
 use crate::tasks::TaskId;
 use crate::tasks::launch::{self, TaskSpec};
@@ -161,10 +159,9 @@ impl Gateway {
 }
 
 impl Gateway {
-    /// The process-wide task service (its install cache is shared by every session).
-    fn tasks(&self) -> &'static TaskService {
-        static SERVICE: OnceLock<TaskService> = OnceLock::new();
-        SERVICE.get_or_init(|| TaskService::new(gateway_secrets(&self.core.config)))
+    /// The gateway's task service (its install cache is shared by every session).
+    fn tasks(&self) -> &TaskService {
+        &self.core.tasks
     }
 
     /// Resolves the sandbox (tenant check; a paused one is resumed) without renewing its deadline.
@@ -213,19 +210,6 @@ impl Gateway {
         let transport = EnvdTransport { gateway: self, sandbox: &sandbox };
         self.tasks().list(&transport, &sandbox.id).await.map_err(|e| e.to_string())
     }
-}
-
-/// The gateway's own secret values: `tasks.secrets` and the provider API key (for E2B; the embedded
-/// provider's key is random per process and never given to sandboxes).
-fn gateway_secrets(config: &Config) -> Vec<String> {
-    let mut secrets: Vec<String> = config.tasks.secrets.iter().filter(|s| s.len() >= 6).cloned().collect();
-    if config.provider.kind == ProviderKind::E2b
-        && let Ok(key) = std::env::var(&config.provider.api_key_env)
-        && key.len() >= 6
-    {
-        secrets.push(key);
-    }
-    secrets
 }
 
 /// Runs the supervisor through the sandbox's envd (process Start, files API), as `user`.
