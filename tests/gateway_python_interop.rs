@@ -12,6 +12,10 @@ use gateway_support::*;
 fn python_sdk_client_session() {
     let Some(python) = std::env::var_os("SANDBOX_MCP_PYTHON") else {
         eprintln!("SKIPPED python_sdk_client_session: set SANDBOX_MCP_PYTHON to a python with mcp==1.30.0 installed");
+        assert!(
+            std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
+            "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
+        );
         return;
     };
     if !require_root("python_sdk_client_session") {

@@ -19,6 +19,10 @@ use sandbox_mcp::e2b::{CallOptions, E2bClient, E2bError, EnvdClient, OutputLimit
 fn provider() -> Option<ProviderProcess> {
     if !is_root() {
         eprintln!("SKIPPED: provider_client tests need root (namespaces, mounts, cgroups)");
+        assert!(
+            std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
+            "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
+        );
         return None;
     }
     Some(ProviderProcess::spawn(Path::new(env!("CARGO_BIN_EXE_sandbox-mcp"))).expect("start the provider"))

@@ -128,6 +128,10 @@ async fn orphans_are_reaped() {
 async fn official_sdk_interop() {
     let Some(python) = std::env::var_os("E2B_SDK_PYTHON") else {
         eprintln!("SKIPPED official_sdk_interop: set E2B_SDK_PYTHON to a python with e2b==2.63.0 installed");
+        assert!(
+            std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
+            "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
+        );
         return;
     };
     if !is_root() {

@@ -33,6 +33,10 @@ pub fn is_root() -> bool {
     let root = nix::unistd::geteuid().is_root();
     if !root {
         eprintln!("SKIPPED: envd agent tests need root (user switching)");
+        assert!(
+            std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
+            "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
+        );
     }
     root
 }

@@ -29,6 +29,10 @@ pub fn require_root(test: &str) -> bool {
         return true;
     }
     eprintln!("SKIPPED {test}: the local provider needs root (namespaces, overlayfs); run the tests as root");
+    assert!(
+        std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
+        "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
+    );
     false
 }
 

@@ -18,6 +18,10 @@ pub fn is_root() -> bool {
         return true;
     }
     eprintln!("SKIPPED: local provider tests need root (namespaces, overlayfs, cgroups)");
+    assert!(
+        std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
+        "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
+    );
     false
 }
 

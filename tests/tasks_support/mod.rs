@@ -25,6 +25,10 @@ pub fn can_run() -> bool {
         return true;
     }
     eprintln!("\n!!!!! SKIPPED: task integration tests need root (namespaces for the local provider) !!!!!\n");
+    assert!(
+        std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
+        "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
+    );
     false
 }
 
