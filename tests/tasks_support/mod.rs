@@ -133,6 +133,34 @@ pub struct Env {
     pub dir: tempfile::TempDir,
 }
 
+/// A test that fails part-way leaves its sandboxes behind (the provider keeps them across its own
+/// exit, by design): kill whatever the embedded provider of this env still records, and remove
+/// their cgroups, before the state dir goes.
+impl Drop for Env {
+    fn drop(&mut self) {
+        let Ok(entries) = std::fs::read_dir(self.state_dir().join("sandboxes")) else { return };
+        for entry in entries.flatten() {
+            let Ok(text) = std::fs::read_to_string(entry.path().join("record.json")) else { continue };
+            let Ok(record) = serde_json::from_str::<Value>(&text) else { continue };
+            let pid = record["envd_pid"].as_i64().unwrap_or(0) as i32;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            // Only a process that really is this sandbox's agent.
+            if pid > 0 && String::from_utf8_lossy(&cmdline).contains(&*entry.path().to_string_lossy()) {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                for _ in 0..100 {
+                    if !Path::new(&format!("/proc/{pid}")).exists() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            for cgroup in record["cgroups"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+                let _ = std::fs::remove_dir(cgroup);
+            }
+        }
+    }
+}
+
 impl Env {
     pub fn new() -> Self {
         Self { dir: tempfile::tempdir().unwrap() }
