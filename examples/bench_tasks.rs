@@ -1,6 +1,6 @@
 //! Task tool latencies through MCP against a real `sandbox-mcp serve`
 //! (embedded local provider): medians (and p90) of start_task to response,
-//! get_task with a 16 KiB page, cancel_task of a TERM-obeying task, and the
+//! get_task with a 16 KiB page (of a finished and of a running task), cancel_task of a TERM-obeying task, and the
 //! supervisor's memory (RSS of an idle one, peak RSS of one draining 3 MiB),
 //! and a breakdown: the same in-sandbox work timed through envd directly.
 //! The gateway talks to a separate `sandbox-mcp provider` (kind = "e2b").
@@ -17,6 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use base64::Engine as _;
 use rmcp::model::{CallToolRequestParams, ClientConfig};
 use rmcp::service::RunningService;
 use rmcp::transport::StreamableHttpClientTransport;
@@ -275,6 +276,36 @@ async fn main() -> anyhow::Result<()> {
         }
         gets.push(d);
     }
+    // The same on a task still running: get_task also checks its supervisor is alive.
+    let v = call(
+        &client,
+        "start_task",
+        json!({"sandbox_id": sid, "command": "head -c 1048576 /dev/urandom | base64 -w 100; sleep 600"}),
+    )
+    .await?;
+    let live = v["task_id"].as_str().context("task_id")?.to_string();
+    loop {
+        let v = call(
+            &client,
+            "get_task",
+            json!({"sandbox_id": sid, "task_id": live, "stdout_offset": 1_000_000, "limit": 1, "wait_seconds": 5}),
+        )
+        .await?;
+        if v["stdout_next_offset"] == 1_000_001 || v["state"] != "running" {
+            break;
+        }
+    }
+    let mut live_gets = Vec::new();
+    for i in 0..n {
+        let offset = (i * 16_384) % (1 << 19);
+        let args = json!({"sandbox_id": sid, "task_id": live, "stdout_offset": offset, "limit": 16384});
+        let (d, v) = timed(&client, "get_task", args).await?;
+        if v["state"] != "running" || v["stdout"].as_str().map_or(0, str::len) != 16_384 {
+            bail!("running task: unexpected page at {offset}: state {}", v["state"]);
+        }
+        live_gets.push(d);
+    }
+    call(&client, "cancel_task", json!({"sandbox_id": sid, "task_id": live, "limit": 1})).await?;
     let peak = call(
         &client,
         "run_command",
@@ -301,14 +332,25 @@ async fn main() -> anyhow::Result<()> {
         time_envd(&envd, &["python3", "-I", "-S", "-c", program, "status", "--task-id", &big, "--limit", "16384"], n)
             .await?;
 
+    let spec = base64::engine::general_purpose::STANDARD
+        .encode(serde_json::to_vec(&json!({"command": "sleep 600", "cwd": null, "envs": {}, "timeout": 600}))?);
+    let mut envd_start = Vec::new();
+    for _ in 0..n {
+        let id = sandbox_mcp::tasks::TaskId::generate().to_string();
+        let argv = ["python3", "-I", "-S", "-c", program, "start", "--task-id", &id, "--spec-b64", &spec];
+        envd_start.extend(time_envd(&envd, &argv, 1).await?);
+    }
+
     println!();
     summary("start_task -> response", 30.0, starts);
     summary("get_task, 16 KiB page", 10.0, gets);
+    summary("get_task, 16 KiB page, running task", 10.0, live_gets);
     summary("cancel_task (TERM-obeying task)", 100.0, cancels);
     println!("breakdown (envd directly, no gateway/MCP):");
     summary("  envd run /bin/true", f64::INFINITY, envd_true);
     summary("  envd run python3 -I -S -c pass", f64::INFINITY, envd_python);
     summary("  envd run supervisor status 16 KiB", f64::INFINITY, envd_status);
+    summary("  envd run supervisor start", f64::INFINITY, envd_start);
     println!("supervisor RSS, idle task:          {} KiB", rss["stdout"].as_str().unwrap_or("?").trim());
     println!("supervisor peak RSS, 3 MiB output:  {} KiB", peak["stdout"].as_str().unwrap_or("?").trim());
 

@@ -551,8 +551,14 @@ class SupervisorTestCase(unittest.TestCase):
 
     def test_invalid_spec_creates_nothing(self):
         tid = new_id()
+        valid = base64.b64encode(b'{"command": "true"}').decode()
+        self.assertTrue(valid.endswith("="))
         cases = [
             "not base64!",
+            valid[:8] + "\n" + valid[8:],   # lenient decoders skip these
+            valid[:8] + "*" + valid[8:],
+            valid + "!",
+            valid.rstrip("="),               # unpadded
             base64.b64encode(b"[1, 2]").decode(),
             base64.b64encode(b'{"command": 5}').decode(),
             base64.b64encode(json.dumps({"command": "true", "cwd": "/no/such/dir"}).encode()).decode(),

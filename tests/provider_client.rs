@@ -319,6 +319,21 @@ async fn files_round_trip_list_and_manage() {
     assert_eq!(run_ok(&envd, "stat -c %s /tmp/dir/big", &opts).await, format!("{}\n", big.len()));
     let err = envd.read_file_limited("/tmp/dir/big", 1024, &opts).await.unwrap_err();
     assert!(matches!(err, E2bError::TooLarge { limit: 1024, .. }), "{err:?}");
+    // Ranged reads (206 / 416 as Go's http.ServeContent answers them): the bytes and the file's size.
+    for (offset, len) in [(0u64, 1u64), (12_345, 16_384), (big.len() as u64 - 10, 16_384), (3, 10 << 20)] {
+        let range = envd.read_file_range("/tmp/dir/big", offset, len, &opts).await.unwrap();
+        let end = (offset + len).min(big.len() as u64) as usize;
+        assert_eq!(range.size, big.len() as u64);
+        assert!(range.data[..] == big[offset as usize..end], "range {offset}+{len} differs");
+    }
+    let past = envd.read_file_range("/tmp/dir/big", big.len() as u64, 100, &opts).await.unwrap();
+    assert_eq!((past.data.len(), past.size), (0, big.len() as u64));
+    envd.write_file("/tmp/dir/empty", Bytes::new(), &opts).await.unwrap();
+    let empty = envd.read_file_range("/tmp/dir/empty", 0, 100, &opts).await.unwrap();
+    assert_eq!((empty.data.len(), empty.size), (0, 0));
+    let err = envd.read_file_range("/tmp/nope.txt", 0, 10, &opts).await.unwrap_err();
+    assert!(err.is_not_found() && !err.is_sandbox_gone(), "{err:?}");
+    envd.remove("/tmp/dir/empty", &opts).await.unwrap();
     // Overwrite replaces the content.
     envd.write_file("/tmp/dir/bin", Bytes::from_static(b"short"), &opts).await.unwrap();
     assert_eq!(&envd.read_file("/tmp/dir/bin", &opts).await.unwrap()[..], b"short");

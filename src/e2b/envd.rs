@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use base64::Engine;
 use bytes::{Bytes, BytesMut};
-use reqwest::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
-use reqwest::{Method, RequestBuilder};
+use reqwest::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, HeaderValue, RANGE};
+use reqwest::{Method, RequestBuilder, StatusCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -260,6 +260,83 @@ impl EnvdClient {
         Ok(out.freeze())
     }
 
+    /// `GET /files?path=` with `Range: bytes=OFFSET-END`: at most `len` (≥ 1)
+    /// bytes from `offset`, and the file's size. envd serves ranges with Go's
+    /// `http.ServeContent`: 206 with `Content-Range`, or 416 `bytes */SIZE`
+    /// past the end; a server that ignores the range (200) is sliced here.
+    pub async fn read_file_range(
+        &self,
+        path: &str,
+        offset: u64,
+        len: u64,
+        opts: &CallOptions,
+    ) -> Result<FileRange, E2bError> {
+        let ctx = self.ctx("files.read_range", RetryPolicy::Idempotent, self.unary_timeout(opts));
+        if len == 0 {
+            return Err(ctx.protocol("a range read needs a length of at least one byte"));
+        }
+        let query = file_query(path, opts);
+        let last = offset.saturating_add(len - 1);
+        let range = format!("bytes={offset}-{last}");
+        let response =
+            transport::send(&ctx, || self.request(Method::GET, "files").query(&query).header(RANGE, range.as_str()))
+                .await?;
+        let status = response.status();
+        let content_range = response.headers().get(CONTENT_RANGE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        match status {
+            StatusCode::PARTIAL_CONTENT => {
+                let Some((start, end, size)) = content_range.as_deref().and_then(parse_content_range) else {
+                    return Err(ctx.protocol(format!("206 without a usable Content-Range: {content_range:?}")));
+                };
+                if start != offset || end < start || end > last || end >= size {
+                    return Err(ctx.protocol(format!("asked for {range}, got Content-Range {content_range:?}")));
+                }
+                let data = self.body_capped(&ctx, response, end - start + 1).await?;
+                if data.len() as u64 != end - start + 1 {
+                    return Err(ctx.protocol("the range body is shorter than its Content-Range"));
+                }
+                Ok(FileRange { data, size })
+            }
+            StatusCode::RANGE_NOT_SATISFIABLE => {
+                let size = content_range
+                    .as_deref()
+                    .and_then(|v| v.strip_prefix("bytes */"))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .ok_or_else(|| ctx.protocol(format!("416 without a usable Content-Range: {content_range:?}")))?;
+                Ok(FileRange { data: Bytes::new(), size })
+            }
+            StatusCode::OK => {
+                let whole = self.body_capped(&ctx, response, offset.saturating_add(len).max(MAX_UNRANGED_READ)).await?;
+                let size = whole.len() as u64;
+                let start = offset.min(size) as usize;
+                let end = last.saturating_add(1).min(size) as usize;
+                Ok(FileRange { data: whole.slice(start..end), size })
+            }
+            _ => Err(transport::error_from_response(&ctx, response).await),
+        }
+    }
+
+    async fn body_capped(
+        &self,
+        ctx: &CallCtx<'_>,
+        mut response: reqwest::Response,
+        cap: u64,
+    ) -> Result<Bytes, E2bError> {
+        let too_large =
+            || E2bError::TooLarge { op: ctx.op, sandbox_id: Some(self.inner.sandbox_id.clone()), limit: cap };
+        if response.content_length().is_some_and(|n| n > cap) {
+            return Err(too_large());
+        }
+        let mut out = BytesMut::with_capacity(response.content_length().unwrap_or(0).min(cap) as usize);
+        while let Some(chunk) = response.chunk().await.map_err(|e| ctx.reqwest_error(e))? {
+            if out.len() as u64 + chunk.len() as u64 > cap {
+                return Err(too_large());
+            }
+            out.extend_from_slice(&chunk);
+        }
+        Ok(out.freeze())
+    }
+
     /// `POST /files?path=` as `multipart/form-data` (field `file`), like the SDK;
     /// creates parent directories and overwrites.
     pub async fn write_file(
@@ -282,6 +359,24 @@ impl EnvdClient {
         let entries: Vec<wire::UploadedEntry> = transport::read_json(&ctx, response).await?;
         entries.into_iter().next().ok_or_else(|| ctx.protocol("upload response lists no file"))
     }
+}
+
+/// Largest whole file accepted when a server answers a range request with 200.
+const MAX_UNRANGED_READ: u64 = 16 * 1024 * 1024;
+
+/// Part of a file and the file's total size ([`EnvdClient::read_file_range`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileRange {
+    pub data: Bytes,
+    pub size: u64,
+}
+
+/// `bytes START-END/SIZE` → `(start, end, size)` (a `*` size is refused).
+fn parse_content_range(value: &str) -> Option<(u64, u64, u64)> {
+    let rest = value.trim().strip_prefix("bytes ")?;
+    let (span, size) = rest.split_once('/')?;
+    let (start, end) = span.split_once('-')?;
+    Some((start.trim().parse().ok()?, end.trim().parse().ok()?, size.trim().parse().ok()?))
 }
 
 fn file_query(path: &str, opts: &CallOptions) -> Vec<(&'static str, String)> {
@@ -319,6 +414,15 @@ fn multipart_body(path: &str, data: &[u8]) -> (String, Bytes) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn content_range_is_parsed() {
+        assert_eq!(parse_content_range("bytes 0-99/100"), Some((0, 99, 100)));
+        assert_eq!(parse_content_range("bytes 5-5/6"), Some((5, 5, 6)));
+        assert_eq!(parse_content_range("bytes */100"), None);
+        assert_eq!(parse_content_range("items 0-1/2"), None);
+        assert_eq!(parse_content_range("bytes 0-1/*"), None);
+    }
 
     #[test]
     fn basic_auth_matches_the_sdk() {

@@ -22,7 +22,7 @@ pub mod wire;
 use std::time::Duration;
 
 pub use control::E2bClient;
-pub use envd::EnvdClient;
+pub use envd::{EnvdClient, FileRange};
 pub use error::E2bError;
 pub use process::{CommandOutput, OutputLimits, ProcessStream};
 

@@ -21,7 +21,7 @@ use crate::e2b::{CallOptions, E2bError, OutputLimits, wire};
 use crate::tasks::TaskId;
 use crate::tasks::launch::{self, TaskSpec};
 use crate::tasks::page::{self, PageRequest};
-use crate::tasks::service::{ExecOutput, SupervisorTransport, TaskError, TaskService, TransportError};
+use crate::tasks::service::{ExecOutput, FileRange, SupervisorTransport, TaskError, TaskService, TransportError};
 use crate::tasks::view::{StartedTask, TaskListView, TaskView};
 
 /// The sandbox user the supervisor runs as.
@@ -29,6 +29,8 @@ const TASK_USER: &str = "user";
 /// Output kept from one supervisor call (a status page is at most ~200 KB of JSON).
 const SUPERVISOR_MAX_STDOUT: usize = 4 << 20;
 const SUPERVISOR_MAX_STDERR: usize = 64 << 10;
+/// Deadline of one direct read of a task file.
+const READ_TIMEOUT: Duration = Duration::from_secs(20);
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -259,5 +261,14 @@ impl SupervisorTransport for EnvdTransport<'_> {
         envd.write_file(&tmp, Bytes::from_static(content), &options).await.map_err(|e| self.classify(&e))?;
         envd.rename(&tmp, path, &options).await.map_err(|e| self.classify(&e))?;
         Ok(())
+    }
+
+    async fn read_range(&self, path: &str, offset: u64, len: u64) -> Result<Option<FileRange>, TransportError> {
+        let options = CallOptions::user(TASK_USER).with_timeout(READ_TIMEOUT);
+        match self.sandbox.envd.read_file_range(path, offset, len, &options).await {
+            Ok(range) => Ok(Some(FileRange { data: range.data.to_vec(), size: range.size })),
+            Err(err) if err.is_not_found() && !err.is_sandbox_gone() => Ok(None),
+            Err(err) => Err(self.classify(&err)),
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::service::{ExecOutput, SupervisorTransport, TaskService, TransportError};
+use super::service::{ExecOutput, FileRange, SupervisorTransport, TaskService, TransportError};
 use super::{SUPERVISOR_INSTALLS, TaskId, TaskState, launch::TaskSpec, page::PageRequest};
 
 /// python3 on this host, with HOME pointing at a private temp directory.
@@ -44,6 +44,19 @@ impl SupervisorTransport for LocalPython {
         let tmp = path.with_extension(format!("tmp{}", rand::random::<u32>()));
         std::fs::write(&tmp, content).map_err(|e| TransportError::NotSent(e.to_string()))?;
         std::fs::rename(&tmp, &path).map_err(|e| TransportError::NotSent(e.to_string()))
+    }
+
+    async fn read_range(&self, path: &str, offset: u64, len: u64) -> Result<Option<FileRange>, TransportError> {
+        use std::os::unix::fs::FileExt;
+        let file = match std::fs::File::open(path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(TransportError::NotSent(e.to_string())),
+        };
+        let size = file.metadata().map_err(|e| TransportError::NotSent(e.to_string()))?.len();
+        let mut data = vec![0; len.min(size.saturating_sub(offset)) as usize];
+        file.read_exact_at(&mut data, offset).map_err(|e| TransportError::NotSent(e.to_string()))?;
+        Ok(Some(FileRange { data, size }))
     }
 }
 
@@ -176,4 +189,112 @@ async fn concurrent_first_calls_install_once() {
         let v = wait_terminal(&svc, &t, id).await;
         assert_eq!((v.state, v.stdout.as_str()), (TaskState::Succeeded, "hi\n"));
     }
+}
+
+/// Both read paths of get_task, as JSON (what the agent would see).
+async fn both_views(
+    svc: &TaskService,
+    t: &LocalPython,
+    id: &TaskId,
+    p: PageRequest,
+) -> (serde_json::Value, serde_json::Value) {
+    let direct = svc.status_direct(t, "sbx", id, &p).await.unwrap().expect("the direct path answers");
+    let supervisor = svc.status_via_supervisor(t, "sbx", id, &p, 0.0).await.unwrap();
+    (serde_json::to_value(direct).unwrap(), serde_json::to_value(supervisor).unwrap())
+}
+
+fn status_json(t: &LocalPython, id: &TaskId) -> serde_json::Value {
+    let path = t.home.path().join(format!(".sandbox-mcp/tasks/{id}/status.json"));
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn direct_reads_match_the_supervisor_in_every_state() {
+    let t = LocalPython::new();
+    let svc = t.service(&["gateway-secret-value"]);
+    let pages = [page(0, 0, 16_384), page(3, 1, 5), page(9, 0, 7), page(4_000, 4_000, 10)];
+    let output = "printf 'out gateway-secret-value é-x\\n'; printf 'err\\n' >&2";
+
+    // Running, with output already stored.
+    let running = TaskId::generate();
+    svc.start(&t, "sbx", &running, &spec(&format!("{output}; sleep 30"), &[], None)).await.unwrap();
+    let v = svc.status(&t, "sbx", &running, &page(0, 0, 100), 5.0).await.unwrap();
+    assert_eq!((v.state, v.stderr.as_str()), (TaskState::Running, "err\n"));
+    for p in pages {
+        let (direct, supervisor) = both_views(&svc, &t, &running, p).await;
+        assert_eq!(direct, supervisor, "running, {p:?}");
+    }
+
+    // Its supervisor killed: both read `unknown`, with the same explanation.
+    let record = status_json(&t, &running);
+    let (daemon, group) = (record["supervisor_pid"].as_i64().unwrap(), record["pgid"].as_i64().unwrap());
+    unsafe { libc::kill(daemon as i32, libc::SIGKILL) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read(format!("/proc/{daemon}/stat")).is_ok_and(|s| !String::from_utf8_lossy(&s).contains(") Z "))
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for p in pages {
+        let (direct, supervisor) = both_views(&svc, &t, &running, p).await;
+        assert_eq!(direct["state"], "unknown", "{direct}");
+        assert_eq!(direct, supervisor, "supervisor gone, {p:?}");
+    }
+    unsafe { libc::kill(-(group as i32), libc::SIGKILL) };
+
+    // Finished in each terminal state.
+    let failed = TaskId::generate();
+    svc.start(&t, "sbx", &failed, &spec(&format!("{output}; exit 3"), &[], None)).await.unwrap();
+    let succeeded = TaskId::generate();
+    svc.start(&t, "sbx", &succeeded, &spec(output, &[], None)).await.unwrap();
+    let timed_out = TaskId::generate();
+    svc.start(&t, "sbx", &timed_out, &spec(&format!("{output}; sleep 30"), &[], Some(1))).await.unwrap();
+    let cancelled = TaskId::generate();
+    svc.start(&t, "sbx", &cancelled, &spec(&format!("{output}; sleep 30"), &[], None)).await.unwrap();
+    assert_eq!(svc.cancel(&t, "sbx", &cancelled, &page(0, 0, 1)).await.unwrap().state, TaskState::Cancelled);
+    for (id, state) in [
+        (&failed, TaskState::Failed),
+        (&succeeded, TaskState::Succeeded),
+        (&timed_out, TaskState::TimedOut),
+        (&cancelled, TaskState::Cancelled),
+    ] {
+        assert_eq!(wait_terminal(&svc, &t, id).await.state, state);
+        for p in pages {
+            let (direct, supervisor) = both_views(&svc, &t, id, p).await;
+            assert_eq!(direct, supervisor, "{state:?}, {p:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn direct_reads_leave_unfamiliar_records_to_the_supervisor() {
+    let t = LocalPython::new();
+    let svc = t.service(&[]);
+    let id = TaskId::generate();
+    svc.start(&t, "sbx", &id, &spec("echo hi", &[], None)).await.unwrap();
+    assert_eq!(wait_terminal(&svc, &t, &id).await.state, TaskState::Succeeded);
+    let path = t.home.path().join(format!(".sandbox-mcp/tasks/{id}/status.json"));
+    let p = page(0, 0, 100);
+    assert!(svc.status_direct(&t, "sbx", &id, &p).await.unwrap().is_some());
+    // A state this gateway does not know, an unreadable record, no record
+    // yet, no task at all: the direct path declines and get_task still
+    // answers through the supervisor.
+    let mut record = status_json(&t, &id);
+    record["state"] = "exploded".into();
+    std::fs::write(&path, record.to_string()).unwrap();
+    assert!(svc.status_direct(&t, "sbx", &id, &p).await.unwrap().is_none());
+    assert_eq!(svc.status(&t, "sbx", &id, &p, 0.0).await.unwrap().state, TaskState::Unknown);
+    std::fs::write(&path, b"{\"task_id\": ").unwrap();
+    assert!(svc.status_direct(&t, "sbx", &id, &p).await.unwrap().is_none());
+    assert_eq!(svc.status(&t, "sbx", &id, &p, 0.0).await.unwrap().state, TaskState::Unknown);
+    std::fs::remove_file(&path).unwrap();
+    assert!(svc.status_direct(&t, "sbx", &id, &p).await.unwrap().is_none());
+    let v = svc.status(&t, "sbx", &id, &p, 0.0).await.unwrap();
+    assert_eq!((v.state, v.stdout.as_str()), (TaskState::Unknown, "hi\n"));
+    let missing = TaskId::generate();
+    assert!(svc.status_direct(&t, "sbx", &missing, &p).await.unwrap().is_none());
+    assert!(matches!(
+        svc.status(&t, "sbx", &missing, &p, 0.0).await.unwrap_err(),
+        super::service::TaskError::TaskNotFound { .. }
+    ));
 }

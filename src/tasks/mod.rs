@@ -1,9 +1,10 @@
 //! Host side of reconnectable tasks (DESIGN.md §4): task ids, launch
-//! encoding and validation, the supervisor's CLI protocol, paging with the
-//! gateway's own secret masking, and [`service::TaskService`], which runs the
-//! supervisor inside a sandbox through any [`service::SupervisorTransport`]
-//! and installs it on first use.
+//! encoding and validation, the supervisor's CLI protocol, get_task's direct
+//! read path, paging with the gateway's own secret masking, and
+//! [`service::TaskService`], which runs the supervisor inside a sandbox
+//! through any [`service::SupervisorTransport`] and installs it on first use.
 
+pub mod direct;
 pub mod id;
 pub mod launch;
 pub mod page;

@@ -168,30 +168,30 @@ pub struct StreamPage {
 #[error("the task supervisor returned a malformed output page")]
 pub struct MalformedPage;
 
-/// Cuts the requested page out of a window returned by the supervisor.
+/// Decodes a window as the supervisor prints it (standard base64).
+pub fn decode_window(window_b64: &str) -> Result<Vec<u8>, MalformedPage> {
+    base64::engine::general_purpose::STANDARD.decode(window_b64).map_err(|_| MalformedPage)
+}
+
+/// Cuts the requested page out of a window (bytes from `window_offset`).
 pub fn cut_page(
-    window_b64: &str,
+    window: &[u8],
     window_offset: u64,
     offset: u64,
     limit: u64,
     masker: &SecretMasker,
 ) -> Result<StreamPage, MalformedPage> {
-    let window = base64::engine::general_purpose::STANDARD.decode(window_b64).map_err(|_| MalformedPage)?;
     let skip = offset.checked_sub(window_offset).ok_or(MalformedPage)?;
     let start = usize::try_from(skip).map_err(|_| MalformedPage)?.min(window.len());
     let len = usize::try_from(limit).map_err(|_| MalformedPage)?.min(window.len() - start);
     let end = start + len;
-    let masked = masker.mask_range(&window, start, end);
+    let masked = masker.mask_range(window, start, end);
     Ok(StreamPage { text: String::from_utf8_lossy(&masked).into_owned(), next_offset: offset + len as u64 })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn b64(data: &[u8]) -> String {
-        base64::engine::general_purpose::STANDARD.encode(data)
-    }
 
     #[test]
     fn paging_arguments_are_bounded() {
@@ -214,18 +214,18 @@ mod tests {
         let page = PageRequest::new(Some(3), Some(0), Some(4)).unwrap();
         let w = Window::for_page(&page, &m);
         assert_eq!(w, Window { stdout_offset: 3, stderr_offset: 0, limit: 4 });
-        let p = cut_page(&b64(b"defg"), 3, 3, 4, &m).unwrap();
+        let p = cut_page(b"defg", 3, 3, 4, &m).unwrap();
         assert_eq!(p, StreamPage { text: "defg".into(), next_offset: 7 });
         // Past the end: empty page, offset unchanged.
-        assert_eq!(cut_page("", 50, 50, 4, &m).unwrap(), StreamPage { text: String::new(), next_offset: 50 });
+        assert_eq!(cut_page(b"", 50, 50, 4, &m).unwrap(), StreamPage { text: String::new(), next_offset: 50 });
     }
 
     #[test]
     fn split_utf8_becomes_replacement_character() {
         let m = SecretMasker::default();
         let data = "aé".as_bytes(); // 61 c3 a9
-        assert_eq!(cut_page(&b64(&data[..2]), 0, 0, 2, &m).unwrap().text, "a\u{fffd}");
-        assert_eq!(cut_page(&b64(&data[2..]), 2, 2, 2, &m).unwrap().text, "\u{fffd}");
+        assert_eq!(cut_page(&data[..2], 0, 0, 2, &m).unwrap().text, "a\u{fffd}");
+        assert_eq!(cut_page(&data[2..], 2, 2, 2, &m).unwrap().text, "\u{fffd}");
     }
 
     #[test]
@@ -238,7 +238,7 @@ mod tests {
         let w = Window::for_page(&page, &m);
         assert_eq!((w.stdout_offset, w.limit), (0, 41));
         let win = &stream[..41];
-        let p1 = cut_page(&b64(win), 0, 0, 15, &m).unwrap();
+        let p1 = cut_page(win, 0, 0, 15, &m).unwrap();
         assert_eq!(p1.text, "0123456789***");
         assert_eq!(p1.next_offset, 15);
         // Next page starts inside the secret.
@@ -246,12 +246,12 @@ mod tests {
         let w2 = Window::for_page(&page2, &m);
         assert_eq!(w2.stdout_offset, 2);
         let win2 = &stream[2..(2 + w2.limit as usize).min(stream.len())];
-        let p2 = cut_page(&b64(win2), 2, 15, 15, &m).unwrap();
+        let p2 = cut_page(win2, 2, 15, 15, &m).unwrap();
         assert_eq!(p2.text, "*** tail ");
         assert_eq!(p2.next_offset, 30);
         // The look-alike (one byte differs) and the too-short value stay.
         assert_eq!(m.mask_text("hunter2-secreX xy"), "hunter2-secreX xy");
         // Replay returns the same page.
-        assert_eq!(cut_page(&b64(win), 0, 0, 15, &m).unwrap(), p1);
+        assert_eq!(cut_page(win, 0, 0, 15, &m).unwrap(), p1);
     }
 }

@@ -1,6 +1,8 @@
 //! Runs the supervisor inside a sandbox: one short process per tool call
 //! (`python3 -I -S -c "import supervisor ..." <subcommand>`), installing the script on
 //! first use per sandbox and again when it is missing or of another version.
+//! A plain get_task (no wait) first reads the task's files directly
+//! ([`super::direct`]) and asks the supervisor only when that cannot answer.
 //! The transport (envd process + files API in production) is a trait so the
 //! same logic runs against a local python3 in unit tests.
 
@@ -10,6 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::direct::{self, StatusRecord};
 use super::id::TaskId;
 use super::launch::{self, LaunchError, TaskSpec};
 use super::page::{self, PageError, PageRequest, SecretMasker, Window};
@@ -39,7 +42,14 @@ pub enum TransportError {
     Uncertain(String),
 }
 
-/// Runs processes and writes files in one sandbox, as the sandbox user.
+/// Part of a file in the sandbox, and the file's size.
+#[derive(Debug, Clone, Default)]
+pub struct FileRange {
+    pub data: Vec<u8>,
+    pub size: u64,
+}
+
+/// Runs processes, reads and writes files in one sandbox, as the sandbox user.
 pub trait SupervisorTransport: Send + Sync {
     /// Runs `argv` (argv[0] is the program, found on PATH) and collects its output.
     fn exec(
@@ -50,6 +60,14 @@ pub trait SupervisorTransport: Send + Sync {
     /// Replaces `path` with `content` atomically (creating parent directories),
     /// so a concurrent reader sees the old or the new script, never a mix.
     fn install(&self, path: &str, content: &'static [u8]) -> impl Future<Output = Result<(), TransportError>> + Send;
+    /// At most `len` (≥ 1) bytes of `path` from `offset`, and the file's
+    /// size; `None` when the file does not exist.
+    fn read_range(
+        &self,
+        path: &str,
+        offset: u64,
+        len: u64,
+    ) -> impl Future<Output = Result<Option<FileRange>, TransportError>> + Send;
 }
 
 /// Why a task tool call failed (tool errors, each actionable).
@@ -256,8 +274,125 @@ impl TaskService {
         }
     }
 
-    /// Reads a task's state and one page of each stream (get_task).
+    /// Reads a task's state and one page of each stream (get_task): from
+    /// its files directly when there is no wait, else (or when that path
+    /// cannot answer) through the supervisor.
     pub async fn status<T: SupervisorTransport>(
+        &self,
+        t: &T,
+        sandbox_id: &str,
+        task_id: &TaskId,
+        page: &PageRequest,
+        wait_seconds: f64,
+    ) -> Result<TaskView, TaskError> {
+        if wait_seconds <= 0.0 {
+            match self.status_direct(t, sandbox_id, task_id, page).await {
+                Ok(Some(view)) => return Ok(view),
+                Ok(None) => {}
+                Err(TransportError::SandboxGone) => return Err(TaskError::SandboxGone(sandbox_id.to_owned())),
+                Err(err) => tracing::debug!(sandbox_id, error = %err, "direct task read failed; asking the supervisor"),
+            }
+        }
+        self.status_via_supervisor(t, sandbox_id, task_id, page, wait_seconds).await
+    }
+
+    /// The task's directory in the sandbox (beside the supervisor script).
+    fn task_dir(&self, task_id: &TaskId) -> String {
+        let base = std::path::Path::new(&self.script_path).parent().and_then(|d| d.to_str()).unwrap_or("/");
+        format!("{}/tasks/{task_id}", base.trim_end_matches('/'))
+    }
+
+    async fn read_record<T: SupervisorTransport>(
+        &self,
+        t: &T,
+        dir: &str,
+        task_id: &TaskId,
+    ) -> Result<Option<StatusRecord>, TransportError> {
+        let path = format!("{dir}/status.json");
+        let Some(file) = t.read_range(&path, 0, direct::MAX_STATUS_BYTES).await? else { return Ok(None) };
+        if file.size != file.data.len() as u64 {
+            return Ok(None); // larger than the cap, or growing: let the supervisor read it
+        }
+        Ok(StatusRecord::parse(&file.data, task_id.as_str()))
+    }
+
+    /// Is the recorded supervisor still that process? (`cat /proc/PID/stat`:
+    /// the files API cannot serve /proc files, whose size reads as zero.)
+    async fn supervisor_alive<T: SupervisorTransport>(
+        &self,
+        t: &T,
+        pid: u32,
+        start_time: u64,
+    ) -> Result<bool, TransportError> {
+        let out = t.exec(vec!["cat".to_owned(), format!("/proc/{pid}/stat")], CALL_TIMEOUT).await?;
+        let stat = (out.exit_code == 0).then_some(out.stdout.as_slice());
+        Ok(direct::supervisor_alive(stat, start_time))
+    }
+
+    async fn read_pages<T: SupervisorTransport>(
+        &self,
+        t: &T,
+        dir: &str,
+        window: &Window,
+    ) -> Result<(FileRange, FileRange), TransportError> {
+        let (stdout, stderr) = (format!("{dir}/stdout"), format!("{dir}/stderr"));
+        let (out, err) = tokio::join!(
+            t.read_range(&stdout, window.stdout_offset, window.limit),
+            t.read_range(&stderr, window.stderr_offset, window.limit),
+        );
+        Ok((out?.unwrap_or_default(), err?.unwrap_or_default()))
+    }
+
+    /// get_task without python: status.json, then both pages and (while
+    /// running) the supervisor's liveness, in parallel. `Ok(None)` leaves the
+    /// answer to the supervisor (no status yet, unfamiliar record).
+    pub(crate) async fn status_direct<T: SupervisorTransport>(
+        &self,
+        t: &T,
+        sandbox_id: &str,
+        task_id: &TaskId,
+        page: &PageRequest,
+    ) -> Result<Option<TaskView>, TransportError> {
+        let window = Window::for_page(page, &self.masker);
+        let dir = self.task_dir(task_id);
+        let Some(mut record) = self.read_record(t, &dir, task_id).await? else { return Ok(None) };
+        // Pages are read after the record: a terminal record's output is complete.
+        let liveness = async {
+            match record.supervisor() {
+                Some((pid, start)) if record.state == TaskState::Running => {
+                    self.supervisor_alive(t, pid, start).await.map(Some)
+                }
+                _ => Ok(None),
+            }
+        };
+        let (alive, pages) = tokio::join!(liveness, self.read_pages(t, &dir, &window));
+        let (mut stdout, mut stderr) = pages?;
+        let mut state = record.state;
+        let mut error = None;
+        if alive? == Some(false) {
+            // The daemon may have recorded its end and exited between the two
+            // reads: read again before declaring it unknown.
+            match self.read_record(t, &dir, task_id).await? {
+                Some(again) if again.state.is_terminal() => {
+                    record = again;
+                    state = record.state;
+                    (stdout, stderr) = self.read_pages(t, &dir, &window).await?;
+                }
+                _ => {
+                    state = TaskState::Unknown;
+                    error = Some(direct::SUPERVISOR_GONE.to_owned());
+                }
+            }
+        }
+        let status = record.status(state, error, stdout.size, stderr.size);
+        match self.view(sandbox_id, page, &window, status, &stdout.data, &stderr.data) {
+            Ok(view) => Ok(Some(view)),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// get_task through the supervisor's `status` (also waits).
+    pub(crate) async fn status_via_supervisor<T: SupervisorTransport>(
         &self,
         t: &T,
         sandbox_id: &str,
@@ -280,7 +415,7 @@ impl TaskService {
         }
         let timeout = CALL_TIMEOUT + Duration::from_secs_f64(wait_seconds);
         let reply = self.call(t, sandbox_id, args, timeout).await.map_err(|e| self.transport_error(sandbox_id, e))?;
-        self.view(sandbox_id, task_id, page, &window, reply)
+        self.view_reply(sandbox_id, task_id, page, &window, reply)
     }
 
     /// Cancels a task (TERM, then KILL, of its own process group) and waits
@@ -298,7 +433,7 @@ impl TaskService {
         args.push(CANCEL_WAIT_SECONDS.to_string());
         let timeout = CALL_TIMEOUT + Duration::from_secs(CANCEL_WAIT_SECONDS + 3);
         let reply = self.call(t, sandbox_id, args, timeout).await.map_err(|e| self.transport_error(sandbox_id, e))?;
-        let mut view = self.view(sandbox_id, task_id, page, &window, reply)?;
+        let mut view = self.view_reply(sandbox_id, task_id, page, &window, reply)?;
         // Never claim a cancel that was not observed.
         view.cancel_confirmed = Some(view.cancel_confirmed == Some(true) && view.state == TaskState::Cancelled);
         Ok(view)
@@ -319,7 +454,8 @@ impl TaskService {
         Ok(TaskListView { sandbox_id: sandbox_id.to_owned(), tasks })
     }
 
-    fn view(
+    /// The view of a supervisor reply (status or cancel).
+    fn view_reply(
         &self,
         sandbox_id: &str,
         task_id: &TaskId,
@@ -331,11 +467,27 @@ impl TaskService {
         let malformed = |m: String| TaskError::Supervisor { sandbox_id: sandbox_id.to_owned(), message: m };
         let status: SupervisorStatus =
             serde_json::from_value(obj.into()).map_err(|e| malformed(format!("malformed status: {e}")))?;
-        let cut = |b64: &str, win_off, off| {
-            page::cut_page(b64, win_off, off, page.limit, &self.masker).map_err(|e| malformed(e.to_string()))
+        let stdout = page::decode_window(&status.stdout_b64).map_err(|e| malformed(e.to_string()))?;
+        let stderr = page::decode_window(&status.stderr_b64).map_err(|e| malformed(e.to_string()))?;
+        self.view(sandbox_id, page, window, status, &stdout, &stderr)
+    }
+
+    /// Cuts the caller's pages out of the windows read and builds the view.
+    fn view(
+        &self,
+        sandbox_id: &str,
+        page: &PageRequest,
+        window: &Window,
+        status: SupervisorStatus,
+        stdout_window: &[u8],
+        stderr_window: &[u8],
+    ) -> Result<TaskView, TaskError> {
+        let malformed = |m: String| TaskError::Supervisor { sandbox_id: sandbox_id.to_owned(), message: m };
+        let cut = |data: &[u8], win_off, off| {
+            page::cut_page(data, win_off, off, page.limit, &self.masker).map_err(|e| malformed(e.to_string()))
         };
-        let stdout = cut(&status.stdout_b64, window.stdout_offset, page.stdout_offset)?;
-        let stderr = cut(&status.stderr_b64, window.stderr_offset, page.stderr_offset)?;
+        let stdout = cut(stdout_window, window.stdout_offset, page.stdout_offset)?;
+        let stderr = cut(stderr_window, window.stderr_offset, page.stderr_offset)?;
         Ok(TaskView::new(sandbox_id, status, stdout, stderr, &self.masker))
     }
 

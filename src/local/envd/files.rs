@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::StreamExt;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 use super::EnvdState;
 use super::fsops::{io_error, resolve_path, run_as_user};
@@ -111,15 +111,83 @@ pub async fn download(State(state): State<Arc<EnvdState>>, request: Request) -> 
         Ok(opened) => opened,
         Err(err) => return from_connect(&err),
     };
-    let stream = tokio_util::io::ReaderStream::with_capacity(tokio::fs::File::from_std(file), DOWNLOAD_CHUNK);
+    let range = request.headers().get(header::RANGE).map(|v| v.to_str().unwrap_or(""));
+    let (status, start, len) = match byte_range(range, size) {
+        ByteRange::Whole => (StatusCode::OK, 0, size),
+        ByteRange::Part { start, len } => (StatusCode::PARTIAL_CONTENT, start, len),
+        ByteRange::NoOverlap => {
+            let mut response = http_error(StatusCode::RANGE_NOT_SATISFIABLE, "requested range not satisfiable");
+            if let Ok(value) = HeaderValue::from_str(&format!("bytes */{size}")) {
+                response.headers_mut().insert(header::CONTENT_RANGE, value);
+            }
+            return response;
+        }
+        ByteRange::Invalid => return http_error(StatusCode::RANGE_NOT_SATISFIABLE, "invalid range"),
+    };
+    let mut file = tokio::fs::File::from_std(file);
+    if start > 0
+        && let Err(err) = file.seek(std::io::SeekFrom::Start(start)).await
+    {
+        return from_connect(&io_error(&path, &err));
+    }
+    let stream = tokio_util::io::ReaderStream::with_capacity(file.take(len), DOWNLOAD_CHUNK);
     let mut response = Response::new(Body::from_stream(stream));
+    *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(mime_for(&path)));
-    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    if status == StatusCode::PARTIAL_CONTENT
+        && let Ok(value) = HeaderValue::from_str(&format!("bytes {start}-{}/{size}", start + len - 1))
+    {
+        headers.insert(header::CONTENT_RANGE, value);
+    }
     if let Ok(value) = HeaderValue::from_str(&content_disposition(&path)) {
         headers.insert(header::CONTENT_DISPOSITION, value);
     }
     response
+}
+
+/// What a `Range` header asks of a file of a given size.
+#[derive(Debug, PartialEq, Eq)]
+enum ByteRange {
+    /// No header, or one this server answers with the whole file (several ranges).
+    Whole,
+    /// 206 with these bytes.
+    Part { start: u64, len: u64 },
+    /// 416 with `Content-Range: bytes */SIZE` (starts at or past the end).
+    NoOverlap,
+    /// 416: malformed.
+    Invalid,
+}
+
+/// Single-range `bytes=A-B`, `bytes=A-` and `bytes=-N`, as Go's
+/// `http.ServeContent` (the real envd) interprets them.
+fn byte_range(header: Option<&str>, size: u64) -> ByteRange {
+    let Some(header) = header else { return ByteRange::Whole };
+    let Some(spec) = header.trim().strip_prefix("bytes=") else { return ByteRange::Invalid };
+    if spec.contains(',') {
+        return ByteRange::Whole;
+    }
+    let Some((start, end)) = spec.trim().split_once('-') else { return ByteRange::Invalid };
+    let (start, end) = (start.trim(), end.trim());
+    let number = |v: &str| if v.bytes().all(|b| b.is_ascii_digit()) { v.parse::<u64>().ok() } else { None };
+    if start.is_empty() {
+        let Some(suffix) = number(end) else { return ByteRange::Invalid };
+        let suffix = suffix.min(size);
+        return if suffix == 0 { ByteRange::NoOverlap } else { ByteRange::Part { start: size - suffix, len: suffix } };
+    }
+    let Some(start) = number(start) else { return ByteRange::Invalid };
+    if start >= size {
+        return ByteRange::NoOverlap;
+    }
+    if end.is_empty() {
+        return ByteRange::Part { start, len: size - start };
+    }
+    match number(end) {
+        Some(end) if end >= start => ByteRange::Part { start, len: end.min(size - 1) - start + 1 },
+        _ => ByteRange::Invalid,
+    }
 }
 
 /// `POST /files?path=&username=`.
@@ -330,6 +398,24 @@ fn mime_for(path: &Path) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn byte_ranges_follow_go_serve_content() {
+        use super::{ByteRange, byte_range};
+        assert_eq!(byte_range(None, 10), ByteRange::Whole);
+        assert_eq!(byte_range(Some("bytes=0-3"), 10), ByteRange::Part { start: 0, len: 4 });
+        assert_eq!(byte_range(Some("bytes=8-100"), 10), ByteRange::Part { start: 8, len: 2 });
+        assert_eq!(byte_range(Some("bytes=4-"), 10), ByteRange::Part { start: 4, len: 6 });
+        assert_eq!(byte_range(Some("bytes=-3"), 10), ByteRange::Part { start: 7, len: 3 });
+        assert_eq!(byte_range(Some("bytes=-30"), 10), ByteRange::Part { start: 0, len: 10 });
+        assert_eq!(byte_range(Some("bytes=10-20"), 10), ByteRange::NoOverlap);
+        assert_eq!(byte_range(Some("bytes=0-5"), 0), ByteRange::NoOverlap);
+        assert_eq!(byte_range(Some("bytes=-0"), 10), ByteRange::NoOverlap);
+        assert_eq!(byte_range(Some("bytes=0-1,4-5"), 10), ByteRange::Whole);
+        for bad in ["bytes=5-2", "bytes=a-b", "items=0-1", "bytes=-", "bytes=+1-2", "bytes=1"] {
+            assert_eq!(byte_range(Some(bad), 10), ByteRange::Invalid, "{bad}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -1,0 +1,214 @@
+//! get_task's direct read path: a task's `status.json` and output pages read
+//! straight from its files through the sandbox's files API (ranged reads),
+//! without starting python3 in the sandbox. The supervisor's `unknown` rule
+//! (a status that says running while its supervisor process is gone) is
+//! applied here from `/proc/PID/stat`, exactly as `load_task` in
+//! `supervisor.py` applies it. Anything this path does not fully understand
+//! (no status.json yet, an unfamiliar record, a failed read) is left to the
+//! supervisor itself, which stays the authority for every other case.
+
+use serde_json::{Map, Value};
+
+use super::protocol::{SupervisorStatus, TaskState};
+
+/// Largest status.json read directly (a 64 Ki-character command escapes to
+/// at most about 800 KiB of JSON); larger ones are left to the supervisor.
+pub const MAX_STATUS_BYTES: u64 = 1 << 20;
+
+/// The supervisor's message for a running status whose supervisor is gone
+/// (same text as `load_task` in `supervisor.py`).
+pub const SUPERVISOR_GONE: &str = "the task's supervisor process is gone; the task's outcome was not recorded (the sandbox may have been restarted, or the supervisor was killed)";
+
+/// A parsed `status.json` the direct path can serve.
+#[derive(Debug, Clone)]
+pub struct StatusRecord {
+    fields: Map<String, Value>,
+    pub state: TaskState,
+}
+
+impl StatusRecord {
+    /// Parses `status.json` of task `task_id`. `None` when the record is not
+    /// one this gateway can interpret on its own (the supervisor decides then).
+    pub fn parse(raw: &[u8], task_id: &str) -> Option<Self> {
+        let Ok(Value::Object(fields)) = serde_json::from_slice::<Value>(raw) else { return None };
+        if fields.get("task_id").and_then(Value::as_str) != Some(task_id) {
+            return None;
+        }
+        let state = match fields.get("state").and_then(Value::as_str)? {
+            "running" => TaskState::Running,
+            "succeeded" => TaskState::Succeeded,
+            "failed" => TaskState::Failed,
+            "cancelled" => TaskState::Cancelled,
+            "timed_out" => TaskState::TimedOut,
+            _ => return None,
+        };
+        let record = Self { fields, state };
+        if state == TaskState::Running && record.supervisor().is_none() {
+            return None;
+        }
+        Some(record)
+    }
+
+    /// `(supervisor_pid, supervisor_start_time)` as recorded.
+    pub fn supervisor(&self) -> Option<(u32, u64)> {
+        let pid = self.fields.get("supervisor_pid")?.as_u64().and_then(|p| u32::try_from(p).ok())?;
+        let start = self.fields.get("supervisor_start_time")?.as_u64()?;
+        (pid > 0).then_some((pid, start))
+    }
+
+    fn number(&self, name: &str) -> Option<u64> {
+        self.fields.get(name).and_then(Value::as_u64)
+    }
+
+    /// The object `status_view` in `supervisor.py` prints for this record in
+    /// `state`, given the stored sizes of both streams (pages are passed
+    /// separately, so the `*_b64` fields stay empty).
+    pub fn status(
+        &self,
+        state: TaskState,
+        error: Option<String>,
+        stdout_size: u64,
+        stderr_size: u64,
+    ) -> SupervisorStatus {
+        let get = |name: &str| self.fields.get(name).cloned().unwrap_or(Value::Null);
+        let terminal = state.is_terminal();
+        let when_terminal = |name: &str| if terminal { get(name) } else { Value::Null };
+        let error = match error {
+            Some(e) => Value::String(e),
+            None => get("error"),
+        };
+        let object = serde_json::json!({
+            "task_id": get("task_id"),
+            "state": state.as_str(),
+            "exit_code": when_terminal("exit_code"),
+            "signal": when_terminal("signal"),
+            "started_at": get("started_at"),
+            "finished_at": when_terminal("finished_at"),
+            "error": error,
+            "stdout_size": stdout_size,
+            "stderr_size": stderr_size,
+            // Refreshed about once a second while running: lower bounds
+            // (masking never lengthens, so a total is at least what is stored).
+            "stdout_total_bytes": self.number("stdout_total_bytes").unwrap_or(0).max(stdout_size),
+            "stderr_total_bytes": self.number("stderr_total_bytes").unwrap_or(0).max(stderr_size),
+            "stdout_truncated": truthy(self.fields.get("stdout_truncated")),
+            "stderr_truncated": truthy(self.fields.get("stderr_truncated")),
+            "command": get("command"),
+            "timeout": get("timeout"),
+            "supervisor_version": get("supervisor_version"),
+        });
+        let fallback = SupervisorStatus {
+            task_id: self.fields.get("task_id").and_then(Value::as_str).unwrap_or_default().to_owned(),
+            state,
+            exit_code: None,
+            signal: None,
+            started_at: None,
+            finished_at: None,
+            error: None,
+            stdout_b64: String::new(),
+            stderr_b64: String::new(),
+            stdout_next_offset: 0,
+            stderr_next_offset: 0,
+            stdout_size,
+            stderr_size,
+            stdout_total_bytes: None,
+            stderr_total_bytes: None,
+            stdout_truncated: false,
+            stderr_truncated: false,
+            command: None,
+            timeout: None,
+            cancel_confirmed: None,
+            supervisor_version: None,
+        };
+        serde_json::from_value(object).unwrap_or(fallback)
+    }
+}
+
+/// Python's truth value of a JSON field, as `bool(r.get(name))`.
+fn truthy(value: Option<&Value>) -> bool {
+    match value {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(Value::Number(n)) => n.as_f64().is_some_and(|f| f != 0.0),
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Object(o)) => !o.is_empty(),
+    }
+}
+
+/// `(state character, start time)` from the text of `/proc/PID/stat`. The
+/// command name (field 2) may hold spaces and ')': fields are counted after
+/// the last ')'.
+pub fn parse_proc_stat(raw: &[u8]) -> Option<(u8, u64)> {
+    let close = raw.iter().rposition(|b| *b == b')')?;
+    let rest = std::str::from_utf8(raw.get(close + 1..)?).ok()?;
+    let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
+    // fields[0] is field 3 (state); field N is fields[N - 3]; starttime is field 22.
+    let state = *fields.first()?.as_bytes().first()?;
+    let start = fields.get(19)?.parse().ok()?;
+    Some((state, start))
+}
+
+/// The supervisor's `process_alive`: the process exists, is not a zombie and
+/// has the recorded start time (so it is the same process, not a reused pid).
+pub fn supervisor_alive(proc_stat: Option<&[u8]>, start_time: u64) -> bool {
+    match proc_stat.and_then(parse_proc_stat) {
+        Some((state, start)) => start == start_time && !matches!(state, b'Z' | b'X' | b'x'),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ID: &str = "0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn proc_stat_fields_are_counted_after_the_last_paren() {
+        let stat = b"4242 (py) thon) x) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10 0";
+        assert_eq!(parse_proc_stat(stat), Some((b'S', 987_654)));
+        assert!(supervisor_alive(Some(stat), 987_654));
+        assert!(!supervisor_alive(Some(stat), 987_655), "another process reusing the pid");
+        let zombie = b"4242 (python3) Z 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 0 0 0";
+        assert!(!supervisor_alive(Some(zombie), 987_654));
+        assert!(!supervisor_alive(None, 987_654));
+        assert_eq!(parse_proc_stat(b"garbage"), None);
+        assert_eq!(parse_proc_stat(b"1 (x) S 1 2"), None);
+    }
+
+    #[test]
+    fn records_are_served_only_when_fully_understood() {
+        let running =
+            format!(r#"{{"task_id":"{ID}","state":"running","supervisor_pid":7,"supervisor_start_time":99}}"#);
+        let record = StatusRecord::parse(running.as_bytes(), ID).unwrap();
+        assert_eq!((record.state, record.supervisor()), (TaskState::Running, Some((7, 99))));
+        // Another task's record, an unknown state, a running record without
+        // a supervisor identity, or no JSON object: left to the supervisor.
+        assert!(StatusRecord::parse(running.as_bytes(), "ffffffffffffffffffffffffffffffff").is_none());
+        let odd = format!(r#"{{"task_id":"{ID}","state":"exploded"}}"#);
+        assert!(StatusRecord::parse(odd.as_bytes(), ID).is_none());
+        let anonymous = format!(r#"{{"task_id":"{ID}","state":"running","supervisor_pid":null}}"#);
+        assert!(StatusRecord::parse(anonymous.as_bytes(), ID).is_none());
+        assert!(StatusRecord::parse(b"[1]", ID).is_none());
+        assert!(StatusRecord::parse(b"{\"task_id\":", ID).is_none());
+    }
+
+    #[test]
+    fn status_hides_outcomes_until_terminal_and_bounds_totals() {
+        let raw = format!(
+            r#"{{"task_id":"{ID}","state":"running","supervisor_pid":7,"supervisor_start_time":99,
+               "exit_code":3,"finished_at":5.0,"started_at":1.5,"stdout_total_bytes":10,
+               "stdout_truncated":1,"stderr_truncated":0,"command":"echo","timeout":30}}"#
+        );
+        let record = StatusRecord::parse(raw.as_bytes(), ID).unwrap();
+        let gone = record.status(TaskState::Unknown, Some(SUPERVISOR_GONE.into()), 40, 2);
+        assert_eq!(gone.state, TaskState::Unknown);
+        assert_eq!((gone.exit_code, gone.finished_at, gone.started_at), (None, None, Some(1.5)));
+        assert_eq!((gone.stdout_total_bytes, gone.stderr_total_bytes), (Some(40), Some(2)));
+        assert!(gone.stdout_truncated && !gone.stderr_truncated);
+        assert_eq!(gone.error.as_deref(), Some(SUPERVISOR_GONE));
+        let done = record.status(TaskState::Failed, None, 4, 0);
+        assert_eq!((done.exit_code, done.finished_at, done.stdout_total_bytes), (Some(3), Some(5.0), Some(10)));
+    }
+}
