@@ -45,7 +45,7 @@ Imports are kept minimal because the gateway runs ``status`` on every
 get_task call and interpreter start-up dominates its latency.
 """
 
-SUPERVISOR_VERSION = "2"
+SUPERVISOR_VERSION = "3"
 
 import os
 import sys

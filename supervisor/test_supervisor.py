@@ -136,7 +136,7 @@ class SupervisorTestCase(unittest.TestCase):
 
     def test_version(self):
         obj = self.cli("version", base=False)
-        self.assertEqual(obj["version"], "2")
+        self.assertEqual(obj["version"], "3")
 
     def test_happy_path_stdout_stderr_separate(self):
         tid, first = self.start("echo hello; echo oops >&2; echo $FOO; pwd",
