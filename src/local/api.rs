@@ -258,6 +258,7 @@ async fn metrics(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> 
         "cpuUsedPct": 0.0,
         "memUsed": mem_used,
         "memTotal": mem_total,
+        "memCache": super::cgroups::memory_cache(&rec.cgroups).unwrap_or(0),
         "diskUsed": 0,
         "diskTotal": 0,
     }])))

@@ -239,10 +239,39 @@ pub async fn remove(dirs: &[PathBuf]) {
 }
 
 /// Memory usage of the sandbox in bytes, if a memory cgroup exists.
+/// Page cache charged to the sandbox, in bytes: `memory.stat` `file` (v2) or
+/// `total_cache` / `cache` (v1).
+pub fn memory_cache(dirs: &[PathBuf]) -> Option<u64> {
+    dirs.iter().find_map(|d| {
+        let stat = std::fs::read_to_string(d.join("memory.stat")).ok()?;
+        ["file", "total_cache", "cache"].iter().find_map(|key| stat_value(&stat, key))
+    })
+}
+
+/// The value of `key` in a `KEY VALUE` per line cgroup file.
+fn stat_value(stat: &str, key: &str) -> Option<u64> {
+    stat.lines().find_map(|line| {
+        let (name, value) = line.split_once(' ')?;
+        (name == key).then(|| value.trim().parse().ok()).flatten()
+    })
+}
+
 pub fn memory_usage(dirs: &[PathBuf]) -> Option<u64> {
     dirs.iter().find_map(|d| {
         ["memory.current", "memory.usage_in_bytes"]
             .iter()
             .find_map(|f| std::fs::read_to_string(d.join(f)).ok()?.trim().parse().ok())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn stat_values_are_found_by_exact_key() {
+        let v1 = "cache 4096\nrss 8192\ntotal_cache 12288\n";
+        assert_eq!(super::stat_value(v1, "total_cache"), Some(12288));
+        assert_eq!(super::stat_value(v1, "cache"), Some(4096));
+        assert_eq!(super::stat_value("anon 1\nfile 77\n", "file"), Some(77));
+        assert_eq!(super::stat_value("file_mapped 5\n", "file"), None);
+    }
 }

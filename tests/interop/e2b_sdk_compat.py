@@ -202,6 +202,11 @@ def main() -> int:
         left = (info.end_at - info.started_at).total_seconds()
         check(left > 150, f"deadline only {left}s after start")
         check(str(info.state).lower().endswith("running"), f"state {info.state}")
+        metrics = sbx.get_metrics()
+        check(len(metrics) >= 1, f"metrics {metrics}")
+        m = metrics[-1]
+        check(m.cpu_count >= 1 and m.mem_total > 0 and m.mem_used > 0, f"metrics {m}")
+        check(0 <= m.mem_cache <= m.mem_total, f"metrics {m}")
 
     def list_with_metadata():
         sbx = state["sbx"]
@@ -235,7 +240,7 @@ def main() -> int:
     step("files.list / make_dir / exists / rename / remove", files_manage)
     step("is_running, connect, commands.connect, write_files, octet-stream, timeout, signed URL", more_sdk_paths)
     step("pause, then connect resumes", pause_and_resume)
-    step("set_timeout and get_info", timeout_and_info)
+    step("set_timeout, get_info and get_metrics", timeout_and_info)
     step("Sandbox.list with a metadata filter", list_with_metadata)
     step("kill, then connect raises not found", kill_and_connect)
     print(f"{passed} passed, 0 failed (e2b {sdk_version}, {getattr(e2b, '__name__', 'e2b')} at {url})")
