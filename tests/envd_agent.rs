@@ -344,6 +344,67 @@ async fn files_round_trip_and_errors() {
     assert!(body["message"].as_str().unwrap().contains("path"));
 }
 
+async fn gzip(data: &[u8]) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    async_compression::tokio::bufread::GzipEncoder::new(data).read_to_end(&mut out).await.unwrap();
+    out
+}
+
+async fn upload_encoded(
+    envd: &TestEnvd,
+    uri: &str,
+    content_type: &str,
+    encoding: &str,
+    body: Vec<u8>,
+) -> (StatusCode, Value) {
+    let request = Request::post(uri)
+        .header("content-type", content_type)
+        .header("content-encoding", encoding)
+        .body(full(body))
+        .unwrap();
+    let response = envd.send(request).await;
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn gzip_uploads_are_decoded() {
+    if !is_root() {
+        return;
+    }
+    let envd = start_envd().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("unzipped.bin");
+    let uri = format!("http://envd/files?path={}", enc(&path));
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    let (status, listing) = upload_encoded(&envd, &uri, "application/octet-stream", "gzip", gzip(&data).await).await;
+    assert_eq!(status, StatusCode::OK, "{listing}");
+    assert_eq!(listing[0]["path"], path.to_str().unwrap());
+    assert!(std::fs::read(&path).unwrap() == data, "gzip upload differs");
+    // Concatenated members decode to the concatenation (as Go's gzip.Reader).
+    let mut two = gzip(b"first ").await;
+    two.extend(gzip(b"second").await);
+    let (status, _) = upload_encoded(&envd, &uri, "application/octet-stream", "GZIP", two).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(std::fs::read(&path).unwrap(), b"first second");
+    // Corrupt data, an unknown encoding, gzip with multipart: clear 400s.
+    let mut corrupt = gzip(&data).await;
+    corrupt.truncate(corrupt.len() / 2);
+    corrupt.extend_from_slice(&[0xff; 64]);
+    let (status, body) = upload_encoded(&envd, &uri, "application/octet-stream", "gzip", corrupt).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body["message"].as_str().unwrap().contains("gunzipping"), "{body}");
+    let (status, body) = upload_encoded(&envd, &uri, "application/octet-stream", "br", b"x".to_vec()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body["message"].as_str().unwrap().contains("'br' is not supported"), "{body}");
+    let (ct, body) = multipart(&[(path.to_str().unwrap(), b"x")]);
+    let (status, body) = upload_encoded(&envd, &uri, &ct, "gzip", body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body["message"].as_str().unwrap().contains("octet-stream"), "{body}");
+}
+
 #[tokio::test]
 async fn files_run_as_the_requesting_user() {
     if !is_root() {

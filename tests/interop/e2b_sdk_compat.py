@@ -176,6 +176,9 @@ def main() -> int:
         sbx.files.write("/tmp/multi/stream.bin", io.BytesIO(b"s" * 100_000))  # octet-stream upload
         check(len(sbx.files.read("/tmp/multi/stream.bin", format="bytes")) == 100_000, "octet-stream upload")
         check(sum(len(c) for c in sbx.files.read("/tmp/multi/stream.bin", format="stream")) == 100_000, "stream read")
+        text = "gzip round trip " * 5000
+        sbx.files.write("/tmp/multi/gz.txt", text, gzip=True)  # Content-Encoding: gzip upload
+        check(sbx.files.read("/tmp/multi/gz.txt", gzip=True) == text, "gzip write + read")
         try:
             sbx.commands.run("sleep 30", timeout=1)
             raise AssertionError("a command past its timeout did not raise")
@@ -238,7 +241,7 @@ def main() -> int:
     step("stdin: send_stdin / close_stdin", stdin)
     step("files.write / read (text and bytes)", files_text_bytes)
     step("files.list / make_dir / exists / rename / remove", files_manage)
-    step("is_running, connect, commands.connect, write_files, octet-stream, timeout, signed URL", more_sdk_paths)
+    step("is_running, connect, commands.connect, write_files, octet-stream, gzip, timeout, signed URL", more_sdk_paths)
     step("pause, then connect resumes", pause_and_resume)
     step("set_timeout, get_info and get_metrics", timeout_and_info)
     step("Sandbox.list with a metadata filter", list_with_metadata)

@@ -10,7 +10,6 @@ use axum::body::Body;
 use axum::extract::{FromRequest, Multipart, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
@@ -198,29 +197,39 @@ pub async fn upload(State(state): State<Arc<EnvdState>>, request: Request) -> Re
         Err(err) => return from_connect(&err),
     };
     let headers = request.headers();
-    if let Some(encoding) = headers.get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok()) {
-        let encoding = encoding.trim().to_ascii_lowercase();
-        if !encoding.is_empty() && encoding != "identity" {
+    let encoding = headers
+        .get(header::CONTENT_ENCODING)
+        .map(|v| v.to_str().unwrap_or("?").trim().to_ascii_lowercase())
+        .filter(|e| !e.is_empty() && e != "identity");
+    let gzip = match encoding.as_deref() {
+        None => false,
+        Some("gzip") => true,
+        Some(other) => {
             return http_error(
                 StatusCode::BAD_REQUEST,
-                format!("Content-Encoding '{encoding}' is not supported by this envd; upload the file uncompressed"),
+                format!("Content-Encoding '{other}' is not supported by this envd; upload uncompressed or with gzip"),
             );
         }
-    }
+    };
     let metadata = match metadata_from_headers(headers) {
         Ok(metadata) => metadata,
         Err(err) => return from_connect(&err),
     };
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
     let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-    let result = if essence == "multipart/form-data" {
+    let result = if gzip && essence == "multipart/form-data" {
+        Err(ConnectError::new(
+            Code::InvalidArgument,
+            "a gzip-encoded upload must be application/octet-stream, not multipart/form-data",
+        ))
+    } else if essence == "multipart/form-data" {
         match Multipart::from_request(request, &()).await {
             Ok(multipart) => upload_multipart(&user, query.path.as_deref(), multipart, &metadata).await,
             Err(err) => Err(ConnectError::new(Code::InvalidArgument, format!("invalid multipart request: {err}"))),
         }
     } else if essence.is_empty() || essence == "application/octet-stream" {
         match query.path.as_deref() {
-            Some(raw) => upload_raw(&user, raw, request.into_body(), &metadata).await.map(|entry| vec![entry]),
+            Some(raw) => upload_raw(&user, raw, request.into_body(), gzip, &metadata).await.map(|entry| vec![entry]),
             None => Err(ConnectError::new(
                 Code::InvalidArgument,
                 "query parameter 'path' is required for application/octet-stream uploads",
@@ -276,20 +285,36 @@ async fn upload_multipart(
     Ok(uploaded)
 }
 
+/// Streams a raw body (gunzipped when `gzip`) into the file.
 async fn upload_raw(
     user: &UserAccount,
     raw: &str,
     body: Body,
+    gzip: bool,
     metadata: &Metadata,
 ) -> Result<UploadedWithMetadata, ConnectError> {
     let path = resolve_path(user, raw)?;
     let mut file = open_for_upload(user, &path).await?;
-    let mut stream = body.into_data_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk: Bytes = chunk.map_err(|err| {
-            ConnectError::new(Code::InvalidArgument, format!("reading the upload body failed: {err}"))
-        })?;
-        file.write_all(&chunk).await.map_err(|e| io_error(&path, &e))?;
+    let stream = body.into_data_stream().map(|chunk| chunk.map_err(std::io::Error::other));
+    let body = tokio_util::io::StreamReader::new(stream);
+    let mut reader: std::pin::Pin<Box<dyn tokio::io::AsyncRead + Send>> = if gzip {
+        let mut decoder = async_compression::tokio::bufread::GzipDecoder::new(body);
+        decoder.multiple_members(true); // as Go's gzip.Reader
+        Box::pin(decoder)
+    } else {
+        Box::pin(body)
+    };
+    let what = if gzip { "reading or gunzipping the upload body failed" } else { "reading the upload body failed" };
+    let mut buf = vec![0; DOWNLOAD_CHUNK];
+    loop {
+        let n = reader
+            .read(&mut buf)
+            .await
+            .map_err(|err| ConnectError::new(Code::InvalidArgument, format!("{what}: {err}")))?;
+        if n == 0 {
+            break;
+        }
+        file.write_all(&buf[..n]).await.map_err(|e| io_error(&path, &e))?;
     }
     file.flush().await.map_err(|e| io_error(&path, &e))?;
     finish_upload(user, &path, metadata).await
