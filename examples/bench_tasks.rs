@@ -327,7 +327,9 @@ async fn main() -> anyhow::Result<()> {
     let envd = direct.envd(&direct.connect_sandbox(&sid, None).await?);
     let envd_true = time_envd(&envd, &["/bin/true"], n).await?;
     let envd_python = time_envd(&envd, &["python3", "-I", "-S", "-c", "pass"], n).await?;
-    let program = "import sys; sys.path.insert(0, \"/home/user/.sandbox-mcp\"); import supervisor; sys.exit(supervisor.main(sys.argv[1:]))";
+    // The gateway's own invocation (see TaskService::argv).
+    let program = "import os, sys; sys.path.insert(0, \"/home/user/.sandbox-mcp\"); import supervisor; \
+                   rc = supervisor.main(sys.argv[1:]); sys.stdout.flush(); sys.stderr.flush(); os._exit(rc)";
     let envd_status =
         time_envd(&envd, &["python3", "-I", "-S", "-c", program, "status", "--task-id", &big, "--limit", "16384"], n)
             .await?;

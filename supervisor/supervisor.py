@@ -775,7 +775,10 @@ def cmd_start(opts):
     }
     old_umask = os.umask(0o077)
     try:
-        write_json_atomic(os.path.join(tdir, "spec.json"), spec_record)
+        # Atomic but not fsynced: spec.json only describes a task whose
+        # status.json is missing; the record that decides outcomes is
+        # status.json, which is always fsynced.
+        write_json_atomic(os.path.join(tdir, "spec.json"), spec_record, sync=False)
         for name in ("stdout", "stderr"):
             os.close(os.open(os.path.join(tdir, name), os.O_WRONLY | os.O_CREAT, 0o600))
     except OSError as e:
