@@ -62,14 +62,15 @@ impl StatusRecord {
 
     /// The object `status_view` in `supervisor.py` prints for this record in
     /// `state`, given the stored sizes of both streams (pages are passed
-    /// separately, so the `*_b64` fields stay empty).
+    /// separately, so the `*_b64` fields stay empty). `None` if a field has
+    /// a type the view cannot carry (the supervisor answers then).
     pub fn status(
         &self,
         state: TaskState,
         error: Option<String>,
         stdout_size: u64,
         stderr_size: u64,
-    ) -> SupervisorStatus {
+    ) -> Option<SupervisorStatus> {
         let get = |name: &str| self.fields.get(name).cloned().unwrap_or(Value::Null);
         let terminal = state.is_terminal();
         let when_terminal = |name: &str| if terminal { get(name) } else { Value::Null };
@@ -97,30 +98,7 @@ impl StatusRecord {
             "timeout": get("timeout"),
             "supervisor_version": get("supervisor_version"),
         });
-        let fallback = SupervisorStatus {
-            task_id: self.fields.get("task_id").and_then(Value::as_str).unwrap_or_default().to_owned(),
-            state,
-            exit_code: None,
-            signal: None,
-            started_at: None,
-            finished_at: None,
-            error: None,
-            stdout_b64: String::new(),
-            stderr_b64: String::new(),
-            stdout_next_offset: 0,
-            stderr_next_offset: 0,
-            stdout_size,
-            stderr_size,
-            stdout_total_bytes: None,
-            stderr_total_bytes: None,
-            stdout_truncated: false,
-            stderr_truncated: false,
-            command: None,
-            timeout: None,
-            cancel_confirmed: None,
-            supervisor_version: None,
-        };
-        serde_json::from_value(object).unwrap_or(fallback)
+        serde_json::from_value(object).ok()
     }
 }
 
@@ -202,13 +180,17 @@ mod tests {
                "stdout_truncated":1,"stderr_truncated":0,"command":"echo","timeout":30}}"#
         );
         let record = StatusRecord::parse(raw.as_bytes(), ID).unwrap();
-        let gone = record.status(TaskState::Unknown, Some(SUPERVISOR_GONE.into()), 40, 2);
+        let gone = record.status(TaskState::Unknown, Some(SUPERVISOR_GONE.into()), 40, 2).unwrap();
         assert_eq!(gone.state, TaskState::Unknown);
         assert_eq!((gone.exit_code, gone.finished_at, gone.started_at), (None, None, Some(1.5)));
         assert_eq!((gone.stdout_total_bytes, gone.stderr_total_bytes), (Some(40), Some(2)));
         assert!(gone.stdout_truncated && !gone.stderr_truncated);
         assert_eq!(gone.error.as_deref(), Some(SUPERVISOR_GONE));
-        let done = record.status(TaskState::Failed, None, 4, 0);
+        let done = record.status(TaskState::Failed, None, 4, 0).unwrap();
         assert_eq!((done.exit_code, done.finished_at, done.stdout_total_bytes), (Some(3), Some(5.0), Some(10)));
+        // An exit code of the wrong type: not served directly.
+        let odd = raw.replace(r#""exit_code":3"#, r#""exit_code":"3""#);
+        let record = StatusRecord::parse(odd.as_bytes(), ID).unwrap();
+        assert!(record.status(TaskState::Failed, None, 4, 0).is_none());
     }
 }

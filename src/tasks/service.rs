@@ -387,11 +387,8 @@ impl TaskService {
                 }
             }
         }
-        let status = record.status(state, error, stdout.size, stderr.size);
-        match self.view(sandbox_id, page, &window, status, &stdout.data, &stderr.data) {
-            Ok(view) => Ok(Some(view)),
-            Err(_) => Ok(None),
-        }
+        let Some(status) = record.status(state, error, stdout.size, stderr.size) else { return Ok(None) };
+        Ok(self.view(sandbox_id, page, &window, status, &stdout.data, &stderr.data).ok())
     }
 
     /// get_task through the supervisor's `status` (also waits).
