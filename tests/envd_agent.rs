@@ -396,6 +396,10 @@ async fn gzip_uploads_are_decoded() {
     let (status, body) = upload_encoded(&envd, &uri, "application/octet-stream", "gzip", corrupt).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert!(body["message"].as_str().unwrap().contains("gunzipping"), "{body}");
+    // ... and the failed upload changed nothing: old content, no staging file left.
+    assert_eq!(std::fs::read(&path).unwrap(), b"first second");
+    let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["unzipped.bin"]);
     let (status, body) = upload_encoded(&envd, &uri, "application/octet-stream", "br", b"x".to_vec()).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(body["message"].as_str().unwrap().contains("'br' is not supported"), "{body}");
@@ -403,6 +407,46 @@ async fn gzip_uploads_are_decoded() {
     let (status, body) = upload_encoded(&envd, &uri, &ct, "gzip", body).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(body["message"].as_str().unwrap().contains("octet-stream"), "{body}");
+}
+
+#[tokio::test]
+async fn uploads_keep_the_identity_of_what_they_replace() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !is_root() {
+        return;
+    }
+    let envd = start_envd().await;
+    let dir = tempfile::tempdir().unwrap();
+    let put = |path: &std::path::Path, data: &'static [u8]| {
+        let uri = format!("http://envd/files?path={}&username=root", enc(path));
+        let envd = &envd;
+        async move { upload(envd, uri, "application/octet-stream", full(data)).await.0 }
+    };
+    // A plain file keeps its permission bits (it is replaced by a rename).
+    let script = dir.path().join("run.sh");
+    std::fs::write(&script, b"old").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o751)).unwrap();
+    assert_eq!(put(&script, b"#!/bin/sh\n").await, StatusCode::OK);
+    assert_eq!(std::fs::read(&script).unwrap(), b"#!/bin/sh\n");
+    assert_eq!(std::fs::metadata(&script).unwrap().mode() & 0o7777, 0o751);
+    // A symlink stays a symlink; the file it points to gets the data.
+    let real = dir.path().join("real.txt");
+    let link = dir.path().join("link.txt");
+    std::fs::write(&real, b"old").unwrap();
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    assert_eq!(put(&link, b"through the link").await, StatusCode::OK);
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    assert_eq!(std::fs::read(&real).unwrap(), b"through the link");
+    // Hard links keep sharing one inode.
+    let other = dir.path().join("other-name.txt");
+    std::fs::hard_link(&real, &other).unwrap();
+    assert_eq!(put(&real, b"both names").await, StatusCode::OK);
+    assert_eq!(std::fs::read(&other).unwrap(), b"both names");
+    // Nothing staged is left behind.
+    let mut names: Vec<_> =
+        std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["link.txt", "other-name.txt", "real.txt", "run.sh"]);
 }
 
 #[tokio::test]

@@ -1,9 +1,10 @@
-//! `GET /files` (download) and `POST /files` (upload: multipart/form-data or
-//! a raw `application/octet-stream` body), streamed to and from disk, as the
-//! requesting user. Errors are envd plain-HTTP JSON `{"code": <status>, "message"}`.
+//! `GET /files` (download, byte ranges) and `POST /files` (upload:
+//! multipart/form-data or a raw, optionally gzip-encoded,
+//! `application/octet-stream` body, staged by [`super::staged`]), streamed to
+//! and from disk, as the requesting user. Errors are envd plain-HTTP JSON `{"code": <status>, "message"}`.
 
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -11,10 +12,11 @@ use axum::extract::{FromRequest, Multipart, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
-use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use super::EnvdState;
 use super::fsops::{io_error, resolve_path, run_as_user};
+use super::staged::StagedUpload;
 use super::users::{UserAccount, basic_auth_user, resolve_user};
 use super::xattrs::{UploadedWithMetadata, metadata_from_headers, write_metadata};
 use crate::connect_rpc::{Code, ConnectError};
@@ -272,11 +274,11 @@ async fn upload_multipart(
             ));
         };
         let path = resolve_path(user, &raw)?;
-        let mut file = open_for_upload(user, &path).await?;
+        let mut upload = StagedUpload::begin(user, &path).await?;
         while let Some(chunk) = field.chunk().await.map_err(bad)? {
-            file.write_all(&chunk).await.map_err(|e| io_error(&path, &e))?;
+            upload.write(&chunk).await?;
         }
-        file.flush().await.map_err(|e| io_error(&path, &e))?;
+        upload.commit(user).await?;
         uploaded.push(finish_upload(user, &path, metadata).await?);
     }
     if uploaded.is_empty() {
@@ -294,7 +296,7 @@ async fn upload_raw(
     metadata: &Metadata,
 ) -> Result<UploadedWithMetadata, ConnectError> {
     let path = resolve_path(user, raw)?;
-    let mut file = open_for_upload(user, &path).await?;
+    let mut upload = StagedUpload::begin(user, &path).await?;
     let stream = body.into_data_stream().map(|chunk| chunk.map_err(std::io::Error::other));
     let body = tokio_util::io::StreamReader::new(stream);
     let mut reader: std::pin::Pin<Box<dyn tokio::io::AsyncRead + Send>> = if gzip {
@@ -314,39 +316,10 @@ async fn upload_raw(
         if n == 0 {
             break;
         }
-        file.write_all(&buf[..n]).await.map_err(|e| io_error(&path, &e))?;
+        upload.write(&buf[..n]).await?;
     }
-    file.flush().await.map_err(|e| io_error(&path, &e))?;
+    upload.commit(user).await?;
     finish_upload(user, &path, metadata).await
-}
-
-/// Creates missing parent directories and opens (truncating) the target, as the user.
-async fn open_for_upload(user: &UserAccount, path: &Path) -> Result<tokio::fs::File, ConnectError> {
-    let path: PathBuf = path.to_path_buf();
-    let file = run_as_user(user, move || {
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| io_error(parent, &e))?;
-        }
-        if path.is_dir() {
-            return Err(ConnectError::new(Code::InvalidArgument, format!("path '{}' is a directory", path.display())));
-        }
-        if std::fs::metadata(&path).is_ok_and(|meta| !meta.is_file()) {
-            return Err(ConnectError::new(
-                Code::InvalidArgument,
-                format!("path '{}' exists and is not a regular file", path.display()),
-            ));
-        }
-        // O_NONBLOCK: opening a FIFO created in the meantime fails instead of hanging.
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(&path)
-            .map_err(|e| io_error(&path, &e))
-    })
-    .await??;
-    Ok(tokio::fs::File::from_std(file))
 }
 
 /// Stores the metadata (if any) on a written file and builds its response item.

@@ -27,6 +27,7 @@ mod process_rpc;
 mod reaper;
 mod rpc;
 mod spawn;
+mod staged;
 mod table;
 mod users;
 mod xattrs;

@@ -1,0 +1,132 @@
+//! Uploads written aside and put in place only once complete, so an upload
+//! that fails part-way (a corrupt gzip body, a client that disconnects)
+//! leaves the file it was meant to replace exactly as it was, and no
+//! half-written file behind.
+//!
+//! The data goes to a hidden staging file beside the target, as the
+//! requesting user. On success it is renamed over the target when that keeps
+//! the target's identity (a new file, or a plain file of this user with one
+//! link: its permission bits are carried over); otherwise (a symlink, a
+//! hard-linked file, another user's file) it is copied into the target in
+//! place, as envd writes. If the directory does not let the user create the
+//! staging file, the upload writes the target in place directly.
+
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use tokio::io::AsyncWriteExt;
+
+use super::fsops::{io_error, run_as_user};
+use super::users::UserAccount;
+use crate::connect_rpc::{Code, ConnectError};
+
+/// An upload in progress. Dropped without [`StagedUpload::commit`], it
+/// removes its staging file.
+pub struct StagedUpload {
+    target: PathBuf,
+    /// `None` when writing the target in place.
+    staging: Option<PathBuf>,
+    file: tokio::fs::File,
+}
+
+impl StagedUpload {
+    /// Creates missing parent directories and the staging file, as the user,
+    /// after refusing targets that are directories or not regular files.
+    pub async fn begin(user: &UserAccount, target: &Path) -> Result<Self, ConnectError> {
+        let target = target.to_path_buf();
+        let (file, staging) = run_as_user(user, {
+            let target = target.clone();
+            move || open_staging(&target)
+        })
+        .await??;
+        Ok(Self { target, staging, file: tokio::fs::File::from_std(file) })
+    }
+
+    pub async fn write(&mut self, data: &[u8]) -> Result<(), ConnectError> {
+        let path = self.staging.as_deref().unwrap_or(&self.target);
+        self.file.write_all(data).await.map_err(|e| io_error(path, &e))
+    }
+
+    /// Puts the complete upload in place.
+    pub async fn commit(mut self, user: &UserAccount) -> Result<(), ConnectError> {
+        let path = self.staging.clone().unwrap_or_else(|| self.target.clone());
+        self.file.flush().await.map_err(|e| io_error(&path, &e))?;
+        let Some(staging) = self.staging.take() else { return Ok(()) };
+        let target = self.target.clone();
+        let result = run_as_user(user, {
+            let (staging, uid) = (staging.clone(), user.uid);
+            move || put_in_place(&staging, &target, uid)
+        })
+        .await
+        .and_then(|r| r);
+        let _ = std::fs::remove_file(&staging); // gone already after a rename
+        result
+    }
+}
+
+impl Drop for StagedUpload {
+    fn drop(&mut self) {
+        if let Some(staging) = self.staging.take() {
+            let _ = std::fs::remove_file(staging);
+        }
+    }
+}
+
+fn open_staging(target: &Path) -> Result<(std::fs::File, Option<PathBuf>), ConnectError> {
+    if let Some(parent) = target.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| io_error(parent, &e))?;
+    }
+    if target.is_dir() {
+        return Err(ConnectError::new(Code::InvalidArgument, format!("path '{}' is a directory", target.display())));
+    }
+    if std::fs::metadata(target).is_ok_and(|meta| !meta.is_file()) {
+        return Err(ConnectError::new(
+            Code::InvalidArgument,
+            format!("path '{}' exists and is not a regular file", target.display()),
+        ));
+    }
+    let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let staging = target.with_file_name(format!(".{name}.upload-{:016x}", rand::random::<u64>()));
+    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o666).open(&staging) {
+        Ok(file) => Ok((file, Some(staging))),
+        Err(err) if err.kind() == std::io::ErrorKind::PermissionDenied => {
+            // The directory is not writable for the user: write the target in place.
+            // O_NONBLOCK: opening a FIFO created in the meantime fails instead of hanging.
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(target)
+                .map_err(|e| io_error(target, &e))?;
+            Ok((file, None))
+        }
+        Err(err) => Err(io_error(&staging, &err)),
+    }
+}
+
+fn put_in_place(staging: &Path, target: &Path, uid: u32) -> Result<(), ConnectError> {
+    match std::fs::symlink_metadata(target) {
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::rename(staging, target).map_err(|e| io_error(target, &e))
+        }
+        Ok(meta) if meta.file_type().is_file() && meta.nlink() == 1 && meta.uid() == uid => {
+            let mode = std::fs::Permissions::from_mode(meta.mode() & 0o7777);
+            std::fs::set_permissions(staging, mode).map_err(|e| io_error(staging, &e))?;
+            std::fs::rename(staging, target).map_err(|e| io_error(target, &e))
+        }
+        _ => {
+            // Keep the target's identity (symlink, links, owner): copy into it.
+            let mut from = std::fs::File::open(staging).map_err(|e| io_error(staging, &e))?;
+            let mut to = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(target)
+                .map_err(|e| io_error(target, &e))?;
+            std::io::copy(&mut from, &mut to).map_err(|e| io_error(target, &e))?;
+            Ok(())
+        }
+    }
+}
