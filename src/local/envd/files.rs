@@ -14,6 +14,8 @@ use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
+use super::negotiation::{self, ByteRange, byte_range};
+
 use super::EnvdState;
 use super::fsops::{io_error, resolve_path, run_as_user};
 use super::staged::StagedUpload;
@@ -112,7 +114,29 @@ pub async fn download(State(state): State<Arc<EnvdState>>, request: Request) -> 
         Ok(opened) => opened,
         Err(err) => return from_connect(&err),
     };
-    let range = request.headers().get(header::RANGE).map(|v| v.to_str().unwrap_or(""));
+    let headers = request.headers();
+    let gzip = match negotiation::response_is_gzip(headers) {
+        Ok(gzip) => gzip,
+        Err(message) => {
+            return http_error(StatusCode::BAD_REQUEST, format!("error parsing Accept-Encoding: {message}"));
+        }
+    };
+    // As envd: a range or conditional request is answered uncompressed.
+    let ranged = [header::RANGE, header::IF_MODIFIED_SINCE, header::IF_NONE_MATCH, header::IF_RANGE]
+        .iter()
+        .any(|name| headers.contains_key(name));
+    if gzip && !ranged {
+        let mut response = Response::new(negotiation::gzip(tokio::fs::File::from_std(file), DOWNLOAD_CHUNK));
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(mime_for(&path)));
+        headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        headers.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+        if let Ok(value) = HeaderValue::from_str(&content_disposition(&path)) {
+            headers.insert(header::CONTENT_DISPOSITION, value);
+        }
+        return response;
+    }
+    let range = headers.get(header::RANGE).map(|v| v.to_str().unwrap_or(""));
     let (status, start, len) = match byte_range(range, size) {
         ByteRange::Whole => (StatusCode::OK, 0, size),
         ByteRange::Part { start, len } => (StatusCode::PARTIAL_CONTENT, start, len),
@@ -138,6 +162,7 @@ pub async fn download(State(state): State<Arc<EnvdState>>, request: Request) -> 
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(mime_for(&path)));
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
     headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    headers.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
     if status == StatusCode::PARTIAL_CONTENT
         && let Ok(value) = HeaderValue::from_str(&format!("bytes {start}-{}/{size}", start + len - 1))
     {
@@ -149,48 +174,6 @@ pub async fn download(State(state): State<Arc<EnvdState>>, request: Request) -> 
     response
 }
 
-/// What a `Range` header asks of a file of a given size.
-#[derive(Debug, PartialEq, Eq)]
-enum ByteRange {
-    /// No header, or one this server answers with the whole file (several ranges).
-    Whole,
-    /// 206 with these bytes.
-    Part { start: u64, len: u64 },
-    /// 416 with `Content-Range: bytes */SIZE` (starts at or past the end).
-    NoOverlap,
-    /// 416: malformed.
-    Invalid,
-}
-
-/// Single-range `bytes=A-B`, `bytes=A-` and `bytes=-N`, as Go's
-/// `http.ServeContent` (the real envd) interprets them.
-fn byte_range(header: Option<&str>, size: u64) -> ByteRange {
-    let Some(header) = header else { return ByteRange::Whole };
-    let Some(spec) = header.trim().strip_prefix("bytes=") else { return ByteRange::Invalid };
-    if spec.contains(',') {
-        return ByteRange::Whole;
-    }
-    let Some((start, end)) = spec.trim().split_once('-') else { return ByteRange::Invalid };
-    let (start, end) = (start.trim(), end.trim());
-    let number = |v: &str| if v.bytes().all(|b| b.is_ascii_digit()) { v.parse::<u64>().ok() } else { None };
-    if start.is_empty() {
-        let Some(suffix) = number(end) else { return ByteRange::Invalid };
-        let suffix = suffix.min(size);
-        return if suffix == 0 { ByteRange::NoOverlap } else { ByteRange::Part { start: size - suffix, len: suffix } };
-    }
-    let Some(start) = number(start) else { return ByteRange::Invalid };
-    if start >= size {
-        return ByteRange::NoOverlap;
-    }
-    if end.is_empty() {
-        return ByteRange::Part { start, len: size - start };
-    }
-    match number(end) {
-        Some(end) if end >= start => ByteRange::Part { start, len: end.min(size - 1) - start + 1 },
-        _ => ByteRange::Invalid,
-    }
-}
-
 /// `POST /files?path=&username=`.
 pub async fn upload(State(state): State<Arc<EnvdState>>, request: Request) -> Response {
     let query = parse_query(request.uri().query());
@@ -198,33 +181,20 @@ pub async fn upload(State(state): State<Arc<EnvdState>>, request: Request) -> Re
         Ok(user) => user,
         Err(err) => return from_connect(&err),
     };
-    let headers = request.headers();
-    let encoding = headers
-        .get(header::CONTENT_ENCODING)
-        .map(|v| v.to_str().unwrap_or("?").trim().to_ascii_lowercase())
-        .filter(|e| !e.is_empty() && e != "identity");
-    let gzip = match encoding.as_deref() {
-        None => false,
-        Some("gzip") => true,
-        Some(other) => {
-            return http_error(
-                StatusCode::BAD_REQUEST,
-                format!("Content-Encoding '{other}' is not supported by this envd; upload uncompressed or with gzip"),
-            );
-        }
+    let gzip = match negotiation::request_is_gzip(request.headers()) {
+        Ok(gzip) => gzip,
+        Err(message) => return http_error(StatusCode::BAD_REQUEST, message),
     };
+    // As envd: the coding applies to the whole body, multipart included.
+    let request = if gzip { request.map(negotiation::gunzip) } else { request };
+    let headers = request.headers();
     let metadata = match metadata_from_headers(headers) {
         Ok(metadata) => metadata,
         Err(err) => return from_connect(&err),
     };
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
     let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-    let result = if gzip && essence == "multipart/form-data" {
-        Err(ConnectError::new(
-            Code::InvalidArgument,
-            "a gzip-encoded upload must be application/octet-stream, not multipart/form-data",
-        ))
-    } else if essence == "multipart/form-data" {
+    let result = if essence == "multipart/form-data" {
         match Multipart::from_request(request, &()).await {
             Ok(multipart) => upload_multipart(&user, query.path.as_deref(), multipart, &metadata).await,
             Err(err) => Err(ConnectError::new(Code::InvalidArgument, format!("invalid multipart request: {err}"))),
@@ -287,7 +257,7 @@ async fn upload_multipart(
     Ok(uploaded)
 }
 
-/// Streams a raw body (gunzipped when `gzip`) into the file.
+/// Streams a raw body (already gunzipped when it was gzip) into the file.
 async fn upload_raw(
     user: &UserAccount,
     raw: &str,
@@ -297,26 +267,11 @@ async fn upload_raw(
 ) -> Result<UploadedWithMetadata, ConnectError> {
     let path = resolve_path(user, raw)?;
     let mut upload = StagedUpload::begin(user, &path).await?;
-    let stream = body.into_data_stream().map(|chunk| chunk.map_err(std::io::Error::other));
-    let body = tokio_util::io::StreamReader::new(stream);
-    let mut reader: std::pin::Pin<Box<dyn tokio::io::AsyncRead + Send>> = if gzip {
-        let mut decoder = async_compression::tokio::bufread::GzipDecoder::new(body);
-        decoder.multiple_members(true); // as Go's gzip.Reader
-        Box::pin(decoder)
-    } else {
-        Box::pin(body)
-    };
     let what = if gzip { "reading or gunzipping the upload body failed" } else { "reading the upload body failed" };
-    let mut buf = vec![0; DOWNLOAD_CHUNK];
-    loop {
-        let n = reader
-            .read(&mut buf)
-            .await
-            .map_err(|err| ConnectError::new(Code::InvalidArgument, format!("{what}: {err}")))?;
-        if n == 0 {
-            break;
-        }
-        upload.write(&buf[..n]).await?;
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|err| ConnectError::new(Code::InvalidArgument, format!("{what}: {err}")))?;
+        upload.write(&chunk).await?;
     }
     upload.commit(user).await?;
     finish_upload(user, &path, metadata).await
@@ -396,24 +351,6 @@ fn mime_for(path: &Path) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn byte_ranges_follow_go_serve_content() {
-        use super::{ByteRange, byte_range};
-        assert_eq!(byte_range(None, 10), ByteRange::Whole);
-        assert_eq!(byte_range(Some("bytes=0-3"), 10), ByteRange::Part { start: 0, len: 4 });
-        assert_eq!(byte_range(Some("bytes=8-100"), 10), ByteRange::Part { start: 8, len: 2 });
-        assert_eq!(byte_range(Some("bytes=4-"), 10), ByteRange::Part { start: 4, len: 6 });
-        assert_eq!(byte_range(Some("bytes=-3"), 10), ByteRange::Part { start: 7, len: 3 });
-        assert_eq!(byte_range(Some("bytes=-30"), 10), ByteRange::Part { start: 0, len: 10 });
-        assert_eq!(byte_range(Some("bytes=10-20"), 10), ByteRange::NoOverlap);
-        assert_eq!(byte_range(Some("bytes=0-5"), 0), ByteRange::NoOverlap);
-        assert_eq!(byte_range(Some("bytes=-0"), 10), ByteRange::NoOverlap);
-        assert_eq!(byte_range(Some("bytes=0-1,4-5"), 10), ByteRange::Whole);
-        for bad in ["bytes=5-2", "bytes=a-b", "items=0-1", "bytes=-", "bytes=+1-2", "bytes=1"] {
-            assert_eq!(byte_range(Some(bad), 10), ByteRange::Invalid, "{bad}");
-        }
-    }
-
     use super::*;
 
     #[test]

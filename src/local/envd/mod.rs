@@ -23,6 +23,7 @@ mod files;
 mod fs_rpc;
 mod fsops;
 mod metrics;
+mod negotiation;
 mod process_rpc;
 mod reaper;
 mod rpc;
