@@ -492,6 +492,19 @@ async fn uploads_keep_the_identity_of_what_they_replace() {
         std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     names.sort();
     assert_eq!(names, ["link.txt", "other-name.txt", "real.txt", "run.sh"]);
+    // A read-only file of an unprivileged user stays refused, in a directory it may write.
+    let own = tempfile::tempdir().unwrap();
+    let nobody = nix::unistd::Uid::from_raw(65_534);
+    std::os::unix::fs::chown(own.path(), Some(nobody.as_raw()), None).unwrap();
+    let locked = own.path().join("locked.txt");
+    std::fs::write(&locked, b"keep").unwrap();
+    std::os::unix::fs::chown(&locked, Some(nobody.as_raw()), None).unwrap();
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let uri = format!("http://envd/files?path={}&username=nobody", enc(&locked));
+    let (status, _) = upload(&envd, uri, "application/octet-stream", full(&b"replaced"[..])).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(std::fs::read(&locked).unwrap(), b"keep");
+    assert_eq!(std::fs::read_dir(own.path()).unwrap().count(), 1, "a staging file was left");
 }
 
 #[tokio::test]

@@ -5,10 +5,11 @@
 //!
 //! The data goes to a hidden staging file beside the target, as the
 //! requesting user. On success it is renamed over the target when that keeps
-//! the target's identity (a new file, or a plain file of this user with one
-//! link: its permission bits are carried over); otherwise (a symlink, a
-//! hard-linked file, another user's file) it is copied into the target in
-//! place, as envd writes. If the directory does not let the user create the
+//! the target's identity (a new file, or a plain writable file of this user
+//! with one link: its permission bits are carried over); otherwise (a
+//! symlink, a hard-linked file, another user's or a read-only file) it is
+//! copied into the target in place, as envd writes, with the same permission
+//! checks. If the directory does not let the user create the
 //! staging file, the upload writes the target in place directly.
 
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -110,7 +111,14 @@ fn put_in_place(staging: &Path, target: &Path, uid: u32) -> Result<(), ConnectEr
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
             std::fs::rename(staging, target).map_err(|e| io_error(target, &e))
         }
-        Ok(meta) if meta.file_type().is_file() && meta.nlink() == 1 && meta.uid() == uid => {
+        // Renamed over only if writing it in place would be allowed too (its
+        // owner may write it), so a read-only file stays refused.
+        Ok(meta)
+            if meta.file_type().is_file()
+                && meta.nlink() == 1
+                && meta.uid() == uid
+                && (uid == 0 || meta.mode() & 0o200 != 0) =>
+        {
             let mode = std::fs::Permissions::from_mode(meta.mode() & 0o7777);
             std::fs::set_permissions(staging, mode).map_err(|e| io_error(staging, &e))?;
             std::fs::rename(staging, target).map_err(|e| io_error(target, &e))
