@@ -92,15 +92,7 @@ fn open_staging(target: &Path) -> Result<(std::fs::File, Option<PathBuf>), Conne
         Ok(file) => Ok((file, Some(staging))),
         Err(err) if err.kind() == std::io::ErrorKind::PermissionDenied => {
             // The directory is not writable for the user: write the target in place.
-            // O_NONBLOCK: opening a FIFO created in the meantime fails instead of hanging.
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .custom_flags(libc::O_NONBLOCK)
-                .open(target)
-                .map_err(|e| io_error(target, &e))?;
-            Ok((file, None))
+            Ok((open_in_place(target)?, None))
         }
         Err(err) => Err(io_error(&staging, &err)),
     }
@@ -126,15 +118,21 @@ fn put_in_place(staging: &Path, target: &Path, uid: u32) -> Result<(), ConnectEr
         _ => {
             // Keep the target's identity (symlink, links, owner): copy into it.
             let mut from = std::fs::File::open(staging).map_err(|e| io_error(staging, &e))?;
-            let mut to = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .custom_flags(libc::O_NONBLOCK)
-                .open(target)
-                .map_err(|e| io_error(target, &e))?;
+            let mut to = open_in_place(target)?;
             std::io::copy(&mut from, &mut to).map_err(|e| io_error(target, &e))?;
             Ok(())
         }
     }
+}
+
+/// Opens (creating, truncating) the target itself, as envd writes. O_NONBLOCK:
+/// opening a FIFO created in the meantime fails instead of hanging.
+fn open_in_place(target: &Path) -> Result<std::fs::File, ConnectError> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(target)
+        .map_err(|e| io_error(target, &e))
 }
