@@ -17,12 +17,14 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use base64::Engine as _;
 use rmcp::model::{CallToolRequestParams, ClientConfig};
 use rmcp::service::RunningService;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{RoleClient, ServiceExt};
 use sandbox_mcp::e2b::{CallOptions, E2bClient, EnvdClient, OutputLimits, ProviderEndpoint, wire};
+use sandbox_mcp::tasks::TaskId;
+use sandbox_mcp::tasks::launch::{TaskSpec, start_args};
+use sandbox_mcp::tasks::service::TaskService;
 use serde_json::{Value, json};
 
 type Client = RunningService<RoleClient, ClientConfig>;
@@ -327,19 +329,34 @@ async fn main() -> anyhow::Result<()> {
     let envd = direct.envd(&direct.connect_sandbox(&sid, None).await?);
     let envd_true = time_envd(&envd, &["/bin/true"], n).await?;
     let envd_python = time_envd(&envd, &["python3", "-I", "-S", "-c", "pass"], n).await?;
-    // The gateway's own invocation (see TaskService::argv).
-    let program = "import os, sys; sys.path.insert(0, \"/home/user/.sandbox-mcp\"); import supervisor; \
-                   rc = supervisor.main(sys.argv[1:]); sys.stdout.flush(); sys.stderr.flush(); os._exit(rc)";
-    let envd_status =
-        time_envd(&envd, &["python3", "-I", "-S", "-c", program, "status", "--task-id", &big, "--limit", "16384"], n)
-            .await?;
+    // get_task's direct path: status.json, then both 16 KiB windows in parallel (see TaskService::status).
+    let user = CallOptions::user("user").with_timeout(Duration::from_secs(30));
+    let dir = format!("/home/user/.sandbox-mcp/tasks/{big}");
+    let (status_path, out_path, err_path) =
+        (format!("{dir}/status.json"), format!("{dir}/stdout"), format!("{dir}/stderr"));
+    let mut envd_reads = Vec::new();
+    for i in 0..n {
+        let offset = ((i * 16_384) % (1 << 20)) as u64;
+        let t0 = Instant::now();
+        envd.read_file_range(&status_path, 0, 1 << 20, &user).await?;
+        let (out, err) = tokio::join!(
+            envd.read_file_range(&out_path, offset, 16_384, &user),
+            envd.read_file_range(&err_path, 0, 16_384, &user)
+        );
+        envd_reads.push(t0.elapsed());
+        if out?.data.len() != 16_384 {
+            bail!("short direct read at {offset}");
+        }
+        err?;
+    }
 
-    let spec = base64::engine::general_purpose::STANDARD
-        .encode(serde_json::to_vec(&json!({"command": "sleep 600", "cwd": null, "envs": {}, "timeout": 600}))?);
+    // The supervisor's `start`, invoked exactly as the gateway does.
+    let service = TaskService::new(Vec::<String>::new());
     let mut envd_start = Vec::new();
     for _ in 0..n {
-        let id = sandbox_mcp::tasks::TaskId::generate().to_string();
-        let argv = ["python3", "-I", "-S", "-c", program, "start", "--task-id", &id, "--spec-b64", &spec];
+        let spec = TaskSpec::new("sleep 600".into(), None, Default::default(), Some(600))?;
+        let argv = service.argv(&start_args(&TaskId::generate(), &spec)?);
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         envd_start.extend(time_envd(&envd, &argv, 1).await?);
     }
 
@@ -351,7 +368,7 @@ async fn main() -> anyhow::Result<()> {
     println!("breakdown (envd directly, no gateway/MCP):");
     summary("  envd run /bin/true", f64::INFINITY, envd_true);
     summary("  envd run python3 -I -S -c pass", f64::INFINITY, envd_python);
-    summary("  envd run supervisor status 16 KiB", f64::INFINITY, envd_status);
+    summary("  envd status.json + 2 ranged reads", f64::INFINITY, envd_reads);
     summary("  envd run supervisor start", f64::INFINITY, envd_start);
     println!("supervisor RSS, idle task:          {} KiB", rss["stdout"].as_str().unwrap_or("?").trim());
     println!("supervisor peak RSS, 3 MiB output:  {} KiB", peak["stdout"].as_str().unwrap_or("?").trim());

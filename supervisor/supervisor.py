@@ -28,7 +28,7 @@ Subcommands (details in supervisor/README.md):
          [--wait-stdout-offset N] [--wait-stderr-offset N]
   cancel --task-id ID [same paging args] [--wait S (default 3)]
   list
-  (all but version accept --base DIR, default $HOME/.sandbox-mcp)
+  (all accept --base DIR, default: the directory of this script)
 
 ``start`` claims the directory with mkdir (so a resubmitted start never runs
 the command twice), then double-forks a daemon in a new session. The daemon
@@ -113,8 +113,6 @@ class CliError(Exception):
         self.code = code
         self.message = message
 
-
-# --- small helpers ----------------------------------------------------------
 
 # --- minimal JSON codec -----------------------------------------------------
 
@@ -267,7 +265,7 @@ def check_task_id(opts):
     tid = opts.get("task-id")
     if tid is None:
         raise CliError("invalid", "--task-id is required")
-    if len(tid) != 32 or tid.strip("0123456789abcdef"):
+    if not is_task_id(tid):
         raise CliError("invalid", "task id must be 32 lowercase hex characters")
     return tid
 
@@ -293,7 +291,9 @@ def ensure_private_dir(path):
 def tasks_root(opts):
     base = opts.get("base")
     if not base:
-        base = os.path.join(os.path.expanduser("~"), ".sandbox-mcp")
+        # The directory this script is installed in: the gateway reads task
+        # files beside its supervisor.py directly, whatever HOME says.
+        base = os.path.dirname(os.path.abspath(__file__))
     base = os.path.abspath(base)
     try:
         ensure_private_dir(base)

@@ -138,6 +138,22 @@ class SupervisorTestCase(unittest.TestCase):
         obj = self.cli("version", base=False)
         self.assertEqual(obj["version"], "3")
 
+    def test_default_base_is_the_script_directory(self):
+        # The gateway reads task files beside the installed script, so without
+        # --base the tasks must land there, not under $HOME.
+        installed = os.path.join(self.base, "installed")
+        os.makedirs(installed)
+        shutil.copy(SUPERVISOR, installed)
+        env = dict(self.env, HOME=self.work)
+        tid = new_id()
+        b64 = base64.b64encode(json.dumps({"command": "true"}).encode()).decode()
+        p = subprocess.run([sys.executable, os.path.join(installed, "supervisor.py"), "start",
+                            "--task-id", tid, "--spec-b64", b64],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, timeout=30)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertTrue(os.path.isdir(os.path.join(installed, "tasks", tid)))
+        self.assertFalse(os.path.exists(os.path.join(self.work, ".sandbox-mcp")))
+
     def test_happy_path_stdout_stderr_separate(self):
         tid, first = self.start("echo hello; echo oops >&2; echo $FOO; pwd",
                                 envs={"FOO": "bar"}, cwd=self.work)

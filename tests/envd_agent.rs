@@ -163,6 +163,14 @@ async fn cwd_env_and_user_switching() {
     let bad_cwd = envd.run("true", json!({"process": {"cwd": "/does/not/exist"}}), &[]).await;
     assert_eq!(bad_cwd.end_stream["error"]["code"], "invalid_argument");
     assert!(bad_cwd.end_stream["error"]["message"].as_str().unwrap().contains("/does/not/exist"));
+    // The cwd resolves as file paths do: `~` is the home, `.` and `..` are removed.
+    let tilde = envd.run("pwd", json!({"process": {"cwd": "~"}}), &[]).await;
+    assert_eq!(String::from_utf8_lossy(&tilde.stdout), "/root\n");
+    let dotted = envd.run("pwd", json!({"process": {"cwd": "/tmp/../tmp/."}}), &[]).await;
+    assert_eq!(String::from_utf8_lossy(&dotted.stdout), "/tmp\n");
+    let not_dir = envd.run("true", json!({"process": {"cwd": "/etc/passwd"}}), &[]).await;
+    assert_eq!(not_dir.end_stream["error"]["code"], "invalid_argument");
+    assert!(not_dir.end_stream["error"]["message"].as_str().unwrap().contains("not a directory"));
 
     let bad_env = envd.run("true", json!({"process": {"envs": {"A=B": "x"}}}), &[]).await;
     assert_eq!(bad_env.end_stream["error"]["code"], "invalid_argument");
@@ -437,6 +445,8 @@ async fn downloads_are_gzipped_when_asked_unless_ranged() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["content-encoding"], "gzip");
     assert_eq!(headers["vary"], "Accept-Encoding");
+    assert_eq!(headers["content-type"], "text/plain; charset=utf-8");
+    assert_eq!(headers["content-disposition"], "inline; filename=data.txt");
     assert!(body.len() < data.len() / 10, "{} bytes compressed", body.len());
     let mut plain = String::new();
     async_compression::tokio::bufread::GzipDecoder::new(&body[..]).read_to_string(&mut plain).await.unwrap();
@@ -448,6 +458,10 @@ async fn downloads_are_gzipped_when_asked_unless_ranged() {
     let (status, headers, body) = get_with(&envd, &uri, &[("accept-encoding", "br;q=1, gzip;q=0")]).await;
     assert_eq!((status, headers.get("content-encoding")), (StatusCode::OK, None));
     assert_eq!(body.len(), data.len());
+    assert_eq!(headers["vary"], "Accept-Encoding");
+    assert_eq!(headers["content-type"], "text/plain; charset=utf-8");
+    assert_eq!(headers["content-disposition"], "inline; filename=data.txt");
+    assert_eq!(headers["content-length"], data.len().to_string().as_str());
     // Nothing acceptable: a clear 400, as envd answers.
     let (status, _, body) = get_with(&envd, &uri, &[("accept-encoding", "br, identity;q=0")]).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
@@ -505,6 +519,108 @@ async fn uploads_keep_the_identity_of_what_they_replace() {
     assert_eq!(status, StatusCode::FORBIDDEN);
     assert_eq!(std::fs::read(&locked).unwrap(), b"keep");
     assert_eq!(std::fs::read_dir(own.path()).unwrap().count(), 1, "a staging file was left");
+}
+
+/// Entries of `dir`, sorted.
+fn dir_names(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<_> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn uploads_keep_metadata_and_group_of_what_they_replace() {
+    use std::os::unix::fs::MetadataExt;
+    if !is_root() {
+        return;
+    }
+    let envd = start_envd().await;
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().to_str().unwrap().to_owned();
+    let put = |path: &std::path::Path, data: &'static str, headers: &'static [(&'static str, &'static str)]| {
+        let mut request = Request::post(format!("http://envd/files?path={}&username=root", enc(path)))
+            .header("content-type", "application/octet-stream");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let envd = &envd;
+        async move {
+            let response = envd.send(request.body(full(data)).unwrap()).await;
+            let status = response.status();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (status, serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null))
+        }
+    };
+    let stat_metadata = |path: std::path::PathBuf| {
+        let envd = &envd;
+        async move {
+            let (status, stat) =
+                envd.unary("filesystem.Filesystem/Stat", json!({"path": path.to_str().unwrap()}), None).await;
+            assert_eq!(status, StatusCode::OK, "{stat}");
+            stat["entry"]["metadata"].clone()
+        }
+    };
+    // Metadata stored by one upload survives the next upload without it.
+    let file = dir.path().join("meta.txt");
+    let (status, listing) = put(&file, "first", &[("X-Metadata-k", "v")]).await;
+    assert_eq!(status, StatusCode::OK, "{listing}");
+    assert_eq!(listing[0]["metadata"], json!({"k": "v"}));
+    let (status, listing) = put(&file, "second", &[]).await;
+    assert_eq!(status, StatusCode::OK, "{listing}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "second");
+    assert_eq!(stat_metadata(file.clone()).await, json!({"k": "v"}), "metadata lost by a re-upload");
+    let cname = std::ffi::CString::new(file.to_str().unwrap()).unwrap();
+    let mut value = [0u8; 16];
+    // SAFETY: valid NUL-terminated strings and a buffer of the given length.
+    let len = unsafe { libc::getxattr(cname.as_ptr(), c"user.e2b.k".as_ptr(), value.as_mut_ptr().cast(), value.len()) };
+    assert_eq!(len, 1, "user.e2b.k is gone: {}", std::io::Error::last_os_error());
+    assert_eq!(&value[..1], b"v");
+    // A file of another group keeps its group.
+    let grouped = dir.path().join("grouped.txt");
+    std::fs::write(&grouped, "old").unwrap();
+    std::os::unix::fs::chown(&grouped, None, Some(1000)).unwrap();
+    assert_eq!(put(&grouped, "new", &[]).await.0, StatusCode::OK);
+    assert_eq!(std::fs::read_to_string(&grouped).unwrap(), "new");
+    assert_eq!(std::fs::metadata(&grouped).unwrap().gid(), 1000, "the group was replaced");
+    // Names up to NAME_MAX work: the staging name is no longer than they are.
+    let long = dir.path().join("n".repeat(250));
+    let (status, listing) = put(&long, "long", &[]).await;
+    assert_eq!(status, StatusCode::OK, "{listing}");
+    assert_eq!(std::fs::read_to_string(&long).unwrap(), "long");
+    assert_eq!(put(&long, "longer", &[]).await.0, StatusCode::OK);
+    assert_eq!(std::fs::read_to_string(&long).unwrap(), "longer");
+    // Nothing staged is left behind.
+    assert_eq!(dir_names(dir.path()), ["grouped.txt", "meta.txt", "n".repeat(250).as_str()], "in {base}");
+}
+
+#[tokio::test]
+async fn uploads_write_in_place_where_the_user_cannot_create_files() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !is_root() {
+        return;
+    }
+    let envd = start_envd().await;
+    // A root-owned directory nobody may enter but not write, holding a file of nobody.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let file = dir.path().join("owned-by-nobody.txt");
+    std::fs::write(&file, "old content").unwrap();
+    std::os::unix::fs::chown(&file, Some(65_534), Some(65_534)).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let inode = std::fs::metadata(&file).unwrap().ino();
+    let uri = format!("http://envd/files?path={}&username=nobody", enc(&file));
+    let (status, body) = upload(&envd, uri, "application/octet-stream", full("new")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "new");
+    let meta = std::fs::metadata(&file).unwrap();
+    assert_eq!((meta.ino(), meta.uid(), meta.mode() & 0o7777), (inode, 65_534, 0o644));
+    assert_eq!(dir_names(dir.path()), ["owned-by-nobody.txt"], "a staging file was left");
+    // A new file cannot be created there by nobody.
+    let uri = format!("http://envd/files?path={}&username=nobody", enc(&dir.path().join("new.txt")));
+    let (status, _) = upload(&envd, uri, "application/octet-stream", full("x")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(dir_names(dir.path()), ["owned-by-nobody.txt"]);
 }
 
 #[tokio::test]

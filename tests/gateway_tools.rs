@@ -106,6 +106,10 @@ async fn tools_work_end_to_end_with_session_defaults_and_ownership() {
     assert_eq!(entries, vec![(json!("a.txt"), json!("file")), (json!("b.bin"), json!("file"))]);
     let message = err(&client, "read_file", json!({"path": "/home/user/nope.txt"})).await;
     assert!(message.contains("no such file") && message.contains(&id), "{message}");
+    // An error that would quote the provider API key shows it masked (in the answer and the log line).
+    let message = err(&client, "read_file", json!({"path": format!("/home/user/{}.txt", provider.api_key)})).await;
+    assert!(message.contains("no such file") && message.contains("/home/user/********.txt"), "{message}");
+    assert!(!message.contains(&provider.api_key), "the provider API key leaked into a tool error: {message}");
 
     // A second session (same tenant) creates its own sandbox; the first connects to it: default, not owned.
     let other = connect(&gateway.mcp_url(), None).await;
@@ -154,7 +158,61 @@ async fn tools_work_end_to_end_with_session_defaults_and_ownership() {
     for field in ["\"tool\":", "\"session\":", "\"tenant\":", "\"sandbox\":", "\"duration_ms\":", "\"outcome\":"] {
         assert!(call_line.contains(field), "{field} missing from {call_line}");
     }
+    let masked_line = log
+        .lines()
+        .find(|l| l.contains("\"tool call\"") && l.contains("/home/user/********.txt"))
+        .expect("the read_file error quoting the key is logged, masked");
+    assert!(masked_line.contains("\"outcome\":\"error\""), "{masked_line}");
     assert!(!log.contains(&provider.api_key), "the provider API key leaked into the log");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_secrets_and_the_provider_key_are_masked_in_output_files_and_errors() {
+    if !require_root("configured_secrets_and_the_provider_key_are_masked_in_output_files_and_errors") {
+        return;
+    }
+    const SECRET: &str = "gateway-configured-secret-42";
+    const MASK: &str = "********";
+    let provider = ProviderProc::start();
+    let key = provider.api_key.clone();
+    let gateway = GatewayProc::start_e2b(&provider, &format!("[tasks]\nsecrets = [\"{SECRET}\"]\n"), &[]);
+    let client = connect(&gateway.mcp_url(), None).await;
+    let id = ok(&client, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_string();
+
+    // run_command: both streams, the configured secret and the provider key; a look-alike is kept.
+    let command = format!("echo \"a {SECRET} b gateway-configured-secret-4X\"; echo {key}; echo \"err {SECRET}\" >&2");
+    let out = ok(&client, "run_command", json!({ "command": command })).await;
+    assert_eq!(out["exit_code"], json!(0), "{out}");
+    assert_eq!(out["stdout"], json!(format!("a {MASK} b gateway-configured-secret-4X\n{MASK}\n")), "{out}");
+    assert_eq!(out["stderr"], json!(format!("err {MASK}\n")), "{out}");
+
+    // A file holding the secret is stored as written, and read back masked (text encoding).
+    let content = format!("token={SECRET}\nkey={key}\n");
+    ok(&client, "write_file", json!({"path": "/home/user/conf.txt", "content": content})).await;
+    let stored = ok(&client, "run_command", json!({"command": format!("grep -c -e {SECRET} -e {key} conf.txt")})).await;
+    assert_eq!(stored["stdout"], json!("2\n"), "write_file must store the secret unchanged: {stored}");
+    let read = ok(&client, "read_file", json!({"path": "/home/user/conf.txt"})).await;
+    assert_eq!(read["encoding"], json!("text"));
+    assert_eq!(read["content"], json!(format!("token={MASK}\nkey={MASK}\n")), "{read}");
+    assert_eq!(read["size"], json!(content.len()), "size is the stored file's");
+
+    // Tool errors that would quote the secret: a missing file, a missing cwd.
+    let message = err(&client, "read_file", json!({"path": format!("/home/user/{SECRET}/missing.txt")})).await;
+    assert!(
+        message.contains("no such file") && message.contains(&format!("/home/user/{MASK}/missing.txt")),
+        "{message}"
+    );
+    assert!(!message.contains(SECRET), "{message}");
+    let message = err(&client, "run_command", json!({"command": "true", "cwd": format!("/tmp/{SECRET}")})).await;
+    assert!(message.contains(&format!("/tmp/{MASK}")) && message.contains(&id), "{message}");
+    assert!(!message.contains(SECRET), "{message}");
+    close(client).await;
+
+    // The log carries the masked errors, never the secret or the key.
+    let log = gateway.log_text();
+    assert!(log.contains(&format!("/home/user/{MASK}/missing.txt")), "masked error not logged:\n{log}");
+    assert!(!log.contains(SECRET), "a configured secret leaked into the log");
+    assert!(!log.contains(&key), "the provider API key leaked into the log");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -163,10 +163,18 @@ async fn split_characters_read_as_replacement_and_wait_returns_early() {
     assert_eq!(cancelled["state"], "cancelled");
     assert_eq!(cancelled["cancel_confirmed"], true);
     assert_eq!(waited["state"], "cancelled", "{waited}");
-    // Unchanged task, no new output: the full wait elapses (bounded check with a short wait).
+    // A finished task does not wait at all.
     let t0 = Instant::now();
-    mcp.get_task(&sandbox_id, &task_id, json!({"stdout_offset": 8, "wait_seconds": 1})).await;
-    assert!(t0.elapsed() < Duration::from_secs(5));
+    mcp.get_task(&sandbox_id, &task_id, json!({"stdout_offset": 8, "wait_seconds": 5})).await;
+    assert!(t0.elapsed() < Duration::from_secs(3), "waited on a finished task: {:?}", t0.elapsed());
+    // A running task with no new output: the whole wait elapses, then the page comes back.
+    let quiet = mcp.start_task(&sandbox_id, "sleep 30", json!({})).await;
+    let quiet_id = quiet["task_id"].as_str().unwrap().to_string();
+    let t0 = Instant::now();
+    let v = mcp.get_task(&sandbox_id, &quiet_id, json!({"wait_seconds": 1})).await;
+    let waited = t0.elapsed();
+    assert_eq!((v["state"].as_str(), v["stdout"].as_str()), (Some("running"), Some("")), "{v}");
+    assert!(waited >= Duration::from_millis(950) && waited < Duration::from_secs(5), "wait took {waited:?}");
     other.close().await;
     mcp.call("kill_sandbox", json!({"sandbox_id": sandbox_id})).await.ok();
     mcp.close().await;

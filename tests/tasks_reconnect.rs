@@ -87,33 +87,25 @@ async fn task_outlives_its_session_and_retention_decides_cleanup() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn task_survives_gateway_sigkill_with_external_provider() {
-    if !can_run() {
-        return;
-    }
-    let env = Env::new();
-    let provider = env.provider();
-    let config = env.write_config(Some(&provider.url), "");
-    let mut serve = env.serve(&config);
-    let mcp = Mcp::connect(&serve.url).await;
-    let sandbox_id = mcp.create_sandbox().await;
-    let task_id = start(&mcp, &sandbox_id).await;
-    serve.proc.kill9();
-    drop(mcp);
-
-    let serve = env.serve(&config);
-    let fresh = Mcp::connect(&serve.url).await;
-    check_finished(&fresh, &sandbox_id, &task_id).await;
-    fresh.call("kill_sandbox", json!({"sandbox_id": sandbox_id})).await.ok();
-    fresh.close().await;
+    task_survives_gateway_sigkill(true).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn task_survives_gateway_sigkill_with_embedded_provider() {
+    task_survives_gateway_sigkill(false).await;
+}
+
+/// Start a task, SIGKILL the gateway, restart it with the same config: a new
+/// session lists the task and reads all its output and its exit code. With
+/// the embedded provider, the restarted gateway's provider re-adopts the
+/// sandbox from its state directory.
+async fn task_survives_gateway_sigkill(external_provider: bool) {
     if !can_run() {
         return;
     }
     let env = Env::new();
-    let config = env.write_config(None, "");
+    let provider = external_provider.then(|| env.provider());
+    let config = env.write_config(provider.as_ref().map(|p| p.url.as_str()), "");
     let mut serve = env.serve(&config);
     let mcp = Mcp::connect(&serve.url).await;
     let sandbox_id = mcp.create_sandbox().await;
@@ -121,7 +113,6 @@ async fn task_survives_gateway_sigkill_with_embedded_provider() {
     serve.proc.kill9();
     drop(mcp);
 
-    // The restarted gateway's embedded provider re-adopts the sandbox from its state dir.
     let serve = env.serve(&config);
     let fresh = Mcp::connect(&serve.url).await;
     let v: Value = fresh.call("list_tasks", json!({"sandbox_id": sandbox_id})).await.ok();

@@ -239,25 +239,11 @@ impl EnvdClient {
     pub async fn read_file_limited(&self, path: &str, max_bytes: u64, opts: &CallOptions) -> Result<Bytes, E2bError> {
         let ctx = self.ctx("files.read", RetryPolicy::Idempotent, self.unary_timeout(opts));
         let query = file_query(path, opts);
-        let mut response = transport::send(&ctx, || self.request(Method::GET, "files").query(&query)).await?;
+        let response = transport::send(&ctx, || self.request(Method::GET, "files").query(&query)).await?;
         if !response.status().is_success() {
             return Err(transport::error_from_response(&ctx, response).await);
         }
-        let too_large =
-            || E2bError::TooLarge { op: ctx.op, sandbox_id: Some(self.inner.sandbox_id.clone()), limit: max_bytes };
-        let declared = response.content_length();
-        if declared.is_some_and(|len| len > max_bytes) {
-            return Err(too_large());
-        }
-        let capacity = declared.unwrap_or(0).min(64 * 1024 * 1024) as usize;
-        let mut out = BytesMut::with_capacity(capacity);
-        while let Some(chunk) = response.chunk().await.map_err(|e| ctx.reqwest_error(e))? {
-            if out.len() as u64 + chunk.len() as u64 > max_bytes {
-                return Err(too_large());
-            }
-            out.extend_from_slice(&chunk);
-        }
-        Ok(out.freeze())
+        self.body_capped(&ctx, response, max_bytes).await
     }
 
     /// `GET /files?path=` with `Range: bytes=OFFSET-END`: at most `len` (≥ 1)
@@ -306,7 +292,7 @@ impl EnvdClient {
                 Ok(FileRange { data: Bytes::new(), size })
             }
             StatusCode::OK => {
-                let whole = self.body_capped(&ctx, response, offset.saturating_add(len).max(MAX_UNRANGED_READ)).await?;
+                let whole = self.body_capped(&ctx, response, MAX_UNRANGED_READ).await?;
                 let size = whole.len() as u64;
                 let start = offset.min(size) as usize;
                 let end = last.saturating_add(1).min(size) as usize;
@@ -316,6 +302,7 @@ impl EnvdClient {
         }
     }
 
+    /// A response body, failing with [`E2bError::TooLarge`] past `cap` bytes.
     async fn body_capped(
         &self,
         ctx: &CallCtx<'_>,
@@ -324,10 +311,12 @@ impl EnvdClient {
     ) -> Result<Bytes, E2bError> {
         let too_large =
             || E2bError::TooLarge { op: ctx.op, sandbox_id: Some(self.inner.sandbox_id.clone()), limit: cap };
-        if response.content_length().is_some_and(|n| n > cap) {
+        let declared = response.content_length();
+        if declared.is_some_and(|n| n > cap) {
             return Err(too_large());
         }
-        let mut out = BytesMut::with_capacity(response.content_length().unwrap_or(0).min(cap) as usize);
+        // Pre-allocate what is declared, but not more than 64 MiB on a server's word.
+        let mut out = BytesMut::with_capacity(declared.unwrap_or(0).min(cap).min(64 * 1024 * 1024) as usize);
         while let Some(chunk) = response.chunk().await.map_err(|e| ctx.reqwest_error(e))? {
             if out.len() as u64 + chunk.len() as u64 > cap {
                 return Err(too_large());
@@ -361,7 +350,8 @@ impl EnvdClient {
     }
 }
 
-/// Largest whole file accepted when a server answers a range request with 200.
+/// Largest whole file accepted when a server ignores a range request (200):
+/// past it the read fails with [`E2bError::TooLarge`].
 const MAX_UNRANGED_READ: u64 = 16 * 1024 * 1024;
 
 /// Part of a file and the file's total size ([`EnvdClient::read_file_range`]).

@@ -76,7 +76,7 @@ fn chain(err: &reqwest::Error) -> String {
 
 impl E2bError {
     /// The operation that failed (`create_sandbox`, `process.Start`, ...).
-    pub fn op(&self) -> &str {
+    pub fn op(&self) -> &'static str {
         match self {
             E2bError::NotFound { op, .. }
             | E2bError::SandboxNotRunning { op, .. }

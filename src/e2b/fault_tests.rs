@@ -302,3 +302,37 @@ async fn envd_requests_carry_the_sdk_headers_and_502_means_not_running() {
     assert_eq!(recorder.count("/health"), 1);
     server.abort();
 }
+
+#[tokio::test]
+async fn range_reads_cope_with_servers_that_ignore_or_botch_the_range() {
+    // /files?path=whole ignores Range (200, whole file); path=wrong answers a
+    // different range than asked; path=huge ignores Range for a file past the cap.
+    let router = Router::new().route(
+        "/files",
+        get(|uri: axum::http::Uri| async move {
+            let query = uri.query().unwrap_or("");
+            if query.contains("path=whole") {
+                (StatusCode::OK, Body::from(&b"0123456789"[..])).into_response()
+            } else if query.contains("path=wrong") {
+                (StatusCode::PARTIAL_CONTENT, [("content-range", "bytes 0-3/10")], Body::from(&b"0123"[..]))
+                    .into_response()
+            } else {
+                let huge = vec![b'x'; 17 * 1024 * 1024];
+                (StatusCode::OK, Body::from(huge)).into_response()
+            }
+        }),
+    );
+    let (url, server) = serve(router).await;
+    let client = client(&url);
+    let envd = client.envd(&sandbox("sbx-r", None));
+    let opts = CallOptions::default();
+    let range = envd.read_file_range("whole", 3, 4, &opts).await.unwrap();
+    assert_eq!((&range.data[..], range.size), (&b"3456"[..], 10));
+    let past = envd.read_file_range("whole", 20, 4, &opts).await.unwrap();
+    assert_eq!((past.data.len(), past.size), (0, 10));
+    let err = envd.read_file_range("wrong", 5, 4, &opts).await.unwrap_err();
+    assert!(matches!(err, E2bError::Protocol { .. }), "{err:?}");
+    let err = envd.read_file_range("huge", 0, 16, &opts).await.unwrap_err();
+    assert!(matches!(err, E2bError::TooLarge { limit, .. } if limit == 16 * 1024 * 1024), "{err:?}");
+    server.abort();
+}

@@ -238,13 +238,11 @@ impl EnvdClient {
         let content_type = response.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
         if !content_type.starts_with(connect_rpc::CONTENT_TYPE_STREAM_JSON) {
             if content_type.starts_with("application/json") {
-                // Some proxies answer a Connect error as unary JSON with 200.
-                return Err(transport::error_from_parts(
-                    &ctx,
-                    reqwest::StatusCode::INTERNAL_SERVER_ERROR,
-                    None,
-                    &response.bytes().await.map_err(|e| ctx.reqwest_error(e))?,
-                ));
+                // Some proxies answer a Connect error as unary JSON with 200 (read as any error body: capped).
+                let (body, _) = transport::read_capped(response, transport::MAX_ERROR_BODY)
+                    .await
+                    .map_err(|e| ctx.reqwest_error(e))?;
+                return Err(transport::error_from_parts(&ctx, reqwest::StatusCode::INTERNAL_SERVER_ERROR, None, &body));
             }
             return Err(ctx.protocol(format!("unexpected content type {content_type:?} for a stream")));
         }

@@ -19,7 +19,7 @@ const BACKOFF_BASE: Duration = Duration::from_millis(100);
 /// A `Retry-After` longer than this is not waited for: the error is returned.
 const MAX_RETRY_WAIT: Duration = Duration::from_secs(10);
 /// Largest error body read (the rest is dropped).
-const MAX_ERROR_BODY: usize = 64 * 1024;
+pub(crate) const MAX_ERROR_BODY: usize = 64 * 1024;
 /// Longest error message kept from a non-JSON body.
 const MAX_ERROR_TEXT: usize = 512;
 

@@ -18,7 +18,7 @@ use tokio_util::task::TaskTracker;
 use super::auth::Tenant;
 use super::masking::SecretMasker;
 use super::metrics::GatewayMetrics;
-use super::sessions::{EndReason, SessionEndHook, SessionError, SessionRegistry, SessionState};
+use super::sessions::{EndReason, SessionEndHook, SessionRegistry, SessionState};
 use crate::config::Config;
 use crate::e2b::{E2bClient, E2bError, EnvdClient, wire};
 use crate::tasks::service::TaskService;
@@ -51,8 +51,19 @@ pub struct GatewayCore {
     pub tasks: TaskService,
     /// Session cleanups under way (awaited on shutdown).
     pub cleanups: TaskTracker,
-    /// sandbox id -> (last renewal by us, deadline we believe it has).
-    renewals: Mutex<HashMap<String, (Option<Instant>, SystemTime)>>,
+    /// Renewal bookkeeping per sandbox (shared with session cleanups, which forget killed ones).
+    renewals: Arc<Renewals>,
+}
+
+/// sandbox id -> (last renewal by us, deadline we believe it has).
+type Renewals = Mutex<HashMap<String, (Option<Instant>, SystemTime)>>;
+
+/// Forgets a sandbox that no longer exists: in every session, and its renewal record.
+fn forget_sandbox_in(sessions: &SessionRegistry, renewals: &Renewals, sandbox_id: &str) {
+    sessions.forget_everywhere(sandbox_id);
+    if let Ok(mut map) = renewals.lock() {
+        map.remove(sandbox_id);
+    }
 }
 
 impl GatewayCore {
@@ -69,19 +80,18 @@ impl GatewayCore {
             in_flight: InFlight::default(),
             shutting_down: AtomicBool::new(false),
             cleanups: TaskTracker::new(),
-            renewals: Mutex::new(HashMap::new()),
+            renewals: Arc::default(),
         }
     }
 
-    fn deployment(&self) -> &str {
+    pub(crate) fn deployment(&self) -> &str {
         &self.config.provider.deployment
     }
 
     /// Records the deadline a sandbox was created or renewed with.
     pub(crate) fn note_deadline(&self, sandbox_id: &str, deadline: SystemTime) {
         if let Ok(mut map) = self.renewals.lock() {
-            let last = map.get(sandbox_id).and_then(|(last, _)| *last);
-            map.insert(sandbox_id.to_string(), (last, deadline));
+            map.entry(sandbox_id.to_string()).or_insert((None, deadline)).1 = deadline;
         }
     }
 
@@ -112,10 +122,7 @@ impl GatewayCore {
     }
 
     fn forget_sandbox(&self, sandbox_id: &str) {
-        self.sessions.forget_everywhere(sandbox_id);
-        if let Ok(mut map) = self.renewals.lock() {
-            map.remove(sandbox_id);
-        }
+        forget_sandbox_in(&self.sessions, &self.renewals, sandbox_id);
     }
 
     /// Kills a sandbox the caller is allowed to kill, and forgets it everywhere.
@@ -126,9 +133,9 @@ impl GatewayCore {
     }
 
     /// Ends every remaining session (server shutdown) and waits, bounded, for their cleanups.
-    pub async fn end_all_sessions(&self, hook: &Arc<Self>, timeout: Duration) {
+    pub async fn end_all_sessions(&self, timeout: Duration) {
         for (id, state) in self.sessions.take_all() {
-            hook.session_ended(id, state, EndReason::Shutdown);
+            self.session_ended(id, state, EndReason::Shutdown);
         }
         self.cleanups.close();
         if tokio::time::timeout(timeout, self.cleanups.wait()).await.is_err() {
@@ -150,6 +157,7 @@ impl SessionEndHook for GatewayCore {
         }
         let provider = self.provider.clone();
         let registry = Arc::clone(&self.sessions);
+        let renewals = Arc::clone(&self.renewals);
         self.cleanups.spawn(async move {
             let mut killed = Vec::new();
             let mut failed = Vec::new();
@@ -160,7 +168,7 @@ impl SessionEndHook for GatewayCore {
                     Ok(Err(err)) => failed.push(format!("{id}: {err}")),
                     Err(_) => failed.push(format!("{id}: timed out")),
                 }
-                registry.forget_everywhere(id);
+                forget_sandbox_in(&registry, &renewals, id);
             }
             tracing::info!(session = %session_id, tenant = %tenant, reason = reason.as_str(), ?killed, ?failed,
                 kept_retained = ?retained, kept_not_owned = ?connected,
@@ -333,9 +341,7 @@ impl Gateway {
         }
         if let Ok(end) = chrono::DateTime::parse_from_rfc3339(&detail.end_at) {
             let deadline = SystemTime::UNIX_EPOCH + Duration::from_secs(end.timestamp().max(0) as u64);
-            if let Ok(mut map) = self.core.renewals.lock() {
-                map.entry(id.to_string()).or_insert((None, deadline)).1 = deadline;
-            }
+            self.core.note_deadline(id, deadline);
         }
         Ok(detail)
     }
@@ -384,11 +390,6 @@ impl Gateway {
         }
     }
 
-    /// Keeps `sandbox_id` alive past the end of `session_id` (used by `start_task`).
-    pub fn retain(&self, session_id: &str, sandbox_id: &str) -> Result<(), SessionError> {
-        self.core.sessions.retain(session_id, sandbox_id)
-    }
-
     /// Masks configured secrets and the provider API key in text returned to the agent.
     pub(crate) fn mask<'a>(&self, text: &'a str) -> Cow<'a, str> {
         self.core.masker.mask(text)
@@ -401,18 +402,24 @@ impl Gateway {
 
     /// Turns a provider error into a sentence an agent can act on; forgets sandboxes that are gone.
     pub(crate) fn provider_error(&self, action: &str, sandbox_id: &str, err: &E2bError) -> String {
-        self.core.metrics.record_provider_error(err.op()); // ops (metrics)
         if err.is_sandbox_gone() {
+            self.core.metrics.record_provider_error(err.op()); // ops (metrics)
             self.core.forget_sandbox(sandbox_id);
             return not_found_message(sandbox_id);
         }
+        self.provider_failure(&format!("{action} sandbox {sandbox_id}"), err)
+    }
+
+    /// Counts a provider error and phrases it as "could not {what}: ...", telling the agent to retry
+    /// when the error is transient. For calls that concern no particular sandbox (create, list).
+    pub(crate) fn provider_failure(&self, what: &str, err: &E2bError) -> String {
+        self.core.metrics.record_provider_error(err.op()); // ops (metrics)
         if err.is_transient() {
             return format!(
-                "could not {action} sandbox {sandbox_id}: the sandbox provider is unreachable or busy ({err}); \
-                 try again in a few seconds"
+                "could not {what}: the sandbox provider is unreachable or busy ({err}); try again in a few seconds"
             );
         }
-        format!("could not {action} sandbox {sandbox_id}: {err}")
+        format!("could not {what}: {err}")
     }
 }
 

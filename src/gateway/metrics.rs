@@ -35,7 +35,7 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 
 type ToolOutcomeLabels = [(&'static str, &'static str); 2];
 type ToolLabels = [(&'static str, &'static str); 1];
-type OpLabels = [(&'static str, String); 1];
+type OpLabels = [(&'static str, &'static str); 1];
 
 /// The gateway's metrics; cheap to update from any task.
 pub struct GatewayMetrics {
@@ -90,8 +90,8 @@ impl GatewayMetrics {
     }
 
     /// Counts one provider error (by `E2bError::op()`) turned into a tool error.
-    pub fn record_provider_error(&self, op: &str) {
-        self.provider_errors.get_or_create(&[("op", op.to_string())]).inc();
+    pub fn record_provider_error(&self, op: &'static str) {
+        self.provider_errors.get_or_create(&[("op", op)]).inc();
     }
 
     /// The metrics in OpenMetrics text format.
@@ -194,7 +194,7 @@ mod tests {
                 s.owned.insert("b".into());
             })
             .unwrap();
-        sessions.retain("s1", "b").unwrap();
+        sessions.retain("s1", "acme", "b").unwrap();
         let metrics = GatewayMetrics::new(Arc::clone(&sessions));
         metrics.record_tool_call("run_command", true, Some(Duration::from_millis(20)));
         metrics.record_tool_call("run_command", false, None);

@@ -13,8 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::args::{validate_envs, validate_metadata, validate_range, validate_template};
 use super::handler::{
-    CallContext, Gateway, META_DEPLOYMENT, META_RESERVED_PREFIX, META_SESSION, META_TENANT, not_found_message,
-    validate_sandbox_id,
+    CallContext, Gateway, META_DEPLOYMENT, META_RESERVED_PREFIX, META_SESSION, META_TENANT, validate_sandbox_id,
 };
 use crate::e2b::wire;
 
@@ -169,7 +168,7 @@ impl Gateway {
         validate_metadata(&metadata, META_RESERVED_PREFIX)?;
         metadata.insert(META_TENANT.into(), call.tenant.clone());
         metadata.insert(META_SESSION.into(), call.session_id.clone());
-        metadata.insert(META_DEPLOYMENT.into(), self.core.config.provider.deployment.clone());
+        metadata.insert(META_DEPLOYMENT.into(), self.core.deployment().to_owned());
 
         let request = wire::NewSandbox {
             template_id: template.clone(),
@@ -178,14 +177,12 @@ impl Gateway {
             env_vars: (!envs.is_empty()).then_some(envs),
             ..Default::default()
         };
-        let sandbox = self.core.provider.create_sandbox(&request).await.map_err(|err| {
-            self.core.metrics.record_provider_error(err.op()); // ops (metrics)
-            if err.is_transient() {
-                format!("could not create a sandbox: the sandbox provider is unreachable or busy ({err}); try again in a few seconds")
-            } else {
-                format!("could not create a sandbox from template {template:?}: {err}")
-            }
-        })?;
+        let sandbox = self
+            .core
+            .provider
+            .create_sandbox(&request)
+            .await
+            .map_err(|err| self.provider_failure(&format!("create a sandbox from template {template:?}"), &err))?;
         let id = sandbox.sandbox_id.clone();
         call.set_sandbox(&id);
         self.core.note_deadline(&id, SystemTime::now() + Duration::from_secs(timeout));
@@ -246,45 +243,46 @@ impl Gateway {
         let id = args.sandbox_id;
         call.set_sandbox(&id);
         self.check_owner(call, &id).await?;
-        match self.core.kill_and_forget(&id).await {
-            Ok(killed) => Ok(KillSandboxResult { sandbox_id: id, killed }),
-            Err(err) if err.is_sandbox_gone() => {
-                self.provider_error("kill", &id, &err);
-                Err(not_found_message(&id))
-            }
-            Err(err) => Err(self.provider_error("kill", &id, &err)),
-        }
+        // A sandbox gone meanwhile is forgotten and reported "not found" by provider_error.
+        let killed = self.core.kill_and_forget(&id).await.map_err(|err| self.provider_error("kill", &id, &err))?;
+        Ok(KillSandboxResult { sandbox_id: id, killed })
     }
 
     async fn list_sandboxes_impl(&self, call: &CallContext) -> Result<ListSandboxesResult, String> {
         let filter = vec![
             (META_TENANT.to_string(), call.tenant.clone()),
-            (META_DEPLOYMENT.to_string(), self.core.config.provider.deployment.clone()),
+            (META_DEPLOYMENT.to_string(), self.core.deployment().to_owned()),
         ];
-        let details = self.core.provider.list_all_sandboxes(&filter).await.map_err(|err| {
-            self.core.metrics.record_provider_error(err.op()); // ops (metrics)
-            if err.is_transient() {
-                format!("could not list sandboxes: the sandbox provider is unreachable or busy ({err}); try again in a few seconds")
-            } else {
-                format!("could not list sandboxes: {err}")
-            }
-        })?;
-        let state =
-            self.core.sessions.snapshot(&call.session_id).ok_or("this MCP session has ended; start a new one")?;
-        let sandboxes = details
-            .into_iter()
-            // Belt and braces: never show another tenant's sandbox even if a provider ignores the filter.
-            .filter(|d| d.metadata.get(META_TENANT) == Some(&call.tenant))
-            .map(|d| SandboxSummary {
-                session_roles: state.roles_of(&d.sandbox_id).into_iter().map(String::from).collect(),
-                metadata: d.metadata.into_iter().filter(|(k, _)| !k.starts_with(META_RESERVED_PREFIX)).collect(),
-                sandbox_id: d.sandbox_id,
-                template: d.template_id,
-                state: d.state.as_str().to_string(),
-                started_at: d.started_at,
-                end_at: d.end_at,
+        let details = self
+            .core
+            .provider
+            .list_all_sandboxes(&filter)
+            .await
+            .map_err(|err| self.provider_failure("list sandboxes", &err))?;
+        // Roles and default read under the session's tenant check (no copy of its state).
+        self.core
+            .sessions
+            .with_session(&call.session_id, &call.tenant, |s| {
+                let sandboxes = details
+                    .into_iter()
+                    // Belt and braces: never show another tenant's sandbox even if a provider ignores the filter.
+                    .filter(|d| d.metadata.get(META_TENANT) == Some(&call.tenant))
+                    .map(|d| SandboxSummary {
+                        session_roles: s.roles_of(&d.sandbox_id).into_iter().map(String::from).collect(),
+                        metadata: d
+                            .metadata
+                            .into_iter()
+                            .filter(|(k, _)| !k.starts_with(META_RESERVED_PREFIX))
+                            .collect(),
+                        sandbox_id: d.sandbox_id,
+                        template: d.template_id,
+                        state: d.state.as_str().to_string(),
+                        started_at: d.started_at,
+                        end_at: d.end_at,
+                    })
+                    .collect();
+                ListSandboxesResult { sandboxes, default_sandbox: s.default_sandbox.clone() }
             })
-            .collect();
-        Ok(ListSandboxesResult { sandboxes, default_sandbox: state.default_sandbox })
+            .map_err(|e| e.to_string())
     }
 }

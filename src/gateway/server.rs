@@ -154,7 +154,7 @@ pub async fn serve_on(
         result = &mut server => {
             // The server ended by itself: report why after cleaning up.
             core.shutting_down.store(true, Ordering::SeqCst);
-            core.end_all_sessions(&core, Duration::from_secs(config.server.shutdown_grace_secs)).await;
+            core.end_all_sessions(Duration::from_secs(config.server.shutdown_grace_secs)).await;
             metrics_stop.cancel();
             if let Some(embedded) = connection.embedded { embedded.shutdown().await; }
             return match result {
@@ -182,7 +182,7 @@ pub async fn serve_on(
     }
     sessions_stop.cancel();
     let cleanup_budget = deadline.saturating_duration_since(tokio::time::Instant::now()).max(MIN_CLEANUP_BUDGET);
-    core.end_all_sessions(&core, cleanup_budget).await;
+    core.end_all_sessions(cleanup_budget).await;
     http_stop.cancel();
     if tokio::time::timeout(CONNECTION_CLOSE_TIMEOUT, &mut server).await.is_err() {
         tracing::warn!("open connections did not close within {CONNECTION_CLOSE_TIMEOUT:?}; closing them");
@@ -205,7 +205,7 @@ const STARTUP_LIST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Logs (info) how many sandboxes tagged with this deployment are alive; best effort, in the background.
 fn log_deployment_sandboxes(core: Arc<GatewayCore>) {
     tokio::spawn(async move {
-        let deployment = core.config.provider.deployment.clone();
+        let deployment = core.deployment().to_owned();
         let filter = [(META_DEPLOYMENT.to_string(), deployment.clone())];
         match tokio::time::timeout(STARTUP_LIST_TIMEOUT, core.provider.list_all_sandboxes(&filter)).await {
             Ok(Ok(sandboxes)) => tracing::info!(

@@ -9,7 +9,6 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
 
 use futures_util::Stream;
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
@@ -32,7 +31,6 @@ pub struct SessionState {
     /// Sandboxes already checked to belong to the tenant, with their connection info
     /// (saves a provider round trip per call).
     pub verified: HashMap<String, wire::Sandbox>,
-    pub created_at: Instant,
 }
 
 impl SessionState {
@@ -43,7 +41,6 @@ impl SessionState {
             owned: BTreeSet::new(),
             retained: BTreeSet::new(),
             verified: HashMap::new(),
-            created_at: Instant::now(),
         }
     }
 
@@ -138,16 +135,7 @@ impl SessionRegistry {
 
     /// Binds the tenant of a session the first time; later binds must match.
     pub fn bind_tenant(&self, session_id: &str, tenant: &str) -> Result<(), SessionError> {
-        let mut sessions = self.lock();
-        let state = sessions.get_mut(session_id).ok_or(SessionError::Unknown)?;
-        match &state.tenant {
-            None => {
-                state.tenant = Some(tenant.to_string());
-                Ok(())
-            }
-            Some(bound) if bound == tenant => Ok(()),
-            Some(_) => Err(SessionError::WrongTenant),
-        }
+        self.with_session(session_id, tenant, |_| ())
     }
 
     /// The tenant a session is bound to (None if unknown session or not bound yet).
@@ -172,17 +160,11 @@ impl SessionRegistry {
         Ok(f(state))
     }
 
-    /// A copy of a session's state.
-    pub fn snapshot(&self, session_id: &str) -> Option<SessionState> {
-        self.lock().get(session_id).cloned()
-    }
-
-    /// Marks a sandbox as retained by a session: it survives the session's end.
-    pub fn retain(&self, session_id: &str, sandbox_id: &str) -> Result<(), SessionError> {
-        let mut sessions = self.lock();
-        let state = sessions.get_mut(session_id).ok_or(SessionError::Unknown)?;
-        state.retained.insert(sandbox_id.to_string());
-        Ok(())
+    /// Marks a sandbox as retained by a session of `tenant`: it survives the session's end.
+    pub fn retain(&self, session_id: &str, tenant: &str, sandbox_id: &str) -> Result<(), SessionError> {
+        self.with_session(session_id, tenant, |s| {
+            s.retained.insert(sandbox_id.to_string());
+        })
     }
 
     /// Forgets a killed sandbox in every session (another session of the tenant may have killed it).
@@ -202,10 +184,6 @@ impl SessionRegistry {
         self.lock().drain().collect()
     }
 
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
     // ops (metrics): counts read at each /metrics scrape.
     /// Live sessions and the distinct sandboxes they own and retain.
     pub fn sandbox_counts(&self) -> SandboxCounts {
@@ -213,10 +191,6 @@ impl SessionRegistry {
         let owned: BTreeSet<&String> = sessions.values().flat_map(|s| s.owned.iter()).collect();
         let retained: BTreeSet<&String> = sessions.values().flat_map(|s| s.retained.iter()).collect();
         SandboxCounts { sessions: sessions.len(), owned: owned.len(), retained: retained.len() }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -323,14 +297,18 @@ mod tests {
                 s.default_sandbox = Some("sbx-b".into());
             })
             .unwrap();
-        registry.retain("s1", "sbx-a").unwrap();
-        assert_eq!(registry.snapshot("s1").unwrap().roles_of("sbx-a"), vec!["owned", "retained"]);
+        registry.retain("s1", "acme", "sbx-a").unwrap();
+        assert_eq!(registry.with_session("s1", "acme", |s| s.roles_of("sbx-a")), Ok(vec!["owned", "retained"]));
         assert_eq!(registry.with_session("s1", "other", |_| ()), Err(SessionError::WrongTenant));
+        assert_eq!(registry.retain("s1", "other", "sbx-b"), Err(SessionError::WrongTenant));
+        assert_eq!(registry.bind_tenant("s1", "other"), Err(SessionError::WrongTenant));
+        assert_eq!(registry.bind_tenant("s1", "acme"), Ok(()));
         manager.end_session("s1", EndReason::Closed);
         manager.end_session("s1", EndReason::Closed);
         let ended = hook.0.lock().unwrap();
         assert_eq!(ended.len(), 1, "cleanup must run exactly once");
         assert!(ended[0].1.retained.contains("sbx-a"));
-        assert_eq!(registry.retain("s1", "sbx-a"), Err(SessionError::Unknown));
+        assert!(!ended[0].1.retained.contains("sbx-b"), "a wrong-tenant retain must not change the state");
+        assert_eq!(registry.retain("s1", "acme", "sbx-a"), Err(SessionError::Unknown));
     }
 }

@@ -185,7 +185,7 @@ impl Gateway {
 
         let sandbox = self.task_sandbox(call, args.sandbox_id.as_deref()).await?;
         // Retain before launching: even an uncertain launch keeps the sandbox past the session.
-        self.retain(&call.session_id, &sandbox.id).map_err(|e| e.to_string())?;
+        self.core.sessions.retain(&call.session_id, &call.tenant, &sandbox.id).map_err(|e| e.to_string())?;
         let transport = EnvdTransport { gateway: self, sandbox: &sandbox };
         self.tasks().start(&transport, &sandbox.id, &task_id, &spec).await.map_err(|e| e.to_string())
     }

@@ -32,7 +32,7 @@ pub struct AppState {
 pub struct ApiError(StatusCode, String);
 
 impl ApiError {
-    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+    pub(super) fn new(status: StatusCode, message: impl Into<String>) -> Self {
         ApiError(status, message.into())
     }
 }

@@ -238,7 +238,6 @@ pub async fn remove(dirs: &[PathBuf]) {
     }
 }
 
-/// Memory usage of the sandbox in bytes, if a memory cgroup exists.
 /// Page cache charged to the sandbox, in bytes: `memory.stat` `file` (v2) or
 /// `total_cache` / `cache` (v1).
 pub fn memory_cache(dirs: &[PathBuf]) -> Option<u64> {
@@ -256,6 +255,8 @@ fn stat_value(stat: &str, key: &str) -> Option<u64> {
     })
 }
 
+/// Memory usage of the sandbox in bytes (`memory.current` (v2) or
+/// `memory.usage_in_bytes` (v1)), if a memory cgroup exists.
 pub fn memory_usage(dirs: &[PathBuf]) -> Option<u64> {
     dirs.iter().find_map(|d| {
         ["memory.current", "memory.usage_in_bytes"]

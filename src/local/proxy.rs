@@ -14,7 +14,7 @@ use hyper_util::rt::TokioIo;
 use sha2::Digest;
 use subtle::ConstantTimeEq;
 
-use super::api::AppState;
+use super::api::{ApiError, AppState};
 use crate::e2b::wire::{HEADER_ACCESS_TOKEN, HEADER_SANDBOX_ID, SandboxState};
 
 /// Headers that belong to one hop and are never forwarded.
@@ -38,16 +38,6 @@ fn not_found(sandbox_id: &str, detail: &str) -> Response {
     (StatusCode::BAD_GATEWAY, axum::Json(body)).into_response()
 }
 
-fn plain_error(status: StatusCode, message: &str) -> Response {
-    let mut response =
-        (status, axum::Json(serde_json::json!({"code": status.as_u16(), "message": message}))).into_response();
-    if status == StatusCode::PAYLOAD_TOO_LARGE {
-        // The rest of the body is left unread: tell the client not to reuse this connection.
-        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
-    }
-    response
-}
-
 /// Handles one data-plane request.
 pub async fn forward(state: Arc<AppState>, req: Request<Body>) -> Response {
     let sandbox_id = req.headers().get(HEADER_SANDBOX_ID).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
@@ -59,12 +49,13 @@ pub async fn forward(state: Arc<AppState>, req: Request<Body>) -> Response {
         return not_found(&sandbox_id, " (it is paused; connect to it to resume it)");
     }
     if !authorized(&req, &rec.envd_access_token) {
-        return plain_error(StatusCode::UNAUTHORIZED, "missing or invalid X-Access-Token for this sandbox");
+        return ApiError::new(StatusCode::UNAUTHORIZED, "missing or invalid X-Access-Token for this sandbox")
+            .into_response();
     }
     if let Some(len) = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
         && len > state.provider.cfg.max_data_body_bytes
     {
-        return plain_error(StatusCode::PAYLOAD_TOO_LARGE, "request body too large");
+        return ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "request body too large").into_response();
     }
 
     let (parts, body) = req.into_parts();
@@ -77,7 +68,7 @@ pub async fn forward(state: Arc<AppState>, req: Request<Body>) -> Response {
         headers.insert(header::HOST, HeaderValue::from_static("localhost"));
     }
     let Ok(outgoing) = builder.body(body) else {
-        return plain_error(StatusCode::BAD_REQUEST, "request cannot be forwarded");
+        return ApiError::new(StatusCode::BAD_REQUEST, "request cannot be forwarded").into_response();
     };
 
     let stream = match tokio::net::UnixStream::connect(entry.socket()).await {
@@ -112,9 +103,10 @@ pub async fn forward(state: Arc<AppState>, req: Request<Body>) -> Response {
             let too_large = std::error::Error::source(&err)
                 .is_some_and(|s| s.downcast_ref::<http_body_util::LengthLimitError>().is_some());
             if too_large {
-                plain_error(StatusCode::PAYLOAD_TOO_LARGE, "request body too large")
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "request body too large").into_response()
             } else {
-                plain_error(StatusCode::BAD_GATEWAY, &format!("the sandbox agent failed to answer: {err}"))
+                ApiError::new(StatusCode::BAD_GATEWAY, format!("the sandbox agent failed to answer: {err}"))
+                    .into_response()
             }
         }
     }

@@ -88,10 +88,7 @@ pub fn spawn_agent(
         CString::new(READY_FD.to_string()).map_err(|_| SpawnError::Nul)?,
     ];
     // A minimal environment: the provider's own (which may hold its API key) never leaks in.
-    let mut env_owned = vec![
-        CString::new("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-            .map_err(|_| SpawnError::Nul)?,
-    ];
+    let mut env_owned = vec![CString::new(format!("PATH={}", super::envd::DEFAULT_PATH)).map_err(|_| SpawnError::Nul)?];
     if let Ok(filter) = std::env::var("RUST_LOG") {
         env_owned.push(CString::new(format!("RUST_LOG={filter}")).map_err(|_| SpawnError::Nul)?);
     }

@@ -34,14 +34,12 @@ impl StatusRecord {
         if fields.get("task_id").and_then(Value::as_str) != Some(task_id) {
             return None;
         }
-        let state = match fields.get("state").and_then(Value::as_str)? {
-            "running" => TaskState::Running,
-            "succeeded" => TaskState::Succeeded,
-            "failed" => TaskState::Failed,
-            "cancelled" => TaskState::Cancelled,
-            "timed_out" => TaskState::TimedOut,
-            _ => return None,
-        };
+        // The states the daemon records (any other string reads as Unknown: declined).
+        let state =
+            fields.get("state").filter(|v| v.is_string()).cloned().map(serde_json::from_value::<TaskState>)?.ok()?;
+        if state == TaskState::Unknown {
+            return None;
+        }
         let record = Self { fields, state };
         if state == TaskState::Running && record.supervisor().is_none() {
             return None;
@@ -94,9 +92,6 @@ impl StatusRecord {
             "stderr_total_bytes": self.number("stderr_total_bytes").unwrap_or(0).max(stderr_size),
             "stdout_truncated": truthy(self.fields.get("stdout_truncated")),
             "stderr_truncated": truthy(self.fields.get("stderr_truncated")),
-            "command": get("command"),
-            "timeout": get("timeout"),
-            "supervisor_version": get("supervisor_version"),
         });
         serde_json::from_value(object).ok()
     }

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::service::{ExecOutput, FileRange, SupervisorTransport, TaskService, TransportError};
@@ -13,11 +13,16 @@ use super::{SUPERVISOR_INSTALLS, TaskId, TaskState, launch::TaskSpec, page::Page
 /// python3 on this host, with HOME pointing at a private temp directory.
 struct LocalPython {
     home: tempfile::TempDir,
+    /// Installs done through this transport (the global counter is shared by parallel tests).
+    installs: AtomicUsize,
 }
 
 impl LocalPython {
     fn new() -> Self {
-        Self { home: tempfile::tempdir().unwrap() }
+        Self { home: tempfile::tempdir().unwrap(), installs: AtomicUsize::new(0) }
+    }
+    fn installs(&self) -> usize {
+        self.installs.load(Ordering::SeqCst)
     }
     fn script(&self) -> PathBuf {
         self.home.path().join(".sandbox-mcp/supervisor.py")
@@ -39,6 +44,7 @@ impl SupervisorTransport for LocalPython {
     }
 
     async fn install(&self, path: &str, content: &'static [u8]) -> Result<(), TransportError> {
+        self.installs.fetch_add(1, Ordering::SeqCst);
         let path = PathBuf::from(path);
         std::fs::create_dir_all(path.parent().unwrap()).map_err(|e| TransportError::NotSent(e.to_string()))?;
         let tmp = path.with_extension(format!("tmp{}", rand::random::<u32>()));
@@ -91,6 +97,7 @@ async fn installs_once_then_runs_tasks_and_pages_output() {
     assert!(matches!(started.state, TaskState::Running | TaskState::Failed), "{started:?}");
     assert!(SUPERVISOR_INSTALLS.load(Ordering::Relaxed) > before);
     assert!(t.script().exists());
+    assert_eq!(t.installs(), 1);
 
     let v = wait_terminal(&svc, &t, &id).await;
     assert_eq!(v.state, TaskState::Failed);
@@ -117,16 +124,21 @@ async fn installs_once_then_runs_tasks_and_pages_output() {
 async fn missing_or_outdated_script_is_reinstalled() {
     let t = LocalPython::new();
     std::fs::create_dir_all(t.script().parent().unwrap()).unwrap();
-    std::fs::write(t.script(), "import json\nprint(json.dumps({'version': '0'}))\n").unwrap();
+    // A working supervisor of another version: only the version comparison can trigger the reinstall.
+    std::fs::write(t.script(), "def main(argv):\n    print('{\"version\": \"0\"}')\n    return 0\n").unwrap();
     let svc = t.service(&[]);
     let list = svc.list(&t, "sbx").await.unwrap();
     assert!(list.tasks.is_empty());
     assert_eq!(std::fs::read_to_string(t.script()).unwrap(), super::SUPERVISOR_SOURCE);
+    assert_eq!(t.installs(), 1);
+    // The current version is not reinstalled (a new service has an empty cache).
+    let fresh = t.service(&[]);
+    assert!(fresh.list(&t, "sbx").await.unwrap().tasks.is_empty());
+    assert_eq!(t.installs(), 1);
     // Cached now; delete the script: the next call notices and reinstalls.
     std::fs::remove_file(t.script()).unwrap();
-    let before = SUPERVISOR_INSTALLS.load(Ordering::Relaxed);
     assert!(svc.list(&t, "sbx").await.unwrap().tasks.is_empty());
-    assert!(SUPERVISOR_INSTALLS.load(Ordering::Relaxed) > before);
+    assert_eq!(t.installs(), 2);
     assert!(t.script().exists());
 }
 
@@ -172,7 +184,6 @@ async fn cancel_and_timeout_end_tasks() {
 async fn concurrent_first_calls_install_once() {
     let t = LocalPython::new();
     let svc = t.service(&[]);
-    let before = SUPERVISOR_INSTALLS.load(Ordering::Relaxed);
     let starts = (0..8).map(|_| {
         let (svc, t) = (&svc, &t);
         async move {
@@ -183,8 +194,7 @@ async fn concurrent_first_calls_install_once() {
         }
     });
     let ids = futures_util::future::join_all(starts).await;
-    // Other tests may install concurrently, so only an upper bound on our own share is checked via the cache.
-    assert!(SUPERVISOR_INSTALLS.load(Ordering::Relaxed) > before);
+    assert_eq!(t.installs(), 1, "eight concurrent first calls install once");
     for id in &ids {
         let v = wait_terminal(&svc, &t, id).await;
         assert_eq!((v.state, v.stdout.as_str()), (TaskState::Succeeded, "hi\n"));

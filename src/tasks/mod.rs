@@ -19,8 +19,8 @@ use std::sync::atomic::AtomicU64;
 
 /// The supervisor script shipped inside the binary.
 pub const SUPERVISOR_SOURCE: &str = include_str!("../../supervisor/supervisor.py");
-/// Where the supervisor lives in a sandbox (the sandbox user's private dir).
-pub const SUPERVISOR_DIR: &str = "/home/user/.sandbox-mcp";
+/// Where the supervisor lives in a sandbox (the sandbox user's private dir;
+/// its tasks are in `tasks/` beside it).
 pub const SUPERVISOR_PATH: &str = "/home/user/.sandbox-mcp/supervisor.py";
 
 /// Number of supervisor installs into sandboxes since start (metrics read it).

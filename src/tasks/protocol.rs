@@ -56,10 +56,6 @@ pub struct SupervisorStatus {
     #[serde(default)]
     pub stderr_b64: String,
     #[serde(default)]
-    pub stdout_next_offset: u64,
-    #[serde(default)]
-    pub stderr_next_offset: u64,
-    #[serde(default)]
     pub stdout_size: u64,
     #[serde(default)]
     pub stderr_size: u64,
@@ -72,14 +68,7 @@ pub struct SupervisorStatus {
     #[serde(default)]
     pub stderr_truncated: bool,
     #[serde(default)]
-    pub command: Option<String>,
-    #[serde(default)]
-    pub timeout: Option<f64>,
-    #[serde(default)]
     pub cancel_confirmed: Option<bool>,
-    /// Present when the supervisor reports the version that produced it.
-    #[serde(default)]
-    pub supervisor_version: Option<String>,
 }
 
 /// One entry of `list`.

@@ -132,16 +132,12 @@ impl TaskService {
         }
     }
 
-    pub fn masker(&self) -> &SecretMasker {
-        &self.masker
-    }
-
     /// `python3 -I -S -c 'import supervisor ...' ARGS`: imported rather than run as a script, so
     /// its bytecode is cached in `__pycache__` (about half the CPU time of compiling it on every
     /// call); `-S` skips `site`, `-I` ignores `PYTHON*` variables, the user site and the cwd.
     /// It ends with `os._exit` once its output is flushed: interpreter finalization would cost
     /// about 3 ms more per call (the supervisor's daemon is a separate process and unaffected).
-    fn argv(&self, args: &[String]) -> Vec<String> {
+    pub fn argv(&self, args: &[String]) -> Vec<String> {
         let path = std::path::Path::new(&self.script_path);
         let dir = path.parent().and_then(|d| d.to_str()).unwrap_or("/");
         let module = path.file_stem().and_then(|m| m.to_str()).unwrap_or("supervisor");

@@ -5,6 +5,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use sandbox_mcp::local::envd::{self, EnvdOptions};
+use sandbox_mcp::local::process::rss_kib;
 use serde_json::json;
 
 use super::support::*;
@@ -55,16 +56,8 @@ async fn idle_envd_rss() {
     let ok = envd.run("echo warm", json!({}), &[]).await;
     assert_eq!(ok.stdout, b"warm\n");
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let rss_kib = |pid: u32| -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap()
-    };
-    let idle = rss_kib(child.id());
+    let rss = |pid: u32| -> u64 { rss_kib(i32::try_from(pid).unwrap()).expect("VmRSS of the envd child") };
+    let idle = rss(child.id());
     // 100 running processes whose clients disconnected.
     let mut pids = Vec::new();
     for _ in 0..100 {
@@ -73,7 +66,7 @@ async fn idle_envd_rss() {
         pids.push(stream.next_json().await.1["event"]["start"]["pid"].as_u64().unwrap());
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let busy = rss_kib(child.id());
+    let busy = rss(child.id());
     for pid in &pids {
         let kill = json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"});
         assert_eq!(envd.unary("process.Process/SendSignal", kill, None).await.0, http::StatusCode::OK);

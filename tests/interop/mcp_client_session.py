@@ -32,6 +32,10 @@ EXPECTED_TOOLS = {
     "read_file",
     "write_file",
     "list_files",
+    "start_task",
+    "get_task",
+    "cancel_task",
+    "list_tasks",
 }
 
 
@@ -80,7 +84,7 @@ async def run(url, token):
 
                 tools = await session.list_tools()
                 names = {t.name for t in tools.tools}
-                checks.check("list tools", EXPECTED_TOOLS <= names, sorted(names))
+                checks.check("list tools", EXPECTED_TOOLS == names, sorted(names))
                 run_tool = next((t for t in tools.tools if t.name == "run_command"), None)
                 checks.check(
                     "run_command schema rejects unknown fields",

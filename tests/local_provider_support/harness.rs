@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use reqwest::StatusCode;
 use sandbox_mcp::connect_rpc::{EnvelopeDecoder, encode_json_message};
+/// Mount points in the host's mount namespace at or under a directory.
+pub use sandbox_mcp::local::process::host_mounts_under;
 use serde_json::{Value, json};
 
 pub const KEY: &str = "e2b_0000000000000000000000000000000000000000";
@@ -184,16 +186,6 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
     cond()
-}
-
-pub fn host_mounts_under(dir: &Path) -> Vec<String> {
-    let prefix = dir.to_string_lossy().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4).map(str::to_owned))
-        .filter(|m| m.starts_with(&prefix))
-        .collect()
 }
 
 /// Asserts nothing of sandbox `id` (agent `pid`) remains on the host.

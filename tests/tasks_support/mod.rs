@@ -35,7 +35,6 @@ pub fn can_run() -> bool {
 /// A child process killed (SIGKILL) and reaped on drop.
 pub struct Proc {
     pub child: Child,
-    pub log: PathBuf,
 }
 
 impl Proc {
@@ -106,7 +105,7 @@ fn spawn_and_find(
             }
         }
     });
-    let proc = Proc { child, log: log.to_path_buf() };
+    let proc = Proc { child };
     match rx.recv_timeout(Duration::from_secs(60)) {
         Ok(found) => (proc, found),
         Err(_) => {
@@ -120,7 +119,6 @@ fn spawn_and_find(
 pub struct Serve {
     pub proc: Proc,
     pub url: String,
-    pub config: PathBuf,
 }
 
 /// A running `sandbox-mcp provider`.
@@ -201,7 +199,7 @@ impl Env {
                 if msg.contains("gateway listening") { v.get("addr")?.as_str().map(str::to_string) } else { None }
             },
         );
-        Serve { proc, url: format!("http://{addr}/mcp"), config: config.to_path_buf() }
+        Serve { proc, url: format!("http://{addr}/mcp") }
     }
 
     pub fn provider(&self) -> Provider {

@@ -125,49 +125,46 @@ pub async fn download(State(state): State<Arc<EnvdState>>, request: Request) -> 
     let ranged = [header::RANGE, header::IF_MODIFIED_SINCE, header::IF_NONE_MATCH, header::IF_RANGE]
         .iter()
         .any(|name| headers.contains_key(name));
-    if gzip && !ranged {
+    let mut response = if gzip && !ranged {
         let mut response = Response::new(negotiation::gzip(tokio::fs::File::from_std(file), DOWNLOAD_CHUNK));
-        let headers = response.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(mime_for(&path)));
-        headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-        headers.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
-        if let Ok(value) = HeaderValue::from_str(&content_disposition(&path)) {
-            headers.insert(header::CONTENT_DISPOSITION, value);
-        }
-        return response;
-    }
-    let range = headers.get(header::RANGE).map(|v| v.to_str().unwrap_or(""));
-    let (status, start, len) = match byte_range(range, size) {
-        ByteRange::Whole => (StatusCode::OK, 0, size),
-        ByteRange::Part { start, len } => (StatusCode::PARTIAL_CONTENT, start, len),
-        ByteRange::NoOverlap => {
-            let mut response = http_error(StatusCode::RANGE_NOT_SATISFIABLE, "requested range not satisfiable");
-            if let Ok(value) = HeaderValue::from_str(&format!("bytes */{size}")) {
-                response.headers_mut().insert(header::CONTENT_RANGE, value);
+        response.headers_mut().insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        response
+    } else {
+        let range = headers.get(header::RANGE).map(|v| v.to_str().unwrap_or(""));
+        let (status, start, len) = match byte_range(range, size) {
+            ByteRange::Whole => (StatusCode::OK, 0, size),
+            ByteRange::Part { start, len } => (StatusCode::PARTIAL_CONTENT, start, len),
+            ByteRange::NoOverlap => {
+                let mut response = http_error(StatusCode::RANGE_NOT_SATISFIABLE, "requested range not satisfiable");
+                if let Ok(value) = HeaderValue::from_str(&format!("bytes */{size}")) {
+                    response.headers_mut().insert(header::CONTENT_RANGE, value);
+                }
+                return response;
             }
-            return response;
+            ByteRange::Invalid => return http_error(StatusCode::RANGE_NOT_SATISFIABLE, "invalid range"),
+        };
+        let mut file = tokio::fs::File::from_std(file);
+        if start > 0
+            && let Err(err) = file.seek(std::io::SeekFrom::Start(start)).await
+        {
+            return from_connect(&io_error(&path, &err));
         }
-        ByteRange::Invalid => return http_error(StatusCode::RANGE_NOT_SATISFIABLE, "invalid range"),
+        let stream = tokio_util::io::ReaderStream::with_capacity(file.take(len), DOWNLOAD_CHUNK);
+        let mut response = Response::new(Body::from_stream(stream));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+        headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+        if status == StatusCode::PARTIAL_CONTENT
+            && let Ok(value) = HeaderValue::from_str(&format!("bytes {start}-{}/{size}", start + len - 1))
+        {
+            headers.insert(header::CONTENT_RANGE, value);
+        }
+        response
     };
-    let mut file = tokio::fs::File::from_std(file);
-    if start > 0
-        && let Err(err) = file.seek(std::io::SeekFrom::Start(start)).await
-    {
-        return from_connect(&io_error(&path, &err));
-    }
-    let stream = tokio_util::io::ReaderStream::with_capacity(file.take(len), DOWNLOAD_CHUNK);
-    let mut response = Response::new(Body::from_stream(stream));
-    *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(mime_for(&path)));
-    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-    headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     headers.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
-    if status == StatusCode::PARTIAL_CONTENT
-        && let Ok(value) = HeaderValue::from_str(&format!("bytes {start}-{}/{size}", start + len - 1))
-    {
-        headers.insert(header::CONTENT_RANGE, value);
-    }
     if let Ok(value) = HeaderValue::from_str(&content_disposition(&path)) {
         headers.insert(header::CONTENT_DISPOSITION, value);
     }

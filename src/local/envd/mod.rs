@@ -16,8 +16,12 @@
 //! `tokio::process`). Files: operations run with the requesting user's
 //! filesystem identity (`setfsuid`, see `fsops.rs`).
 //!
+//! Compression: gzip-encoded uploads (`Content-Encoding: gzip`, raw and
+//! multipart bodies alike) are decoded, and downloads are gzipped when
+//! `Accept-Encoding` asks for it (range and conditional requests excepted).
+//!
 //! Not implemented: PTY, `StreamInput`, `Update`, `WatchDir` and the watcher
-//! RPCs (all answer `unimplemented`) and gzip-encoded uploads (400).
+//! RPCs (all answer `unimplemented`).
 
 mod files;
 mod fs_rpc;

@@ -6,7 +6,7 @@
 //! group (each process gets its own group), so `bash -c` pipelines and their
 //! children die with it. PTY requests are refused (unimplemented).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ use futures_util::Stream;
 use tokio::sync::mpsc;
 
 use super::EnvdState;
+use super::fsops::resolve_path;
 use super::rpc::{self, CallKind};
 use super::spawn::{self, SpawnError, SpawnSpec, SpawnedChild};
 use super::table::{self, Attach, ProcOutput};
@@ -91,16 +92,15 @@ fn connect_timeout(headers: &HeaderMap) -> Option<Duration> {
         .map(Duration::from_millis)
 }
 
-/// Resolves the working directory: default the home (or `/` if the home is missing), relative to the home.
+/// Resolves the working directory as file paths are resolved (`~`, relative
+/// to the home, `.`/`..` removed); defaults to the home (or `/` if the home is
+/// missing). It must be an existing directory.
 fn working_dir(user: &UserAccount, requested: Option<&str>) -> Result<PathBuf, ConnectError> {
     let requested = requested.filter(|c| !c.is_empty());
     let Some(cwd) = requested else {
         return Ok(if user.home.is_dir() { user.home.clone() } else { PathBuf::from("/") });
     };
-    if cwd.contains('\0') {
-        return Err(ConnectError::new(Code::InvalidArgument, "cwd contains a NUL byte"));
-    }
-    let path = if Path::new(cwd).is_absolute() { PathBuf::from(cwd) } else { user.home.join(cwd) };
+    let path = resolve_path(user, cwd).map_err(|err| ConnectError::new(err.code, format!("cwd: {}", err.message)))?;
     match std::fs::metadata(&path) {
         Ok(meta) if meta.is_dir() => Ok(path),
         Ok(_) => Err(ConnectError::new(Code::InvalidArgument, format!("cwd '{}' is not a directory", path.display()))),
