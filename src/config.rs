@@ -133,15 +133,36 @@ pub struct LocalConfig {
     pub max_sandboxes: u32,
     pub memory_limit_mb: u64,
     pub pids_limit: u64,
+    /// Upstream resolvers of the sandboxes' DNS forwarder; empty: the host's `/etc/resolv.conf`.
+    pub dns_servers: Vec<std::net::IpAddr>,
+    /// Domain of `{port}-{sandboxID}.{domain}` inbound hosts reported to clients; empty: none.
+    pub domain: String,
 }
 
 impl Default for LocalConfig {
     fn default() -> Self {
-        Self { state_dir: String::new(), max_sandboxes: 100, memory_limit_mb: 2048, pids_limit: 1024 }
+        Self {
+            state_dir: String::new(),
+            max_sandboxes: 100,
+            memory_limit_mb: 2048,
+            pids_limit: 1024,
+            dns_servers: Vec::new(),
+            domain: String::new(),
+        }
     }
 }
 
 impl LocalConfig {
+    /// The provider's network settings from this section.
+    pub fn network(&self) -> crate::local::net::NetConfig {
+        let mut net = crate::local::net::NetConfig::default();
+        if !self.dns_servers.is_empty() {
+            net.dns_servers = self.dns_servers.clone();
+        }
+        net.domain = (!self.domain.is_empty()).then(|| self.domain.clone());
+        net
+    }
+
     /// The state directory: configured, else `/var/lib/sandbox-mcp` for root, else `~/.local/state/sandbox-mcp`.
     pub fn resolved_state_dir(&self) -> PathBuf {
         if !self.state_dir.is_empty() {

@@ -181,6 +181,15 @@ impl E2bClient {
     }
 
     /// `POST /sandboxes/{id}/timeout`: the sandbox dies `timeout_secs` from now.
+    /// `PUT /sandboxes/{id}/network`: replaces the sandbox's egress rules (fields left out are
+    /// cleared). Idempotent, so retried like the other idempotent calls.
+    pub async fn update_network(&self, id: &str, update: &wire::NetworkUpdate) -> Result<(), E2bError> {
+        let ctx = self.ctx("update_network", Some(id), RetryPolicy::Idempotent);
+        let url = self.url(&["sandboxes", id, "network"]);
+        let response = transport::send(&ctx, || self.json_request(Method::PUT, url.clone(), update)).await?;
+        transport::expect_success(&ctx, response).await
+    }
+
     pub async fn set_timeout(&self, id: &str, timeout_secs: u64) -> Result<(), E2bError> {
         let ctx = self.ctx("set_timeout", Some(id), RetryPolicy::Idempotent);
         let url = self.url(&["sandboxes", id, "timeout"]);

@@ -42,6 +42,76 @@ pub struct NewSandbox {
     pub metadata: Option<HashMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env_vars: Option<HashMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<SandboxNetwork>,
+}
+
+/// `network` of a create request (E2B's `SandboxNetworkConfig`). Fields the local provider does not
+/// implement are kept as raw JSON so it can refuse them by name.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxNetwork {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_out: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deny_out: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_public_traffic: Option<bool>,
+    /// Accepted for SDK compatibility; resolvers are the provider's (see the README).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_servers: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mask_request_host: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_proxy: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rules: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub https_ports: Option<serde_json::Value>,
+}
+
+impl SandboxNetwork {
+    /// The set fields a provider without an egress HTTP proxy cannot honour.
+    pub fn unsupported_fields(&self) -> Vec<&'static str> {
+        let set = |v: &Option<serde_json::Value>| {
+            v.as_ref().is_some_and(|v| {
+                !(v.is_null()
+                    || v.as_array().is_some_and(|a| a.is_empty())
+                    || v.as_object().is_some_and(|o| o.is_empty())
+                    || v.as_str().is_some_and(str::is_empty))
+            })
+        };
+        let mut fields = Vec::new();
+        for (name, value) in [
+            ("maskRequestHost", &self.mask_request_host),
+            ("egressProxy", &self.egress_proxy),
+            ("rules", &self.rules),
+            ("httpsPorts", &self.https_ports),
+        ] {
+            if set(value) {
+                fields.push(name);
+            }
+        }
+        fields
+    }
+}
+
+/// Body of `PUT /sandboxes/{id}/network` (E2B's `SandboxNetworkUpdateConfig`): replaces the egress
+/// rules; a field left out is cleared.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct NetworkUpdate {
+    #[serde(default, rename = "allowOut", skip_serializing_if = "Option::is_none")]
+    pub allow_out: Option<Vec<String>>,
+    #[serde(default, rename = "denyOut", skip_serializing_if = "Option::is_none")]
+    pub deny_out: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none", alias = "allowInternetAccess")]
+    pub allow_internet_access: Option<bool>,
+    #[serde(default, rename = "dnsServers", skip_serializing_if = "Option::is_none")]
+    pub dns_servers: Option<Vec<String>>,
+    #[serde(default, rename = "egressProxy", skip_serializing_if = "Option::is_none")]
+    pub egress_proxy: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rules: Option<serde_json::Value>,
 }
 
 /// Response of create / connect.
@@ -114,6 +184,8 @@ pub struct SandboxDetail {
     pub state: SandboxState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_internet_access: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<SandboxNetwork>,
 }
 
 /// Body of `POST /v2/sandboxes/{id}/connect` (and the v1 path).

@@ -56,6 +56,7 @@ pub async fn connect(config: &Config) -> anyhow::Result<ProviderConnection> {
                 pids_limit: (local.pids_limit > 0).then_some(local.pids_limit),
                 default_timeout_secs: config.sandbox.default_timeout_secs,
                 max_timeout_secs: config.sandbox.max_timeout_secs,
+                network: local.network(),
                 ..LocalProviderConfig::default()
             };
             let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))

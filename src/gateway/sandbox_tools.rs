@@ -34,6 +34,64 @@ pub struct CreateSandboxArgs {
     /// Your own key/value labels (at most 32; keys starting with "sandbox_mcp_" are reserved).
     #[serde(default)]
     pub metadata: Option<HashMap<String, String>>,
+    /// Outbound network rules. Default: the internet is reachable, private and internal addresses
+    /// are not.
+    #[serde(default)]
+    pub network: Option<NetworkArgs>,
+}
+
+/// Egress rules of a new sandbox (E2B's semantics: allow_out wins over deny_out).
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkArgs {
+    /// Destinations the sandbox may reach even when denied otherwise: CIDR blocks ("10.1.0.0/16")
+    /// or IP addresses ("192.168.1.5"); at most 64. Loopback and link-local addresses (cloud
+    /// metadata) are never allowed.
+    #[serde(default)]
+    pub allow_out: Option<Vec<String>>,
+    /// Destinations the sandbox may not reach: CIDR blocks or IP addresses ("0.0.0.0/0" blocks
+    /// everything not in allow_out); at most 64.
+    #[serde(default)]
+    pub deny_out: Option<Vec<String>>,
+    /// false: no outbound access except allow_out (default true).
+    #[serde(default)]
+    pub allow_internet_access: Option<bool>,
+}
+
+/// Most entries in each of `allow_out` and `deny_out`.
+const MAX_NETWORK_RULES: usize = 64;
+
+/// Checks the network argument; loopback and link-local destinations may never be allowed through
+/// the gateway (they would reach the host's services or a cloud metadata endpoint).
+fn validate_network(network: &NetworkArgs) -> Result<(), String> {
+    for (name, list) in [("allow_out", &network.allow_out), ("deny_out", &network.deny_out)] {
+        let list = list.as_deref().unwrap_or_default();
+        if list.len() > MAX_NETWORK_RULES {
+            return Err(format!("network.{name} has {} entries; at most {MAX_NETWORK_RULES}", list.len()));
+        }
+        for entry in list {
+            let Some(net) = crate::local::net::policy::parse_net(entry) else {
+                return Err(format!(
+                    "network.{name} entry {entry:?} is not a CIDR block (\"10.1.0.0/16\") or an IP address"
+                ));
+            };
+            let forbidden: [ipnet::IpNet; 5] = [
+                ipnet::IpNet::V4(ipnet::Ipv4Net::new_assert([127, 0, 0, 0].into(), 8)),
+                ipnet::IpNet::V4(ipnet::Ipv4Net::new_assert([169, 254, 0, 0].into(), 16)),
+                ipnet::IpNet::V4(ipnet::Ipv4Net::new_assert([0, 0, 0, 0].into(), 8)),
+                ipnet::IpNet::V6(ipnet::Ipv6Net::new_assert(std::net::Ipv6Addr::LOCALHOST, 128)),
+                ipnet::IpNet::V6(ipnet::Ipv6Net::new_assert([0xfe80, 0, 0, 0, 0, 0, 0, 0].into(), 10)),
+            ];
+            let overlaps = |a: &ipnet::IpNet, b: &ipnet::IpNet| a.contains(&b.network()) || b.contains(&a.network());
+            if name == "allow_out" && forbidden.iter().any(|f| overlaps(f, &net)) {
+                return Err(format!(
+                    "network.allow_out entry {entry:?} covers loopback or link-local addresses, which sandboxes may \
+                     never reach through this server; name the private addresses you need instead"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -169,12 +227,20 @@ impl Gateway {
         metadata.insert(META_TENANT.into(), call.tenant.clone());
         metadata.insert(META_SESSION.into(), call.session_id.clone());
         metadata.insert(META_DEPLOYMENT.into(), self.core.deployment().to_owned());
+        let network = args.network.unwrap_or_default();
+        validate_network(&network)?;
 
         let request = wire::NewSandbox {
             template_id: template.clone(),
             timeout: Some(timeout),
             metadata: Some(metadata),
             env_vars: (!envs.is_empty()).then_some(envs),
+            allow_internet_access: network.allow_internet_access,
+            network: (network.allow_out.is_some() || network.deny_out.is_some()).then(|| wire::SandboxNetwork {
+                allow_out: network.allow_out,
+                deny_out: network.deny_out,
+                ..Default::default()
+            }),
             ..Default::default()
         };
         let sandbox = self

@@ -8,7 +8,7 @@ use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use http::{HeaderValue, StatusCode};
 use http_body_util::BodyExt;
@@ -74,6 +74,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/sandboxes/{id}/timeout", post(set_timeout))
         .route("/sandboxes/{id}/pause", post(pause))
         .route("/sandboxes/{id}/metrics", get(metrics))
+        .route("/sandboxes/{id}/network", put(update_network))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
@@ -83,12 +84,47 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// Requests with `E2b-Sandbox-Id` go to the sandbox's agent; the rest to the control plane.
+/// Requests with `E2b-Sandbox-Id` go to the sandbox's agent; requests for a `{port}-{sandboxID}.`
+/// host to that port in the sandbox (the agent for envd's port); the rest to the control plane.
 async fn route_data_plane(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    if req.headers().contains_key(HEADER_SANDBOX_ID) {
-        return super::proxy::forward(state, req).await;
+    if let Some(id) = req.headers().get(HEADER_SANDBOX_ID) {
+        let id = id.to_str().unwrap_or("").to_owned();
+        return super::proxy::forward(state, &id, req).await;
+    }
+    let host = req.headers().get(http::header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+    if let Some((port, id)) = super::net::inbound::parse_host(host)
+        && let Some(entry) = state.provider.get(id)
+    {
+        let id = id.to_owned();
+        if port == wire::ENVD_PORT {
+            return super::proxy::forward(state, &id, req).await;
+        }
+        return inbound(&entry, &id, port, req).await;
     }
     next.run(req).await
+}
+
+/// A request for a port of a sandbox, from outside.
+async fn inbound(entry: &super::provider::SandboxEntry, id: &str, port: u16, req: Request) -> Response {
+    let rec = entry.snapshot();
+    if rec.state != SandboxState::Running {
+        return ApiError::new(StatusCode::BAD_GATEWAY, format!("sandbox {id} is paused; connect to it to resume it"))
+            .into_response();
+    }
+    if !super::net::inbound::traffic_allowed(&req, rec.traffic_access_token.as_deref()) {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "sandbox {id} is not public: send its traffic access token in the {} header",
+                super::net::inbound::HEADER_TRAFFIC_TOKEN
+            ),
+        )
+        .into_response();
+    }
+    let Some(netns) = entry.netns() else {
+        return ApiError::new(StatusCode::BAD_GATEWAY, format!("sandbox {id} has no network")).into_response();
+    };
+    super::net::inbound::forward(&netns, id, port, req).await
 }
 
 async fn check_api_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
@@ -121,7 +157,7 @@ async fn json_body<T: DeserializeOwned>(state: &AppState, body: Body) -> ApiResu
     serde_json::from_slice(bytes).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))
 }
 
-fn sandbox_view(rec: &SandboxRecord) -> wire::Sandbox {
+fn sandbox_view(rec: &SandboxRecord, domain: Option<&str>) -> wire::Sandbox {
     wire::Sandbox {
         template_id: rec.template.clone(),
         sandbox_id: rec.id.clone(),
@@ -129,8 +165,18 @@ fn sandbox_view(rec: &SandboxRecord) -> wire::Sandbox {
         client_id: "local".into(),
         envd_version: wire::ENVD_VERSION.into(),
         envd_access_token: Some(rec.envd_access_token.clone()),
-        traffic_access_token: None,
-        domain: None,
+        traffic_access_token: rec.traffic_access_token.clone(),
+        domain: domain.map(str::to_owned),
+    }
+}
+
+/// The record's network settings in E2B's form.
+fn network_view(rec: &SandboxRecord) -> wire::SandboxNetwork {
+    wire::SandboxNetwork {
+        allow_out: Some(rec.network.allow_out.clone()),
+        deny_out: Some(rec.network.deny_out.clone()),
+        allow_public_traffic: Some(rec.network.allow_public_traffic),
+        ..Default::default()
     }
 }
 
@@ -145,13 +191,14 @@ fn detail_view(provider: &Provider, rec: &SandboxRecord, with_token: bool) -> Sa
         end_at: rfc3339_ms(rec.end_at_ms),
         envd_version: wire::ENVD_VERSION.into(),
         envd_access_token: with_token.then(|| rec.envd_access_token.clone()),
-        domain: None,
+        domain: provider.cfg.network.domain.clone(),
         cpu_count: std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1),
         memory_mb,
         disk_size_mb: 0,
         metadata: rec.metadata.clone(),
         state: rec.state,
         allow_internet_access: Some(rec.allow_internet_access),
+        network: Some(network_view(rec)),
     }
 }
 
@@ -178,15 +225,49 @@ async fn create(State(state): State<Arc<AppState>>, body: Body) -> ApiResult<Res
     if req.template_id.trim().is_empty() {
         return Err(ApiError::new(StatusCode::BAD_REQUEST, "templateID must not be empty"));
     }
+    let network = req.network.unwrap_or_default();
+    refuse_unsupported(network.unsupported_fields())?;
     let params = CreateParams {
         template: req.template_id,
         timeout_secs: req.timeout,
         metadata: req.metadata.unwrap_or_default(),
         env_vars: req.env_vars.unwrap_or_default(),
         allow_internet_access: req.allow_internet_access.unwrap_or(true),
+        network: super::net::policy::NetworkConfig {
+            allow_out: network.allow_out.unwrap_or_default(),
+            deny_out: network.deny_out.unwrap_or_default(),
+            allow_public_traffic: network.allow_public_traffic.unwrap_or(true),
+        },
     };
     let rec = state.provider.create(params).await?;
-    Ok((StatusCode::CREATED, Json(sandbox_view(&rec))).into_response())
+    Ok((StatusCode::CREATED, Json(sandbox_view(&rec, state.provider.cfg.network.domain.as_deref()))).into_response())
+}
+
+fn refuse_unsupported(fields: Vec<&'static str>) -> ApiResult<()> {
+    if fields.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::BAD_REQUEST,
+        format!(
+            "network.{} is not supported by the local provider (it filters egress by IP address and has no egress \
+             HTTP proxy); remove it, or use E2B",
+            fields.join(", network.")
+        ),
+    ))
+}
+
+/// `PUT /sandboxes/{id}/network`: replaces the egress rules of a running sandbox (204).
+async fn update_network(State(state): State<Arc<AppState>>, Path(id): Path<String>, body: Body) -> ApiResult<StatusCode> {
+    check_id(&id)?;
+    let req: wire::NetworkUpdate = json_body(&state, body).await?;
+    let unsupported = wire::SandboxNetwork { egress_proxy: req.egress_proxy, rules: req.rules, ..Default::default() };
+    refuse_unsupported(unsupported.unsupported_fields())?;
+    state
+        .provider
+        .update_network(&id, req.allow_out.unwrap_or_default(), req.deny_out.unwrap_or_default(), req.allow_internet_access)
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 async fn connect(State(state): State<Arc<AppState>>, Path(id): Path<String>, body: Body) -> ApiResult<Response> {
@@ -194,7 +275,7 @@ async fn connect(State(state): State<Arc<AppState>>, Path(id): Path<String>, bod
     let req: ConnectSandbox = json_body(&state, body).await?;
     let (rec, resumed) = state.provider.connect(&id, req.timeout).await?;
     let status = if resumed { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(sandbox_view(&rec))).into_response())
+    Ok((status, Json(sandbox_view(&rec, state.provider.cfg.network.domain.as_deref()))).into_response())
 }
 
 /// Deprecated `POST /sandboxes/{id}/resume`: 201 when resumed, 409 when not paused.
@@ -207,7 +288,8 @@ async fn resume(State(state): State<Arc<AppState>>, Path(id): Path<String>, body
         Some(false) => Err(ApiError::new(StatusCode::CONFLICT, format!("sandbox {id} is not paused"))),
         Some(true) => {
             let (rec, _) = state.provider.connect(&id, req.timeout).await?;
-            Ok((StatusCode::CREATED, Json(sandbox_view(&rec))).into_response())
+            let view = sandbox_view(&rec, state.provider.cfg.network.domain.as_deref());
+            Ok((StatusCode::CREATED, Json(view)).into_response())
         }
     }
 }

@@ -31,6 +31,8 @@ pub struct LocalProviderConfig {
     /// `/proc/self/exe`, i.e. this very binary; an embedding in another executable (a test binary)
     /// must point it at the real `sandbox-mcp`.
     pub agent_binary: PathBuf,
+    /// Sandbox networking (DNS upstreams, namespace pool, inbound domain).
+    pub network: super::net::NetConfig,
 }
 
 impl Default for LocalProviderConfig {
@@ -47,6 +49,7 @@ impl Default for LocalProviderConfig {
             max_control_body_bytes: 1024 * 1024,
             max_data_body_bytes: 1024 * 1024 * 1024,
             agent_binary: PathBuf::from("/proc/self/exe"),
+            network: super::net::NetConfig::default(),
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod cgroups;
 pub mod config;
 pub mod envd;
 pub mod list_query;
+pub mod net;
 pub mod process;
 pub mod provider;
 pub mod proxy;
@@ -56,6 +57,14 @@ pub struct ProviderArgs {
     /// Extra template: NAME=ROOT_DIR (repeatable). `base` is the host's `/`.
     #[arg(long = "template", value_parser = parse_template)]
     pub templates: Vec<(String, PathBuf)>,
+    /// Upstream resolver of the sandboxes' DNS forwarder (repeatable). Default: the host's
+    /// /etc/resolv.conf nameservers.
+    #[arg(long = "dns-server")]
+    pub dns_servers: Vec<std::net::IpAddr>,
+    /// Domain reported for `{port}-{sandboxID}.{domain}` inbound hosts (point a wildcard DNS name at
+    /// this provider).
+    #[arg(long)]
+    pub domain: Option<String>,
 }
 
 fn parse_template(s: &str) -> Result<(String, PathBuf), String> {
@@ -124,8 +133,10 @@ pub async fn start_provider(
         .await
         .context("isolation probe")?
         .map_err(anyhow::Error::msg)?;
+    tokio::task::spawn_blocking(net::netns::probe).await.context("network probe")?.map_err(anyhow::Error::msg)?;
     let provider = Arc::new(provider::Provider::new(cfg)?);
     provider.adopt_existing().await;
+    provider.warm_network_pool();
 
     let shutdown = tokio_util::sync::CancellationToken::new();
     let reaper_provider = provider.clone();
@@ -169,6 +180,10 @@ pub fn run_provider(args: ProviderArgs) -> anyhow::Result<()> {
     cfg.pids_limit = args.pids_limit;
     cfg.default_timeout_secs = args.default_timeout;
     cfg.templates.extend(args.templates);
+    if !args.dns_servers.is_empty() {
+        cfg.network.dns_servers = args.dns_servers;
+    }
+    cfg.network.domain = args.domain.filter(|d| !d.is_empty());
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(args.listen)

@@ -12,6 +12,8 @@ use tokio::io::AsyncReadExt;
 
 use super::cgroups::{self, CgroupLayout, Limits};
 use super::config::LocalProviderConfig;
+use super::net::policy::{EgressPolicy, NetworkConfig};
+use super::net::{NetPool, SandboxNet};
 use super::process;
 use super::record::{
     self, LOG_FILE, RECORD_FILE, SOCKET_FILE, SPEC_FILE, SandboxRecord, SandboxSpec, now_ms, process_is,
@@ -58,6 +60,8 @@ pub struct SandboxEntry {
     pub dir: PathBuf,
     record: Mutex<SandboxRecord>,
     op: tokio::sync::Mutex<()>,
+    /// The sandbox's network; taken (and so torn down) when the sandbox is killed.
+    net: Mutex<Option<SandboxNet>>,
 }
 
 impl SandboxEntry {
@@ -67,6 +71,17 @@ impl SandboxEntry {
     }
     pub fn socket(&self) -> PathBuf {
         self.dir.join(SOCKET_FILE)
+    }
+    /// A descriptor of the sandbox's network namespace (for inbound connections).
+    pub fn netns(&self) -> Option<OwnedFd> {
+        let net = self.net.lock().unwrap_or_else(|p| p.into_inner());
+        net.as_ref().and_then(|n| n.netns.try_clone().ok())
+    }
+    fn new(dir: PathBuf, rec: SandboxRecord, net: Option<SandboxNet>) -> SandboxEntry {
+        SandboxEntry { dir, record: Mutex::new(rec), op: tokio::sync::Mutex::new(()), net: Mutex::new(net) }
+    }
+    fn take_net(&self) -> Option<SandboxNet> {
+        self.net.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
     fn update(&self, change: impl FnOnce(&mut SandboxRecord)) -> Result<(), ProviderError> {
         let mut rec = self.record.lock().unwrap_or_else(|p| p.into_inner());
@@ -83,6 +98,8 @@ pub struct CreateParams {
     pub metadata: HashMap<String, String>,
     pub env_vars: HashMap<String, String>,
     pub allow_internet_access: bool,
+    /// Egress rules and inbound access (validated by the HTTP layer with [`EgressPolicy::new`]).
+    pub network: NetworkConfig,
 }
 
 /// The provider's shared state.
@@ -90,6 +107,7 @@ pub struct Provider {
     pub cfg: LocalProviderConfig,
     sandboxes_dir: PathBuf,
     cgroups: CgroupLayout,
+    net: Arc<NetPool>,
     table: Mutex<HashMap<String, Arc<SandboxEntry>>>,
     /// Creates in flight (counted against `max_sandboxes`).
     pending: Mutex<usize>,
@@ -108,10 +126,12 @@ impl Provider {
             .map_err(|e| anyhow::anyhow!("cannot restrict {}: {e}", sandboxes_dir.display()))?;
         let cgroups = CgroupLayout::detect();
         tracing::info!(?cgroups, state_dir = %cfg.state_dir.display(), "local provider state");
+        let net = NetPool::new(cfg.network.clone());
         Ok(Provider {
             cfg,
             sandboxes_dir,
             cgroups,
+            net,
             table: Mutex::new(HashMap::new()),
             pending: Mutex::new(0),
             cleanups: Arc::new(Mutex::new(0)),
@@ -149,6 +169,8 @@ impl Provider {
             .template_root(&params.template)
             .ok_or_else(|| ProviderError::TemplateNotFound(params.template.clone()))?;
         let lifetime_ms = self.timeout_ms(params.timeout_secs)?;
+        let policy = EgressPolicy::new(&params.network, params.allow_internet_access)
+            .map_err(|e| ProviderError::BadRequest(e.to_string()))?;
         {
             let table = self.table();
             let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
@@ -157,7 +179,7 @@ impl Provider {
             }
             *pending += 1;
         }
-        let result = self.create_reserved(params, template_root, lifetime_ms).await;
+        let result = self.create_reserved(params, template_root, lifetime_ms, policy).await;
         *self.pending.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
         result
     }
@@ -167,6 +189,7 @@ impl Provider {
         params: CreateParams,
         template_root: PathBuf,
         lifetime_ms: i64,
+        policy: EgressPolicy,
     ) -> Result<SandboxRecord, ProviderError> {
         let id = record::new_sandbox_id();
         let dir = self.sandboxes_dir.join(&id);
@@ -187,13 +210,20 @@ impl Provider {
             remove_sandbox_dir(&dir);
             return Err(internal("cannot write the sandbox spec", &e));
         }
+        let prepared = match self.net.take().await {
+            Ok(prepared) => prepared,
+            Err(e) => {
+                remove_sandbox_dir(&dir);
+                return Err(internal("cannot prepare the sandbox's network", &e));
+            }
+        };
         let limits = Limits { memory_limit_mb: self.cfg.memory_limit_mb, pids_limit: self.cfg.pids_limit };
         let cgroup_dirs = self.cgroups.create(&id, limits);
         let spawned = super::spawn::spawn_agent(
             &self.cfg.agent_binary,
             &dir,
             &dir.join(LOG_FILE),
-            !params.allow_internet_access,
+            std::os::fd::AsFd::as_fd(&prepared.netns),
             |pid| cgroups::attach(&cgroup_dirs, pid),
         );
         let agent = match spawned {
@@ -216,12 +246,15 @@ impl Provider {
             return Err(ProviderError::Internal(format!("the sandbox failed to start: {message} {detail}")));
         }
         let now = now_ms();
+        let traffic_access_token = (!params.network.allow_public_traffic).then(record::new_access_token);
         let rec = SandboxRecord {
             id: id.clone(),
             template: params.template,
             metadata: params.metadata,
             env_vars: params.env_vars,
             allow_internet_access: params.allow_internet_access,
+            network: params.network,
+            traffic_access_token,
             started_at_ms: now,
             end_at_ms: now + lifetime_ms,
             state: SandboxState::Running,
@@ -231,11 +264,19 @@ impl Provider {
             cgroups: cgroup_dirs,
             pause_method: None,
         };
+        let net = match self.net.activate(&id, prepared, policy) {
+            Ok(net) => net,
+            Err(e) => {
+                self.destroy(&rec, &dir).await;
+                return Err(internal("cannot serve the sandbox's network", &e));
+            }
+        };
         if let Err(e) = write_json_atomic(&dir.join(RECORD_FILE), &rec) {
+            drop(net);
             self.destroy(&rec, &dir).await;
             return Err(internal("cannot write the sandbox record", &e));
         }
-        let entry = Arc::new(SandboxEntry { dir, record: Mutex::new(rec.clone()), op: tokio::sync::Mutex::new(()) });
+        let entry = Arc::new(SandboxEntry::new(dir, rec.clone(), Some(net)));
         self.table().insert(id.clone(), entry);
         tracing::info!(sandbox = %id, pid, "sandbox created");
         Ok(rec)
@@ -247,6 +288,7 @@ impl Provider {
     pub async fn kill(&self, id: &str) -> Result<(), ProviderError> {
         let entry = self.table().remove(id).ok_or_else(|| ProviderError::NotFound(id.to_owned()))?;
         let _op = entry.op.lock().await;
+        drop(entry.take_net());
         let rec = entry.snapshot();
         let pidfd = process::send_kill(rec.envd_pid, rec.envd_start_time);
         if rec.state == SandboxState::Paused && rec.pause_method.as_deref() == Some("freezer") {
@@ -344,6 +386,55 @@ impl Provider {
         }
     }
 
+    /// Serves again the network of a sandbox that survived a provider restart. Without it the
+    /// sandbox keeps running with no way out (its namespace has no other route).
+    async fn readopt_network(&self, rec: &SandboxRecord) -> Option<SandboxNet> {
+        let policy = match EgressPolicy::new(&rec.network, rec.allow_internet_access) {
+            Ok(policy) => policy,
+            Err(err) => {
+                tracing::warn!(sandbox = %rec.id, %err, "stored network rules are invalid; egress stays closed");
+                return None;
+            }
+        };
+        match self.net.readopt(&rec.id, rec.envd_pid, policy).await {
+            Ok(net) => Some(net),
+            Err(err) => {
+                tracing::warn!(sandbox = %rec.id, %err, "cannot serve the re-adopted sandbox's network");
+                None
+            }
+        }
+    }
+
+    /// Replaces a running sandbox's egress rules (`PUT /sandboxes/{id}/network`): fields left out
+    /// are cleared, as E2B does; `allowPublicTraffic` is kept.
+    pub async fn update_network(
+        &self,
+        id: &str,
+        allow_out: Vec<String>,
+        deny_out: Vec<String>,
+        allow_internet_access: Option<bool>,
+    ) -> Result<(), ProviderError> {
+        let entry = self.get(id).ok_or_else(|| ProviderError::NotFound(id.to_owned()))?;
+        let _op = entry.op.lock().await;
+        let current = entry.snapshot();
+        let network = NetworkConfig { allow_out, deny_out, ..current.network.clone() };
+        let internet = allow_internet_access.unwrap_or(true);
+        let policy = EgressPolicy::new(&network, internet).map_err(|e| ProviderError::BadRequest(e.to_string()))?;
+        entry.update(|rec| {
+            rec.network = network;
+            rec.allow_internet_access = internet;
+        })?;
+        if let Some(net) = entry.net.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            net.set_policy(policy);
+        }
+        Ok(())
+    }
+
+    /// Starts filling the pool of prepared network namespaces.
+    pub fn warm_network_pool(&self) {
+        self.net.refill();
+    }
+
     /// Re-adopts sandboxes left by a previous run; cleans up those whose agent is gone.
     pub async fn adopt_existing(&self) {
         let Ok(entries) = std::fs::read_dir(&self.sandboxes_dir) else {
@@ -361,9 +452,9 @@ impl Provider {
                         && (rec.state == SandboxState::Paused
                             || super::proxy::agent_healthy(&dir.join(SOCKET_FILE)).await);
                     if healthy {
-                        tracing::info!(sandbox = %id, pid = rec.envd_pid, "re-adopted running sandbox");
-                        let entry = SandboxEntry { dir, record: Mutex::new(rec), op: tokio::sync::Mutex::new(()) };
-                        self.table().insert(id, Arc::new(entry));
+                        let net = self.readopt_network(&rec).await;
+                        tracing::info!(sandbox = %id, pid = rec.envd_pid, network = net.is_some(), "re-adopted running sandbox");
+                        self.table().insert(id, Arc::new(SandboxEntry::new(dir, rec, net)));
                     } else {
                         tracing::info!(sandbox = %id, alive, "cleaning up sandbox whose agent is gone");
                         self.destroy(&rec, &dir).await;

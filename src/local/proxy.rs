@@ -15,7 +15,7 @@ use sha2::Digest;
 use subtle::ConstantTimeEq;
 
 use super::api::{ApiError, AppState};
-use crate::e2b::wire::{HEADER_ACCESS_TOKEN, HEADER_SANDBOX_ID, SandboxState};
+use crate::e2b::wire::{HEADER_ACCESS_TOKEN, SandboxState};
 
 /// Headers that belong to one hop and are never forwarded.
 const HOP_BY_HOP: &[&str] = &[
@@ -38,15 +38,14 @@ fn not_found(sandbox_id: &str, detail: &str) -> Response {
     (StatusCode::BAD_GATEWAY, axum::Json(body)).into_response()
 }
 
-/// Handles one data-plane request.
-pub async fn forward(state: Arc<AppState>, req: Request<Body>) -> Response {
-    let sandbox_id = req.headers().get(HEADER_SANDBOX_ID).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-    let Some(entry) = state.provider.get(&sandbox_id) else {
-        return not_found(&sandbox_id, "");
+/// Handles one data-plane request for the agent of `sandbox_id`.
+pub async fn forward(state: Arc<AppState>, sandbox_id: &str, req: Request<Body>) -> Response {
+    let Some(entry) = state.provider.get(sandbox_id) else {
+        return not_found(sandbox_id, "");
     };
     let rec = entry.snapshot();
     if rec.state != SandboxState::Running {
-        return not_found(&sandbox_id, " (it is paused; connect to it to resume it)");
+        return not_found(sandbox_id, " (it is paused; connect to it to resume it)");
     }
     if !authorized(&req, &rec.envd_access_token) {
         return ApiError::new(StatusCode::UNAUTHORIZED, "missing or invalid X-Access-Token for this sandbox")
@@ -75,14 +74,14 @@ pub async fn forward(state: Arc<AppState>, req: Request<Body>) -> Response {
         Ok(stream) => stream,
         Err(err) => {
             tracing::warn!(sandbox = %sandbox_id, %err, "sandbox agent unreachable");
-            return not_found(&sandbox_id, " (its agent does not answer)");
+            return not_found(sandbox_id, " (its agent does not answer)");
         }
     };
     let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
         Ok(pair) => pair,
         Err(err) => {
             tracing::warn!(sandbox = %sandbox_id, %err, "handshake with sandbox agent failed");
-            return not_found(&sandbox_id, " (its agent does not answer)");
+            return not_found(sandbox_id, " (its agent does not answer)");
         }
     };
     tokio::spawn(async move {

@@ -30,6 +30,12 @@ pub struct SandboxRecord {
     #[serde(default)]
     pub env_vars: HashMap<String, String>,
     pub allow_internet_access: bool,
+    /// Egress rules and inbound access, as given at create or by the last network update.
+    #[serde(default)]
+    pub network: crate::local::net::policy::NetworkConfig,
+    /// Required on inbound requests when the sandbox is not public (`allowPublicTraffic: false`).
+    #[serde(default)]
+    pub traffic_access_token: Option<String>,
     /// Unix time in milliseconds.
     pub started_at_ms: i64,
     /// Deadline, Unix time in milliseconds.
@@ -58,7 +64,8 @@ pub struct SandboxSpec {
     pub state_dir: PathBuf,
     #[serde(default)]
     pub env_vars: HashMap<String, String>,
-    /// When false, the sandbox got a new network namespace with only `lo`.
+    /// Whether the sandbox was created with internet access (egress is enforced by the provider;
+    /// kept for the record).
     pub allow_internet_access: bool,
     pub user_uid: u32,
     pub user_gid: u32,

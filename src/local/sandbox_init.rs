@@ -70,9 +70,7 @@ pub fn enter_sandbox(sandbox_dir: &Path, spec: &SandboxSpec) -> anyhow::Result<U
     nix::unistd::sethostname(&spec.sandbox_id).context("sethostname")?;
     let _ = std::fs::write(root.join("etc/hostname"), format!("{}\n", spec.sandbox_id));
     append_hosts(&root, &spec.sandbox_id);
-    if !spec.allow_internet_access {
-        loopback_up().context("bringing up lo in the sandbox's network namespace")?;
-    }
+    write_resolv_conf(&root)?;
 
     // Bind the agent's socket on the host-visible path before leaving the host's view.
     let socket = sandbox_dir.join(SOCKET_FILE);
@@ -243,25 +241,11 @@ fn append_hosts(root: &Path, sandbox_id: &str) {
     let _ = std::fs::write(&path, format!("{old}127.0.1.1\t{sandbox_id}\n"));
 }
 
-/// `ip link set lo up`, with an ioctl on a throw-away socket.
-fn loopback_up() -> std::io::Result<()> {
-    // SAFETY: socket/ioctl/close on a zeroed ifreq whose name is a NUL-terminated "lo".
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let mut req: libc::ifreq = std::mem::zeroed();
-        for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
-            *dst = *src as libc::c_char;
-        }
-        let result = if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) < 0 {
-            Err(std::io::Error::last_os_error())
-        } else {
-            req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-            if libc::ioctl(fd, libc::SIOCSIFFLAGS, &req) < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
-        };
-        libc::close(fd);
-        result
-    }
+/// Points the sandbox's resolver at the provider's DNS forwarder (the far end of its `eth0`),
+/// replacing whatever the template had (often a symlink to a host-only stub resolver).
+fn write_resolv_conf(root: &Path) -> anyhow::Result<()> {
+    let path = root.join("etc/resolv.conf");
+    let _ = std::fs::remove_file(&path);
+    let text = format!("nameserver {}\noptions edns0\n", super::net::netns::GATEWAY_ADDR);
+    std::fs::write(&path, text).context("writing /etc/resolv.conf")
 }

@@ -1,14 +1,15 @@
 //! Host side of sandbox creation: clones the in-sandbox agent (`sandbox-mcp
-//! envd`) into new PID, mount, UTS and IPC namespaces (plus a network
-//! namespace when internet access is off), puts it into its cgroups before it
-//! runs, and detaches it into its own session so it outlives the provider.
+//! envd`) into new PID, mount, UTS and IPC namespaces, moves it into the
+//! network namespace the provider prepared for it (see `local::net`), puts it
+//! into its cgroups before it runs, and detaches it into its own session so it
+//! outlives the provider.
 //! Also the start-up probe that checks namespaces and overlayfs are permitted.
 //!
 //! The child of `clone` lives in a copy of a multi-threaded process, so it only
 //! makes async-signal-safe system calls on data prepared before the clone.
 
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -59,22 +60,19 @@ fn raw_clone(flags: libc::c_int) -> Result<libc::pid_t, nix::Error> {
     if ret < 0 { Err(nix::Error::last()) } else { Ok(ret as libc::pid_t) }
 }
 
-/// Namespaces every sandbox gets.
-fn sandbox_clone_flags(new_network: bool) -> libc::c_int {
-    let mut flags = libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC;
-    if new_network {
-        flags |= libc::CLONE_NEWNET;
-    }
-    flags
+/// Namespaces every sandbox gets from `clone` (its network namespace is joined with `setns`).
+fn sandbox_clone_flags() -> libc::c_int {
+    libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC
 }
 
-/// Clones `sandbox-mcp envd --sandbox-dir DIR` into new namespaces. `attach` is called with the
-/// child's pid before the child may exec (to place it into its cgroups).
+/// Clones `sandbox-mcp envd --sandbox-dir DIR` into new namespaces and the network namespace
+/// `netns`. `attach` is called with the child's pid before the child may exec (to place it into
+/// its cgroups).
 pub fn spawn_agent(
     agent_binary: &Path,
     sandbox_dir: &Path,
     log_file: &Path,
-    new_network: bool,
+    netns: BorrowedFd<'_>,
     attach: impl FnOnce(i32),
 ) -> Result<SpawnedAgent, SpawnError> {
     let exe = CString::new(agent_binary.as_os_str().as_bytes()).map_err(|_| SpawnError::Nul)?;
@@ -108,8 +106,9 @@ pub fn spawn_agent(
     let (ready_r, ready_w) = pipe_cloexec()?;
     let (log_fd, null_fd) = (log.as_raw_fd(), devnull.as_raw_fd());
     let (sync_r_fd, sync_w_fd, ready_w_fd) = (sync_r.as_raw_fd(), sync_w.as_raw_fd(), ready_w.as_raw_fd());
+    let netns_fd = netns.as_raw_fd();
 
-    let pid = raw_clone(sandbox_clone_flags(new_network))
+    let pid = raw_clone(sandbox_clone_flags())
         .map_err(sys("clone(CLONE_NEWPID|CLONE_NEWNS|CLONE_NEWUTS|CLONE_NEWIPC)"))?;
     if pid == 0 {
         // Child: async-signal-safe calls only.
@@ -119,6 +118,9 @@ pub fn spawn_agent(
             let mut byte = 0u8;
             if libc::read(sync_r_fd, (&mut byte as *mut u8).cast(), 1) != 1 || byte != b'g' {
                 libc::_exit(121);
+            }
+            if libc::setns(netns_fd, libc::CLONE_NEWNET) != 0 {
+                libc::_exit(122);
             }
             libc::setsid();
             let empty: libc::sigset_t = std::mem::zeroed();
@@ -167,7 +169,7 @@ pub fn probe_isolation(scratch: &Path) -> Result<(), String> {
     let (report_r, report_w) = pipe_cloexec().map_err(|e| e.to_string())?;
     let report_fd = report_w.as_raw_fd();
 
-    let flags = sandbox_clone_flags(false);
+    let flags = sandbox_clone_flags();
     let pid = match raw_clone(flags) {
         Ok(pid) => pid,
         Err(err) => {

@@ -1,0 +1,212 @@
+//! Sandbox networking in the local provider: every sandbox gets its own
+//! network namespace, whose only way out is the provider. Outbound TCP is
+//! redirected by an nftables rule inside the namespace to a listener the
+//! provider owns there ([`tcp_egress`]); outbound UDP leaves through a TUN
+//! device the provider reads ([`udp`]); both are judged by one function
+//! ([`policy::EgressPolicy::decide`]) and re-originated from the host. DNS
+//! goes to the provider's upstream resolvers. Inbound traffic reaches a
+//! sandbox only through the provider's `{port}-{sandboxID}.{domain}` routing
+//! ([`inbound`]). Nothing is changed in the host's own network namespace.
+//!
+//! Namespaces are prepared ahead in a small pool ([`NetPool`]) so that `create`
+//! pays only for a `setns`.
+
+pub mod inbound;
+pub mod netns;
+pub mod policy;
+pub mod tcp_egress;
+pub mod udp;
+
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex, RwLock};
+
+use tokio_util::sync::CancellationToken;
+
+use self::netns::{GATEWAY_ADDR, PreparedNetns};
+use self::policy::{EgressPolicy, Verdict};
+
+/// Network settings of the local provider.
+#[derive(Debug, Clone)]
+pub struct NetConfig {
+    /// Upstream resolvers of the sandboxes' DNS forwarder (port 53). Default: the host's
+    /// `/etc/resolv.conf` nameservers.
+    pub dns_servers: Vec<IpAddr>,
+    /// Namespaces kept prepared for the next creates.
+    pub pool_size: usize,
+    /// Domain reported to clients for `{port}-{sandboxID}.{domain}` hosts (E2B's `domain`).
+    pub domain: Option<String>,
+}
+
+impl Default for NetConfig {
+    fn default() -> Self {
+        NetConfig { dns_servers: host_resolvers(), pool_size: 2, domain: None }
+    }
+}
+
+/// The nameservers of the host's `/etc/resolv.conf`.
+pub fn host_resolvers() -> Vec<IpAddr> {
+    let text = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    text.lines()
+        .filter_map(|line| line.trim().strip_prefix("nameserver"))
+        .filter_map(|rest| rest.trim().split('%').next()?.parse().ok())
+        .collect()
+}
+
+/// True if `addr` is configured on any interface of the host (read now, not cached, so an address
+/// the host gains later is covered).
+pub fn is_host_address(addr: IpAddr) -> bool {
+    match nix::ifaddrs::getifaddrs() {
+        Ok(addrs) => addrs.into_iter().any(|ifa| {
+            let Some(sockaddr) = ifa.address else { return false };
+            if let Some(v4) = sockaddr.as_sockaddr_in() {
+                return IpAddr::V4(v4.ip()) == addr;
+            }
+            if let Some(v6) = sockaddr.as_sockaddr_in6() {
+                return IpAddr::V6(v6.ip()) == addr;
+            }
+            false
+        }),
+        // Fail closed: without the host's addresses, treat every address as the host's.
+        Err(_) => true,
+    }
+}
+
+/// What the egress paths of one sandbox share.
+pub struct SandboxNetShared {
+    pub sandbox_id: String,
+    policy: RwLock<EgressPolicy>,
+    dns_servers: Vec<IpAddr>,
+    /// Cancelled when the sandbox's network is torn down.
+    pub stop: CancellationToken,
+}
+
+impl SandboxNetShared {
+    /// Judges a destination with the sandbox's current rules.
+    pub fn decide(&self, dst: IpAddr) -> Verdict {
+        self.policy.read().unwrap_or_else(|p| p.into_inner()).decide(dst, is_host_address)
+    }
+
+    /// For traffic to the sandbox's DNS address on port 53: `Some(Some(upstream))` when the
+    /// sandbox may resolve names, `Some(None)` when it may not; `None` for any other destination.
+    pub fn dns_upstream(&self, dst: SocketAddr) -> Option<Option<SocketAddr>> {
+        if dst.ip() != IpAddr::V4(GATEWAY_ADDR) || dst.port() != 53 {
+            return None;
+        }
+        let allowed = self.policy.read().unwrap_or_else(|p| p.into_inner()).dns_allowed();
+        Some(self.dns_servers.first().filter(|_| allowed).map(|ip| SocketAddr::new(*ip, 53)))
+    }
+}
+
+/// A sandbox's live network: its namespace and the provider tasks serving it. Dropping it stops
+/// the tasks and closes the provider's descriptors; the namespace then disappears with the
+/// sandbox's last process.
+pub struct SandboxNet {
+    pub netns: OwnedFd,
+    pub shared: Arc<SandboxNetShared>,
+}
+
+impl SandboxNet {
+    /// Replaces the sandbox's rules (already validated); new connections and flows use them.
+    pub fn set_policy(&self, policy: EgressPolicy) {
+        *self.shared.policy.write().unwrap_or_else(|p| p.into_inner()) = policy;
+    }
+}
+
+impl Drop for SandboxNet {
+    fn drop(&mut self) {
+        self.shared.stop.cancel();
+    }
+}
+
+/// Starts the provider's tasks for a sandbox's namespace.
+fn start(
+    sandbox_id: &str,
+    netns: OwnedFd,
+    tun: OwnedFd,
+    listener: std::net::TcpListener,
+    policy: EgressPolicy,
+    cfg: &NetConfig,
+) -> std::io::Result<SandboxNet> {
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let shared = Arc::new(SandboxNetShared {
+        sandbox_id: sandbox_id.to_owned(),
+        policy: RwLock::new(policy),
+        dns_servers: cfg.dns_servers.clone(),
+        stop: CancellationToken::new(),
+    });
+    tokio::spawn(tcp_egress::serve(listener, shared.clone()));
+    tokio::spawn(udp::serve(tun, shared.clone()));
+    Ok(SandboxNet { netns, shared })
+}
+
+/// Prepared namespaces for the next creates, refilled in the background.
+pub struct NetPool {
+    cfg: NetConfig,
+    ready: Mutex<Vec<PreparedNetns>>,
+    refilling: Mutex<bool>,
+}
+
+impl NetPool {
+    pub fn new(cfg: NetConfig) -> Arc<NetPool> {
+        Arc::new(NetPool { cfg, ready: Mutex::new(Vec::new()), refilling: Mutex::new(false) })
+    }
+
+    pub fn config(&self) -> &NetConfig {
+        &self.cfg
+    }
+
+    /// A prepared namespace: from the pool, or made now if the pool is empty. Triggers a refill.
+    pub async fn take(self: &Arc<Self>) -> std::io::Result<PreparedNetns> {
+        let pooled = self.ready.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        self.refill();
+        match pooled {
+            Some(prepared) => Ok(prepared),
+            None => tokio::task::spawn_blocking(netns::prepare).await.map_err(std::io::Error::other)?,
+        }
+    }
+
+    /// Fills the pool up to its size on a blocking thread (one refill at a time).
+    pub fn refill(self: &Arc<Self>) {
+        {
+            let mut busy = self.refilling.lock().unwrap_or_else(|p| p.into_inner());
+            if *busy || self.ready.lock().unwrap_or_else(|p| p.into_inner()).len() >= self.cfg.pool_size {
+                return;
+            }
+            *busy = true;
+        }
+        let pool = self.clone();
+        tokio::task::spawn_blocking(move || {
+            loop {
+                if pool.ready.lock().unwrap_or_else(|p| p.into_inner()).len() >= pool.cfg.pool_size {
+                    break;
+                }
+                match netns::prepare() {
+                    Ok(prepared) => pool.ready.lock().unwrap_or_else(|p| p.into_inner()).push(prepared),
+                    Err(err) => {
+                        tracing::warn!(%err, "cannot prepare a sandbox network namespace");
+                        break;
+                    }
+                }
+            }
+            *pool.refilling.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        });
+    }
+
+    /// Serves a new sandbox's prepared namespace.
+    pub fn activate(&self, sandbox_id: &str, prepared: PreparedNetns, policy: EgressPolicy) -> std::io::Result<SandboxNet> {
+        start(sandbox_id, prepared.netns, prepared.tun, prepared.listener, policy, &self.cfg)
+    }
+
+    /// Serves the namespace of a sandbox that survived a provider restart.
+    pub async fn readopt(&self, sandbox_id: &str, envd_pid: i32, policy: EgressPolicy) -> std::io::Result<SandboxNet> {
+        let netns = netns::open_netns_of(envd_pid)?;
+        let (netns, (tun, listener)) = tokio::task::spawn_blocking(move || {
+            let attached = netns::reattach(&netns)?;
+            Ok::<_, std::io::Error>((netns, attached))
+        })
+        .await
+        .map_err(std::io::Error::other)??;
+        start(sandbox_id, netns, tun, listener, policy, &self.cfg)
+    }
+}
