@@ -326,12 +326,18 @@ async fn sandboxes_are_isolated_from_each_other_and_the_host() {
     // The state directory (every sandbox's layers) is hidden.
     let (_, out) = p.run(&a, &format!("ls -A {} | wc -l", p.state.display()), Some("root")).await;
     assert_eq!(out.trim(), "0");
-    // Network: b has a namespace with only lo, up; a shares the host's.
-    let (_, out) = p.run(&b, "cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '", None).await;
-    assert_eq!(out.trim(), "lo");
+    // Network: each sandbox has a namespace of its own (lo and the provider's eth0), whatever its
+    // internet setting (tests/sandbox_network.rs tests what crosses it).
+    let (_, out) = p.run(&b, "cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' ' | sort", None).await;
+    assert_eq!(out.trim(), "eth0\nlo");
     let b_pid = p.record(&b_id)["envd_pid"].as_i64().unwrap();
+    let a_pid = p.record(&a_id)["envd_pid"].as_i64().unwrap();
     let host_net = std::fs::read_link("/proc/self/ns/net").unwrap();
-    assert_ne!(std::fs::read_link(format!("/proc/{b_pid}/ns/net")).unwrap(), host_net);
+    let b_net = std::fs::read_link(format!("/proc/{b_pid}/ns/net")).unwrap();
+    let a_net = std::fs::read_link(format!("/proc/{a_pid}/ns/net")).unwrap();
+    assert_ne!(b_net, host_net);
+    assert_ne!(a_net, host_net);
+    assert_ne!(a_net, b_net);
     let (_, out) = p
         .run(
             &b,
