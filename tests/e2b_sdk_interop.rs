@@ -5,6 +5,8 @@
 
 #[path = "support/provider_process.rs"]
 mod provider_process;
+#[path = "network_support/testnet.rs"]
+mod testnet;
 
 use std::path::Path;
 use std::process::Command;
@@ -29,11 +31,20 @@ async fn official_python_sdk_works_against_the_local_provider() {
         );
         return;
     }
-    let provider = ProviderProcess::spawn(Path::new(env!("CARGO_BIN_EXE_sandbox-mcp"))).expect("start the provider");
+    let mut net = testnet::TestNet::new();
+    net.http(net.internet_addr, 8080, "internet-ok");
+    let test_host = format!("{}:8080", net.internet_addr);
+    let provider = ProviderProcess::spawn_with(Path::new(env!("CARGO_BIN_EXE_sandbox-mcp")), &["--domain", "sandbox.test"])
+        .expect("start the provider");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop/e2b_sdk_compat.py");
     let url = provider.url.as_str().trim_end_matches('/').to_owned();
     let output = tokio::task::spawn_blocking(move || {
-        Command::new(python).arg(script).env("PROVIDER_URL", url).env("E2B_API_KEY", TEST_API_KEY).output()
+        Command::new(python)
+            .arg(script)
+            .env("PROVIDER_URL", url)
+            .env("E2B_API_KEY", TEST_API_KEY)
+            .env("NETWORK_TEST_HOST", test_host)
+            .output()
     })
     .await
     .unwrap()

@@ -64,7 +64,7 @@ def main() -> int:
             raise AssertionError(message)
 
     def cleanup():
-        for key in ("sbx", "other"):
+        for key in ("sbx", "other", "net"):
             sbx = state.get(key)
             if sbx is not None:
                 try:
@@ -221,6 +221,66 @@ def main() -> int:
             ids += [s.sandbox_id for s in paginator.next_items()]
         check(ids == [sbx.sandbox_id], f"listed {ids}, expected only {sbx.sandbox_id}")
 
+    probe_src = (
+        "import socket, sys\n"
+        "try:\n"
+        "    s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)\n"
+        "    s.settimeout(5)\n"
+        "    s.sendall(b'GET / HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n')\n"
+        "    data = s.recv(4096)\n"
+        "    print('OPEN' if data.startswith(b'HTTP/') else 'CLOSED')\n"
+        "except Exception:\n"
+        "    print('CLOSED')\n"
+    )
+
+    def probe(sbx, host, port):
+        sbx.files.write("/tmp/probe.py", probe_src)
+        return sbx.commands.run(f"python3 /tmp/probe.py {host} {port}").stdout.strip()
+
+    def network_rules():
+        # NETWORK_TEST_HOST is a test host of the Rust test in 198.18.0.0/15, serving HTTP.
+        host, port = os.environ["NETWORK_TEST_HOST"].rsplit(":", 1)
+        sbx = Sandbox.create(template="base", timeout=120, metadata={"suite": tag}, network={"deny_out": [host]})
+        state["net"] = sbx
+        check(probe(sbx, host, port) == "CLOSED", "deny_out did not block the test host")
+        sbx.update_network({"allow_out": [host], "deny_out": ["0.0.0.0/0"]})
+        check(probe(sbx, host, port) == "OPEN", "allow_out did not win over deny_out after update_network")
+        sbx.update_network({})
+        check(probe(sbx, host, port) == "OPEN", "an empty update did not clear the rules")
+        sbx.update_network({"deny_out": ["0.0.0.0/0"]})
+        check(probe(sbx, host, port) == "CLOSED", "deny_out 0.0.0.0/0 did not block")
+        check(probe(sbx, "127.0.0.1", url.rsplit(":", 1)[1]) == "CLOSED", "the provider is reachable")
+        sbx.kill()
+        state.pop("net")
+        offline = Sandbox.create(template="base", timeout=120, metadata={"suite": tag}, allow_internet_access=False)
+        state["net"] = offline
+        check(probe(offline, host, port) == "CLOSED", "allow_internet_access=False did not block")
+        offline.kill()
+        state.pop("net")
+
+    def inbound_get_host():
+        import httpx
+
+        sbx = Sandbox.create(template="base", timeout=120, metadata={"suite": tag}, network={"allow_public_traffic": False})
+        state["net"] = sbx
+        token = sbx.traffic_access_token
+        check(isinstance(token, str) and len(token) > 10, f"traffic_access_token {token!r}")
+        sbx.files.write("/tmp/www/index.html", "served from the sandbox\n")
+        sbx.commands.run("cd /tmp/www && python3 -m http.server 8000", background=True)
+        host = sbx.get_host(8000)
+        check(host.startswith(f"8000-{sbx.sandbox_id}."), f"get_host {host!r}")
+        deadline = time.monotonic() + 10
+        while True:
+            resp = httpx.get(url + "/index.html", headers={"Host": host, "e2b-traffic-access-token": token})
+            if resp.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        check(resp.status_code == 200 and resp.text == "served from the sandbox\n", f"{resp.status_code} {resp.text!r}")
+        denied = httpx.get(url + "/index.html", headers={"Host": host})
+        check(denied.status_code == 403, f"without the traffic token: {denied.status_code}")
+        sbx.kill()
+        state.pop("net")
+
     def kill_and_connect():
         sbx = state["sbx"]
         sandbox_id = sbx.sandbox_id
@@ -245,6 +305,8 @@ def main() -> int:
     step("pause, then connect resumes", pause_and_resume)
     step("set_timeout, get_info and get_metrics", timeout_and_info)
     step("Sandbox.list with a metadata filter", list_with_metadata)
+    step("network: create with deny_out, update_network (allow_out wins, empty clears), no internet", network_rules)
+    step("inbound: get_host(port) through the provider, traffic access token", inbound_get_host)
     step("kill, then connect raises not found", kill_and_connect)
     print(f"{passed} passed, 0 failed (e2b {sdk_version}, {getattr(e2b, '__name__', 'e2b')} at {url})")
     return 0

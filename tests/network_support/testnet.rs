@@ -5,6 +5,8 @@
 //! `ip netns exec`, and removes everything (namespace, veths, servers) on drop.
 //! No traffic ever leaves this machine.
 
+#![allow(dead_code)] // each test binary uses a part of this kit
+
 use std::net::Ipv4Addr;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
