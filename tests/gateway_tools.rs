@@ -330,3 +330,52 @@ async fn using_a_sandbox_renews_its_timeout() {
     assert!(left > 600, "run_command did not renew the deadline (left {left} s)");
     close(client).await;
 }
+
+#[path = "network_support/testnet.rs"]
+mod testnet;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_sandbox_network_rules_apply_and_the_gateway_is_unreachable_from_inside() {
+    if !require_root("create_sandbox_network_rules_apply_and_the_gateway_is_unreachable_from_inside") {
+        return;
+    }
+    let mut net = testnet::TestNet::new();
+    net.http(net.internet_addr, 8080, "internet-ok");
+    let internet = net.internet_addr.to_string();
+    // The default deployment: `serve` with its embedded provider, no auth, on loopback.
+    let gateway = GatewayProc::start("", &[]);
+    let client = connect(&gateway.mcp_url(), None).await;
+    let probe = |host: &str, port: u16| json!({"command": testnet::probe_script(host, port)});
+    let stdout = |v: &serde_json::Value| v["stdout"].as_str().unwrap_or_default().trim().to_owned();
+
+    ok(&client, "create_sandbox", json!({})).await;
+    let out = ok(&client, "run_command", probe(&internet, 8080)).await;
+    assert_eq!(stdout(&out), "OPEN internet-ok");
+    let gateway_port = gateway.addr.port();
+    let out = ok(&client, "run_command", probe("127.0.0.1", gateway_port)).await;
+    assert!(stdout(&out).starts_with("CLOSED"), "sandboxed code reached the gateway: {out}");
+
+    ok(&client, "create_sandbox", json!({"network": {"deny_out": [internet]}})).await;
+    let out = ok(&client, "run_command", probe(&internet, 8080)).await;
+    assert!(stdout(&out).starts_with("CLOSED"), "{out}");
+    ok(&client, "create_sandbox", json!({"network": {"allow_internet_access": false}})).await;
+    let out = ok(&client, "run_command", probe(&internet, 8080)).await;
+    assert!(stdout(&out).starts_with("CLOSED"), "{out}");
+    let private = net.private_addr.to_string();
+    net.http(net.private_addr, 8080, "private-ok");
+    ok(&client, "create_sandbox", json!({"network": {"allow_out": [format!("{private}/32")]}})).await;
+    let out = ok(&client, "run_command", probe(&private, 8080)).await;
+    assert_eq!(stdout(&out), "OPEN private-ok");
+
+    for (network, needle) in [
+        (json!({"allow_out": ["169.254.169.254"]}), "loopback or link-local"),
+        (json!({"allow_out": ["127.0.0.0/8"]}), "loopback or link-local"),
+        (json!({"allow_out": ["0.0.0.0/0"]}), "loopback or link-local"),
+        (json!({"deny_out": ["not-an-address"]}), "not a CIDR block"),
+        (json!({"allow_out": ["example.com"]}), "not a CIDR block"),
+    ] {
+        let message = err(&client, "create_sandbox", json!({"network": network})).await;
+        assert!(message.contains(needle), "{message}");
+    }
+    close(client).await;
+}
