@@ -1,6 +1,10 @@
 //! Benchmark of a provider through the provider client: create→ready, kill,
 //! `true` over envd, 1 MiB write+read, envd RSS per idle sandbox, and 50
-//! sandboxes alive at once.
+//! sandboxes alive at once; and, for a local provider it starts itself, the
+//! sandbox network: TCP throughput and connection set-up from a sandbox to a
+//! test "internet" host (a network namespace in 198.18.0.0/15 made by the
+//! bench) against the same transfer from the host, and the memory of one
+//! sandbox's network (provider RSS and kernel memory per namespace).
 //!
 //! `cargo build --release && cargo run --release --example bench_provider -- [--provider-url URL]`
 //!
@@ -11,6 +15,8 @@
 
 #[path = "../tests/support/provider_process.rs"]
 mod provider_process;
+#[path = "../tests/network_support/testnet.rs"]
+mod testnet;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -83,6 +89,127 @@ fn true_request() -> wire::StartRequest {
     }
 }
 
+/// A sink on the test host: port 9000 discards what it receives; port 9001 sends one byte per
+/// connection and closes.
+const NET_SERVERS: &str = r#"
+import socket, sys, threading
+addr = sys.argv[1]
+def sink():
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((addr, 9000)); s.listen(16)
+    while True:
+        c, _ = s.accept()
+        def drain(c=c):
+            while c.recv(1 << 20):
+                pass
+            c.sendall(b"k"); c.close()
+        threading.Thread(target=drain, daemon=True).start()
+threading.Thread(target=sink, daemon=True).start()
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((addr, 9001)); s.listen(128)
+while True:
+    c, _ = s.accept(); c.sendall(b"x"); c.close()
+"#;
+
+/// Client side (run in a sandbox and on the host): prints "<Gbit/s> <median connect-to-first-byte µs>".
+fn net_client(addr: &str, mib: usize, connections: usize) -> String {
+    format!(
+        "import socket, time\nbuf = b'x' * (1 << 20)\ns = socket.create_connection(('{addr}', 9000))\n\
+         t = time.perf_counter()\nfor _ in range({mib}):\n    s.sendall(buf)\ns.shutdown(socket.SHUT_WR)\n\
+         s.recv(1)\nrate = {mib} * 8 * 1048576 / (time.perf_counter() - t) / 1e9\nlat = []\n\
+         for _ in range({connections}):\n    t = time.perf_counter()\n    c = socket.create_connection(('{addr}', 9001))\n\
+         c.recv(1)\n    lat.append(time.perf_counter() - t)\n    c.close()\nlat.sort()\n\
+         print('%.2f %.0f' % (rate, lat[len(lat) // 2] * 1e6))\n"
+    )
+}
+
+fn parse_net_result(text: &str) -> anyhow::Result<(f64, f64)> {
+    let mut parts = text.split_whitespace();
+    let rate = parts.next().context("no throughput")?.parse()?;
+    let latency = parts.next().context("no latency")?.parse()?;
+    Ok((rate, latency))
+}
+
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Kernel memory that network namespaces cost (slab + per-CPU), KiB.
+fn kernel_kib() -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with("Slab:") || l.starts_with("Percpu:"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Sandbox network figures: throughput and connection set-up against the host doing the same, and
+/// memory per sandbox network.
+async fn network(client: &E2bClient, provider_pid: Option<u32>, args: &Args) -> anyhow::Result<()> {
+    let mut net = testnet::TestNet::new();
+    net.spawn_python(NET_SERVERS, &[net.internet_addr.to_string()]);
+    std::thread::sleep(Duration::from_millis(500));
+    let addr = net.internet_addr.to_string();
+    let script = net_client(&addr, 1024, 200);
+    let sandbox = client.create_sandbox(&new_sandbox()).await?;
+    let envd = client.envd(&sandbox);
+    let opts = CallOptions::default();
+    let (mut sandbox_rate, mut sandbox_lat, mut host_rate, mut host_lat) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let mut run = true_request();
+        run.process.cmd = "/usr/bin/python3".into();
+        run.process.args = vec!["-c".into(), script.clone()];
+        let out = envd.run(&run, &opts, OutputLimits::default()).await?;
+        let (rate, lat) = parse_net_result(&String::from_utf8_lossy(&out.stdout))
+            .with_context(|| format!("sandbox client: {}", String::from_utf8_lossy(&out.stderr)))?;
+        sandbox_rate.push(rate);
+        sandbox_lat.push(lat);
+        let out = std::process::Command::new("python3").args(["-c", &script]).output()?;
+        let (rate, lat) = parse_net_result(&String::from_utf8_lossy(&out.stdout))?;
+        host_rate.push(rate);
+        host_lat.push(lat);
+    }
+    client.kill_sandbox(&sandbox.sandbox_id).await?;
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        percentile(v, 0.5)
+    };
+    let (sr, hr) = (median(&mut sandbox_rate), median(&mut host_rate));
+    let (sl, hl) = (median(&mut sandbox_lat), median(&mut host_lat));
+    println!("sandbox network (1 GiB upload and 200 connections to a test host, 3 runs, medians):");
+    println!("  TCP throughput: sandbox {sr:.2} Gbit/s, host {hr:.2} Gbit/s (ratio {:.2}; target ≥ 1 Gbit/s)", sr / hr);
+    println!(
+        "  connect → first byte: sandbox {sl:.0} µs, host {hl:.0} µs (added {:.0} µs; target ≤ 1000 µs)",
+        sl - hl
+    );
+
+    // Memory: provider RSS and kernel memory with N idle sandboxes, per sandbox.
+    if let Some(pid) = provider_pid {
+        let n = args.fleet.min(20);
+        let (rss_before, kernel_before) = (rss_kib(pid).unwrap_or(0), kernel_kib());
+        let mut ids = Vec::new();
+        for _ in 0..n {
+            ids.push(client.create_sandbox(&new_sandbox()).await?.sandbox_id);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (rss_after, kernel_after) = (rss_kib(pid).unwrap_or(0), kernel_kib());
+        for id in &ids {
+            client.kill_sandbox(id).await?;
+        }
+        println!(
+            "  per idle sandbox ({n} sandboxes): provider RSS {:+.0} KiB, kernel slab+percpu {:+.0} KiB (whole sandbox, \
+             network included; target for the network part ≤ 2048 KiB)",
+            (rss_after as f64 - rss_before as f64) / n as f64,
+            (kernel_after as f64 - kernel_before as f64) / n as f64
+        );
+        let prepared_before = kernel_kib();
+        let prepared: Vec<_> = (0..n).filter_map(|_| sandbox_mcp::local::net::netns::prepare().ok()).collect();
+        let per_netns = (kernel_kib() as f64 - prepared_before as f64) / prepared.len().max(1) as f64;
+        drop(prepared);
+        println!("  kernel memory of one prepared sandbox network namespace (TUN, nftables, listener): {per_netns:+.0} KiB");
+    }
+    Ok(())
+}
+
 fn new_sandbox() -> wire::NewSandbox {
     wire::NewSandbox { template_id: "base".into(), timeout: Some(300), ..Default::default() }
 }
@@ -109,7 +236,7 @@ async fn bench(client: &E2bClient, args: &Args, rows: &mut Vec<Row>) -> anyhow::
         }
         kill.push(ms(started.elapsed()));
     }
-    rows.push(Row { name: "create → ready".into(), samples: create, unit: "ms", target: Some(50.0) });
+    rows.push(Row { name: "create → ready".into(), samples: create, unit: "ms", target: Some(40.0) });
     rows.push(Row { name: "kill".into(), samples: kill, unit: "ms", target: Some(20.0) });
 
     let sandbox = client.create_sandbox(&new_sandbox()).await?;
@@ -217,6 +344,7 @@ fn print_table(rows: &mut [Row]) {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let mut own_provider = None;
+    let mut provider_pid = None;
     let client = match &args.provider_url {
         Some(url) => E2bClient::new(ProviderEndpoint {
             api_url: url.clone(),
@@ -240,6 +368,7 @@ async fn main() -> anyhow::Result<()> {
             let provider = ProviderProcess::spawn(&bin).map_err(anyhow::Error::msg)?;
             println!("provider: {} ({})", provider.url, bin.display());
             let client = provider.client();
+            provider_pid = provider.pid();
             own_provider = Some(provider);
             client
         }
@@ -250,6 +379,10 @@ async fn main() -> anyhow::Result<()> {
     let fleet_result = match &result {
         Ok(()) => Some(fleet(&client, args.fleet).await),
         Err(_) => None,
+    };
+    let network_result = match (&result, &own_provider) {
+        (Ok(()), Some(_)) => Some(network(&client, provider_pid, &args).await),
+        _ => None,
     };
     if let Some(provider) = own_provider {
         provider.shutdown().await;
@@ -264,5 +397,8 @@ async fn main() -> anyhow::Result<()> {
         ms(elapsed),
         ms(kill_elapsed)
     );
+    if let Some(network_result) = network_result {
+        network_result.context("sandbox network figures")?;
+    }
     Ok(())
 }

@@ -76,6 +76,11 @@ impl ProviderProcess {
     }
 
     /// A client for this provider (control plane and envd at the same origin).
+    /// The provider's host pid.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn client(&self) -> E2bClient {
         self.client_with_key(Some(TEST_API_KEY))
     }
