@@ -153,7 +153,8 @@ async fn network(client: &E2bClient, provider_pid: Option<u32>, args: &Args) -> 
     let sandbox = client.create_sandbox(&new_sandbox()).await?;
     let envd = client.envd(&sandbox);
     let opts = CallOptions::default();
-    let (mut sandbox_rate, mut sandbox_lat, mut host_rate, mut host_lat) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut sandbox_rate, mut sandbox_lat, mut host_rate, mut host_lat) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..3 {
         let mut run = true_request();
         run.process.cmd = "/usr/bin/python3".into();
@@ -177,10 +178,7 @@ async fn network(client: &E2bClient, provider_pid: Option<u32>, args: &Args) -> 
     let (sl, hl) = (median(&mut sandbox_lat), median(&mut host_lat));
     println!("sandbox network (1 GiB upload and 200 connections to a test host, 3 runs, medians):");
     println!("  TCP throughput: sandbox {sr:.2} Gbit/s, host {hr:.2} Gbit/s (ratio {:.2}; target ≥ 1 Gbit/s)", sr / hr);
-    println!(
-        "  connect → first byte: sandbox {sl:.0} µs, host {hl:.0} µs (added {:.0} µs; target ≤ 1000 µs)",
-        sl - hl
-    );
+    println!("  connect → first byte: sandbox {sl:.0} µs, host {hl:.0} µs (added {:.0} µs; target ≤ 1000 µs)", sl - hl);
 
     // Memory: provider RSS and kernel memory with N idle sandboxes, per sandbox.
     if let Some(pid) = provider_pid {
@@ -205,7 +203,9 @@ async fn network(client: &E2bClient, provider_pid: Option<u32>, args: &Args) -> 
         let prepared: Vec<_> = (0..n).filter_map(|_| sandbox_mcp::local::net::netns::prepare().ok()).collect();
         let per_netns = (kernel_kib() as f64 - prepared_before as f64) / prepared.len().max(1) as f64;
         drop(prepared);
-        println!("  kernel memory of one prepared sandbox network namespace (TUN, nftables, listener): {per_netns:+.0} KiB");
+        println!(
+            "  kernel memory of one prepared sandbox network namespace (TUN, nftables, listener): {per_netns:+.0} KiB"
+        );
     }
     Ok(())
 }

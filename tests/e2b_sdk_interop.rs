@@ -34,8 +34,9 @@ async fn official_python_sdk_works_against_the_local_provider() {
     let mut net = testnet::TestNet::new();
     net.http(net.internet_addr, 8080, "internet-ok");
     let test_host = format!("{}:8080", net.internet_addr);
-    let provider = ProviderProcess::spawn_with(Path::new(env!("CARGO_BIN_EXE_sandbox-mcp")), &["--domain", "sandbox.test"])
-        .expect("start the provider");
+    let provider =
+        ProviderProcess::spawn_with(Path::new(env!("CARGO_BIN_EXE_sandbox-mcp")), &["--domain", "sandbox.test"])
+            .expect("start the provider");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop/e2b_sdk_compat.py");
     let url = provider.url.as_str().trim_end_matches('/').to_owned();
     let output = tokio::task::spawn_blocking(move || {

@@ -79,14 +79,17 @@ async fn default_egress_reaches_the_internet_and_dns_but_nothing_of_the_host() {
     assert!(probe(&p, &sbx, &host_if, if_port).await.starts_with("CLOSED"), "host interface address");
     assert!(probe(&p, &sbx, &host_if, provider_port(&p)).await.starts_with("CLOSED"));
     // Private, link-local (cloud metadata) and the sandbox's own gateway address.
-    for (host, port) in [(net.private_addr.to_string(), 8080), ("169.254.169.254".into(), 80), ("169.254.0.22".into(), 80)] {
+    for (host, port) in
+        [(net.private_addr.to_string(), 8080), ("169.254.169.254".into(), 80), ("169.254.0.22".into(), 80)]
+    {
         assert!(probe(&p, &sbx, &host, port).await.starts_with("CLOSED"), "{host}");
     }
     // An address the host gains after the sandbox started, in a range allowed by default, is
     // covered too: judged when the connection is made.
     let late = format!("198.18.{}.9", net.host_addr.octets()[2]);
     let hostif = format!("smh{}", net.name.trim_start_matches("smcp-net-"));
-    let out = std::process::Command::new("ip").args(["addr", "add", &format!("{late}/32"), "dev", &hostif]).output().unwrap();
+    let out =
+        std::process::Command::new("ip").args(["addr", "add", &format!("{late}/32"), "dev", &hostif]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let (late_port, _late) = host_server(&late);
     assert!(probe(&p, &sbx, &late, late_port).await.starts_with("CLOSED"), "address gained later");
@@ -161,7 +164,11 @@ async fn deny_allow_and_update_rules_take_effect() {
     assert_eq!(status, StatusCode::NO_CONTENT);
     assert!(probe(&p, &denied, &internet, 8080).await.starts_with("CLOSED"));
     let (status, _) = p
-        .call(Method::PUT, &format!("/sandboxes/{id}/network"), Some(json!({"denyOut": ["0.0.0.0/0"], "allowOut": [internet]})))
+        .call(
+            Method::PUT,
+            &format!("/sandboxes/{id}/network"),
+            Some(json!({"denyOut": ["0.0.0.0/0"], "allowOut": [internet]})),
+        )
         .await;
     assert_eq!(status, StatusCode::NO_CONTENT);
     assert_eq!(probe(&p, &denied, &internet, 8080).await, "OPEN internet-ok", "allowOut wins over denyOut");
@@ -179,7 +186,11 @@ async fn deny_allow_and_update_rules_take_effect() {
     assert!(probe(&p, &offline, &internet, 8080).await.starts_with("CLOSED"));
     assert_eq!(probe(&p, &offline, &private, 8080).await, "OPEN private-ok");
     let (status, _) = p
-        .call(Method::PUT, &format!("/sandboxes/{}/network", id_of(&offline)), Some(json!({"allow_internet_access": true})))
+        .call(
+            Method::PUT,
+            &format!("/sandboxes/{}/network", id_of(&offline)),
+            Some(json!({"allow_internet_access": true})),
+        )
         .await;
     assert_eq!(status, StatusCode::NO_CONTENT);
     assert_eq!(probe(&p, &offline, &internet, 8080).await, "OPEN internet-ok");
@@ -190,7 +201,8 @@ async fn deny_allow_and_update_rules_take_effect() {
         (json!({"denyOut": ["10.0.0.0/33"]}), "not a CIDR"),
         (json!({"rules": {"example.com": [{"transform": {"headers": {"a": "b"}}}]}}), "network.rules"),
     ] {
-        let (status, body) = p.call(Method::POST, "/sandboxes", Some(json!({"templateID": "base", "network": network}))).await;
+        let (status, body) =
+            p.call(Method::POST, "/sandboxes", Some(json!({"templateID": "base", "network": network}))).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
         assert!(body["message"].as_str().unwrap().contains(needle), "{body}");
     }
@@ -233,10 +245,17 @@ async fn inbound_through_the_provider_with_and_without_the_traffic_token() {
     let resp = get(&id_of(&private), Some(&token)).await.unwrap();
     assert_eq!((resp.status(), resp.text().await.unwrap().trim().to_owned()), (StatusCode::OK, "hello".into()));
     // A closed port answers 502 with a sentence; envd's port reaches the agent.
-    let resp = p.http.get(p.url("/")).header("Host", format!("9001-{}.sandbox.test", id_of(&public))).send().await.unwrap();
+    let resp =
+        p.http.get(p.url("/")).header("Host", format!("9001-{}.sandbox.test", id_of(&public))).send().await.unwrap();
     assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
     assert!(resp.text().await.unwrap().contains("port 9001 is not open"));
-    let resp = p.http.get(p.url("/health")).header("Host", format!("49983-{}.sandbox.test", id_of(&public))).send().await.unwrap();
+    let resp = p
+        .http
+        .get(p.url("/health"))
+        .header("Host", format!("49983-{}.sandbox.test", id_of(&public)))
+        .send()
+        .await
+        .unwrap();
     assert!(resp.status().is_success());
     // A raw TCP upgrade (WebSocket-style) is spliced both ways.
     let upgrade = "python3 - <<'EOF' >/dev/null 2>&1 &\nimport socket\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\ns.bind(('0.0.0.0', 9100)); s.listen(1)\nc,_=s.accept(); c.recv(4096)\nc.sendall(b'HTTP/1.1 101 Switching Protocols\\r\\nConnection: Upgrade\\r\\nUpgrade: echo\\r\\n\\r\\n')\nwhile True:\n    d=c.recv(4096)\n    if not d: break\n    c.sendall(d.upper())\nEOF\nsleep 1";
@@ -247,10 +266,15 @@ async fn inbound_through_the_provider_with_and_without_the_traffic_token() {
     let echoed = tokio::task::spawn_blocking(move || {
         let mut s = std::net::TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        write!(s, "GET / HTTP/1.1\r\nHost: 9100-{id}.sandbox.test\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n").unwrap();
+        write!(s, "GET / HTTP/1.1\r\nHost: 9100-{id}.sandbox.test\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+            .unwrap();
         let mut buf = [0u8; 4096];
         let n = s.read(&mut buf).unwrap();
-        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 101"), "{}", String::from_utf8_lossy(&buf[..n]));
+        assert!(
+            String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 101"),
+            "{}",
+            String::from_utf8_lossy(&buf[..n])
+        );
         s.write_all(b"ping").unwrap();
         let n = s.read(&mut buf).unwrap();
         String::from_utf8_lossy(&buf[..n]).into_owned()
@@ -276,7 +300,10 @@ async fn network_survives_a_provider_sigkill_and_kill_leaves_nothing() {
         names.sort();
         names
     };
-    let host_rules = || String::from_utf8_lossy(&std::process::Command::new("nft").args(["list", "ruleset"]).output().unwrap().stdout).into_owned();
+    let host_rules = || {
+        String::from_utf8_lossy(&std::process::Command::new("nft").args(["list", "ruleset"]).output().unwrap().stdout)
+            .into_owned()
+    };
     let (links_before, rules_before) = (host_links(), host_rules());
 
     let mut p = Provider::start(&[]);

@@ -258,14 +258,23 @@ fn refuse_unsupported(fields: Vec<&'static str>) -> ApiResult<()> {
 }
 
 /// `PUT /sandboxes/{id}/network`: replaces the egress rules of a running sandbox (204).
-async fn update_network(State(state): State<Arc<AppState>>, Path(id): Path<String>, body: Body) -> ApiResult<StatusCode> {
+async fn update_network(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    body: Body,
+) -> ApiResult<StatusCode> {
     check_id(&id)?;
     let req: wire::NetworkUpdate = json_body(&state, body).await?;
     let unsupported = wire::SandboxNetwork { egress_proxy: req.egress_proxy, rules: req.rules, ..Default::default() };
     refuse_unsupported(unsupported.unsupported_fields())?;
     state
         .provider
-        .update_network(&id, req.allow_out.unwrap_or_default(), req.deny_out.unwrap_or_default(), req.allow_internet_access)
+        .update_network(
+            &id,
+            req.allow_out.unwrap_or_default(),
+            req.deny_out.unwrap_or_default(),
+            req.allow_internet_access,
+        )
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }

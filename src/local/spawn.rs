@@ -108,8 +108,8 @@ pub fn spawn_agent(
     let (sync_r_fd, sync_w_fd, ready_w_fd) = (sync_r.as_raw_fd(), sync_w.as_raw_fd(), ready_w.as_raw_fd());
     let netns_fd = netns.as_raw_fd();
 
-    let pid = raw_clone(sandbox_clone_flags())
-        .map_err(sys("clone(CLONE_NEWPID|CLONE_NEWNS|CLONE_NEWUTS|CLONE_NEWIPC)"))?;
+    let pid =
+        raw_clone(sandbox_clone_flags()).map_err(sys("clone(CLONE_NEWPID|CLONE_NEWNS|CLONE_NEWUTS|CLONE_NEWIPC)"))?;
     if pid == 0 {
         // Child: async-signal-safe calls only.
         // SAFETY: plain system calls on descriptors and buffers prepared before the clone.

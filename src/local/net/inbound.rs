@@ -32,9 +32,7 @@ pub fn parse_host(host: &str) -> Option<(u16, &str)> {
 /// True if the request may reach the sandbox: public traffic, or the right traffic token.
 pub fn traffic_allowed(req: &Request<Body>, token: Option<&str>) -> bool {
     let Some(token) = token else { return true };
-    req.headers()
-        .get(HEADER_TRAFFIC_TOKEN)
-        .is_some_and(|given| bool::from(given.as_bytes().ct_eq(token.as_bytes())))
+    req.headers().get(HEADER_TRAFFIC_TOKEN).is_some_and(|given| bool::from(given.as_bytes().ct_eq(token.as_bytes())))
 }
 
 fn error(status: StatusCode, message: String) -> Response {

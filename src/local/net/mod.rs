@@ -194,7 +194,12 @@ impl NetPool {
     }
 
     /// Serves a new sandbox's prepared namespace.
-    pub fn activate(&self, sandbox_id: &str, prepared: PreparedNetns, policy: EgressPolicy) -> std::io::Result<SandboxNet> {
+    pub fn activate(
+        &self,
+        sandbox_id: &str,
+        prepared: PreparedNetns,
+        policy: EgressPolicy,
+    ) -> std::io::Result<SandboxNet> {
         start(sandbox_id, prepared.netns, prepared.tun, prepared.listener, policy, &self.cfg)
     }
 

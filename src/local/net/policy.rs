@@ -156,7 +156,11 @@ impl EgressPolicy {
         let dst = canonical(dst);
         let embedded = embedded_v4(dst);
         let judged = embedded.map(IpAddr::V4).unwrap_or(dst);
-        if dst.is_loopback() || judged.is_loopback() || is_host_address(dst) || (judged != dst && is_host_address(judged)) {
+        if dst.is_loopback()
+            || judged.is_loopback()
+            || is_host_address(dst)
+            || (judged != dst && is_host_address(judged))
+        {
             let named = self.allow_out.iter().any(|net| net.prefix_len() == net.max_prefix_len() && net.addr() == dst);
             return if named { Verdict::Allow } else { Verdict::Deny(DenyReason::HostAddress) };
         }
@@ -199,9 +203,7 @@ fn embedded_v4(addr: IpAddr) -> Option<Ipv4Addr> {
 pub fn is_reserved(addr: IpAddr) -> bool {
     match canonical(addr) {
         IpAddr::V4(v4) => BLOCKED_V4.iter().any(|&(net, len)| prefix_match(u32::from(v4), u32::from(net), len, 32)),
-        IpAddr::V6(v6) => BLOCKED_V6
-            .iter()
-            .any(|&(net, len)| prefix_match(u128::from(v6), u128::from(net), len, 128)),
+        IpAddr::V6(v6) => BLOCKED_V6.iter().any(|&(net, len)| prefix_match(u128::from(v6), u128::from(net), len, 128)),
     }
 }
 
@@ -385,7 +387,10 @@ mod tests {
             EgressPolicy::new(&cfg(&["*.example.com"], &[]), true),
             Err(RuleError::DomainNotSupported("*.example.com".into()))
         );
-        assert_eq!(EgressPolicy::new(&cfg(&["10.0.0.0/33"], &[]), true), Err(RuleError::BadAllow("10.0.0.0/33".into())));
+        assert_eq!(
+            EgressPolicy::new(&cfg(&["10.0.0.0/33"], &[]), true),
+            Err(RuleError::BadAllow("10.0.0.0/33".into()))
+        );
         assert_eq!(EgressPolicy::new(&cfg(&[], &["example.com"]), true), Err(RuleError::BadDeny("example.com".into())));
         let many: Vec<String> = (0..=MAX_RULES).map(|i| format!("198.18.{}.{}", i / 256, i % 256)).collect();
         let too_many = NetworkConfig { allow_out: many, ..Default::default() };
