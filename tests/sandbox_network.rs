@@ -44,6 +44,19 @@ fn host_server(addr: &str) -> (u16, std::thread::JoinHandle<()>) {
     (port, handle)
 }
 
+/// Sends a DNS query for `internet.test` straight to `server:53` over UDP from inside the sandbox;
+/// returns the answered address, or "TIMEOUT".
+async fn udp_query(p: &Provider, sbx: &Value, server: &str) -> String {
+    let script = format!(
+        "python3 - <<'EOF'\nimport socket, struct\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)\n\
+         q = struct.pack('!HHHHHH', 0x1234, 0x0100, 1, 0, 0, 0) + b'\\x08internet\\x04test\\x00' + struct.pack('!HH', 1, 1)\n\
+         try:\n    s.sendto(q, ('{server}', 53))\n    r = s.recv(512)\n    print(socket.inet_ntoa(r[-4:]))\n\
+         except Exception:\n    print('TIMEOUT')\nEOF"
+    );
+    let (_, out) = p.run(sbx, &script, None).await;
+    out.trim().to_owned()
+}
+
 fn provider_port(p: &Provider) -> u16 {
     p.base.rsplit(':').next().unwrap().parse().unwrap()
 }
@@ -69,6 +82,8 @@ async fn default_egress_reaches_the_internet_and_dns_but_nothing_of_the_host() {
     assert_eq!(probe(&p, &sbx, "internet.test", 8080).await, "OPEN internet-ok");
     let (code, _) = p.run(&sbx, "getent hosts elsewhere.example", None).await;
     assert_ne!(code, 0, "NXDOMAIN is passed through");
+    // Plain UDP to a public address (the test resolver, asked directly).
+    assert_eq!(udp_query(&p, &sbx, &internet).await, internet);
 
     // The host: its loopback (a server of the test, the provider), and an interface address.
     let (lo_port, _lo) = host_server("127.0.0.1");
@@ -147,18 +162,28 @@ async fn deny_allow_and_update_rules_take_effect() {
     let mut net = TestNet::new();
     net.http(net.internet_addr, 8080, "internet-ok");
     net.http(net.private_addr, 8080, "private-ok");
+    net.dns(net.internet_addr);
     let (internet, private) = (net.internet_addr.to_string(), net.private_addr.to_string());
     let p = Provider::start(&[]);
 
     let denied = p.create(json!({"templateID": "base", "network": {"denyOut": [internet]}})).await;
     assert!(probe(&p, &denied, &internet, 8080).await.starts_with("CLOSED"), "denyOut names it");
+    assert_eq!(udp_query(&p, &denied, &internet).await, "TIMEOUT", "denyOut applies to UDP");
     let id = id_of(&denied);
     let (_, info) = p.call(Method::GET, &format!("/sandboxes/{id}"), None).await;
     assert_eq!(info["network"]["denyOut"], json!([internet]));
-    // PUT replaces the rules; an omitted field is cleared.
-    let (status, _) = p.call(Method::PUT, &format!("/sandboxes/{id}/network"), Some(json!({}))).await;
-    assert_eq!(status, StatusCode::NO_CONTENT);
+    // PUT replaces the rules; an omitted field is cleared (here through the project's own client).
+    let client = sandbox_mcp::e2b::E2bClient::new(sandbox_mcp::e2b::ProviderEndpoint {
+        api_url: p.base.parse().unwrap(),
+        sandbox_url: Some(p.base.parse().unwrap()),
+        domain: "localhost".into(),
+        api_key: Some(KEY.into()),
+        request_timeout: Duration::from_secs(10),
+    })
+    .unwrap();
+    client.update_network(&id, &Default::default()).await.unwrap();
     assert_eq!(probe(&p, &denied, &internet, 8080).await, "OPEN internet-ok");
+    assert_eq!(udp_query(&p, &denied, &internet).await, internet);
     let (status, _) =
         p.call(Method::PUT, &format!("/sandboxes/{id}/network"), Some(json!({"denyOut": ["0.0.0.0/0"]}))).await;
     assert_eq!(status, StatusCode::NO_CONTENT);

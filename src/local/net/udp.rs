@@ -172,7 +172,9 @@ pub async fn serve(tun: OwnedFd, shared: Arc<SandboxNetShared>) {
                 None => continue,
             },
         };
-        let _ = socket.try_send(datagram.payload);
+        // A direct non-blocking send (tokio's try_send would wait for a readiness event the new
+        // socket has not had yet); a full buffer drops the datagram, as a link would.
+        let _ = socket2::SockRef::from(&*socket).send(datagram.payload);
     }
 }
 
