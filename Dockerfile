@@ -6,7 +6,8 @@
 #                                                 # E2B-compatible provider; distroless, non-root
 #   docker build -t sandbox-mcp:local --target local .
 #                                                 # gateway + embedded local provider; runs as root
-#                                                 # and needs CAP_SYS_ADMIN (see deploy/README.md)
+#                                                 # and needs CAP_SYS_ADMIN, CAP_NET_ADMIN and
+#                                                 # /dev/net/tun (see deploy/README.md)
 #
 # The supervisor script that runs inside each sandbox is embedded in the binary,
 # so the E2B image contains nothing but the binary, glibc and CA certificates.
@@ -37,14 +38,16 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
 # local: gateway with the embedded local provider. The sandboxes' root file
 # system is this image's own `/` (template `base`), so it carries what a
 # sandbox user expects: bash, coreutils, python3 (the task supervisor needs
-# it), procps, CA certificates. It must run as root with CAP_SYS_ADMIN and an
-# unconfined seccomp/AppArmor profile, and its state directory must be a
-# volume (overlayfs cannot use the container's own overlay root as upper layer).
+# it), procps, CA certificates, and iproute2 + nftables, with which the provider
+# sets up each sandbox's own network namespace. It must run as root with
+# CAP_SYS_ADMIN and CAP_NET_ADMIN, /dev/net/tun, and an unconfined
+# seccomp/AppArmor profile, and its state directory must be a volume (overlayfs
+# cannot use the container's own overlay root as upper layer).
 FROM debian:${DEBIAN_RELEASE}-slim AS local
 # Versions are not pinned: this stage must pick up Debian security updates on rebuild.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates python3 procps \
+    && apt-get install -y --no-install-recommends ca-certificates python3 procps iproute2 nftables \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/sandbox-mcp /usr/local/bin/sandbox-mcp
 ENV SANDBOX_MCP_SERVER__LISTEN=0.0.0.0:8080 \
