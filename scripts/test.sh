@@ -39,6 +39,10 @@ if ! command -v nginx >/dev/null || ! command -v openssl >/dev/null || ! command
   apt-get install -y -qq nginx-light openssl >/dev/null || apt-get install -y -qq nginx openssl >/dev/null
 fi
 
+step "format and lints (cargo fmt --check, cargo clippy -D warnings)"
+cargo fmt --all -- --check
+cargo clippy --all-targets --locked -- -D warnings
+
 step "build"
 cargo build --all-targets --locked
 export SANDBOX_MCP_BIN="$root/target/debug/sandbox-mcp"
