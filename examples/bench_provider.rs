@@ -115,7 +115,7 @@ fn net_client(addr: &str, mib: usize, connections: usize) -> String {
         "import socket, time\nbuf = b'x' * (1 << 20)\ns = socket.create_connection(('{addr}', 9000))\n\
          t = time.perf_counter()\nfor _ in range({mib}):\n    s.sendall(buf)\ns.shutdown(socket.SHUT_WR)\n\
          s.recv(1)\nrate = {mib} * 8 * 1048576 / (time.perf_counter() - t) / 1e9\nlat = []\n\
-         for _ in range({connections}):\n    t = time.perf_counter()\n    c = socket.create_connection(('{addr}', 9001))\n\
+         for _ in range({connections}):\n    t = time.perf_counter()\n    c = socket.create_connection(('{addr}', 9001))\n    \
          c.recv(1)\n    lat.append(time.perf_counter() - t)\n    c.close()\nlat.sort()\n\
          print('%.2f %.0f' % (rate, lat[len(lat) // 2] * 1e6))\n"
     )
