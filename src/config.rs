@@ -133,11 +133,22 @@ pub struct LocalConfig {
     pub max_sandboxes: u32,
     pub memory_limit_mb: u64,
     pub pids_limit: u64,
+    /// Host uid/gid range `START:COUNT` (as in `/etc/subuid`) that ids inside sandboxes map to.
+    pub id_range: String,
+    /// Extra templates: name → root filesystem directory.
+    pub templates: std::collections::BTreeMap<String, PathBuf>,
 }
 
 impl Default for LocalConfig {
     fn default() -> Self {
-        Self { state_dir: String::new(), max_sandboxes: 100, memory_limit_mb: 2048, pids_limit: 1024 }
+        Self {
+            state_dir: String::new(),
+            max_sandboxes: 100,
+            memory_limit_mb: 2048,
+            pids_limit: 1024,
+            id_range: "1000000000:65536".into(),
+            templates: std::collections::BTreeMap::new(),
+        }
     }
 }
 
@@ -245,6 +256,17 @@ impl Config {
                 return invalid(format!(
                     "auth.tokens: the sha256 of tenant {:?} must be 64 hex characters (the SHA-256 of the token, not the token)",
                     token.tenant
+                ));
+            }
+        }
+        if let Err(msg) = self.local.id_range.parse::<crate::local::userns::IdMap>() {
+            return invalid(msg);
+        }
+        for (name, root) in &self.local.templates {
+            if name.is_empty() || !root.is_absolute() {
+                return invalid(format!(
+                    "local.templates: {name:?} must map a name to an absolute root filesystem directory, got {}",
+                    root.display()
                 ));
             }
         }

@@ -56,6 +56,8 @@ pub async fn connect(config: &Config) -> anyhow::Result<ProviderConnection> {
                 pids_limit: (local.pids_limit > 0).then_some(local.pids_limit),
                 default_timeout_secs: config.sandbox.default_timeout_secs,
                 max_timeout_secs: config.sandbox.max_timeout_secs,
+                templates: local.templates.clone().into_iter().collect(),
+                id_map: local.id_range.parse().map_err(anyhow::Error::msg)?,
                 ..LocalProviderConfig::default()
             };
             let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))

@@ -13,6 +13,7 @@ use tokio::io::AsyncReadExt;
 use super::cgroups::{self, CgroupLayout, Limits};
 use super::config::LocalProviderConfig;
 use super::process;
+use super::template::TemplateRoot;
 use super::record::{
     self, LOG_FILE, RECORD_FILE, SOCKET_FILE, SPEC_FILE, SandboxRecord, SandboxSpec, now_ms, process_is,
     process_start_time, write_json_atomic,
@@ -88,6 +89,8 @@ pub struct CreateParams {
 /// The provider's shared state.
 pub struct Provider {
     pub cfg: LocalProviderConfig,
+    /// The `base` template root built from the host's allow-list.
+    base: TemplateRoot,
     sandboxes_dir: PathBuf,
     cgroups: CgroupLayout,
     table: Mutex<HashMap<String, Arc<SandboxEntry>>>,
@@ -106,16 +109,38 @@ impl Provider {
         // Sandbox records hold access tokens and env vars; layers hold the sandboxes' files.
         std::fs::set_permissions(&sandboxes_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .map_err(|e| anyhow::anyhow!("cannot restrict {}: {e}", sandboxes_dir.display()))?;
+        for (name, root) in &cfg.templates {
+            if !root.join("etc").is_dir() {
+                anyhow::bail!(
+                    "template {name:?} in local.templates: {} is not a root filesystem directory (it has no etc/); \
+                     make one with e.g. `docker export` or `mmdebstrap`",
+                    root.display()
+                );
+            }
+        }
+        let base = match cfg.templates.get("base") {
+            Some(root) => TemplateRoot { root: root.clone(), layers: Vec::new() },
+            None => super::template::build_base(&cfg.state_dir, Path::new("/"))?,
+        };
         let cgroups = CgroupLayout::detect();
         tracing::info!(?cgroups, state_dir = %cfg.state_dir.display(), "local provider state");
         Ok(Provider {
             cfg,
+            base,
             sandboxes_dir,
             cgroups,
             table: Mutex::new(HashMap::new()),
             pending: Mutex::new(0),
             cleanups: Arc::new(Mutex::new(0)),
         })
+    }
+
+    /// The lower layers of a template, if it exists.
+    fn template(&self, name: &str) -> Option<TemplateRoot> {
+        match self.cfg.templates.get(name) {
+            Some(root) => Some(TemplateRoot { root: root.clone(), layers: Vec::new() }),
+            None => (name == "base").then(|| self.base.clone()),
+        }
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<SandboxEntry>>> {
@@ -144,10 +169,8 @@ impl Provider {
 
     /// Creates a sandbox and returns once its agent accepts connections.
     pub async fn create(&self, params: CreateParams) -> Result<SandboxRecord, ProviderError> {
-        let template_root = self
-            .cfg
-            .template_root(&params.template)
-            .ok_or_else(|| ProviderError::TemplateNotFound(params.template.clone()))?;
+        let template_root =
+            self.template(&params.template).ok_or_else(|| ProviderError::TemplateNotFound(params.template.clone()))?;
         let lifetime_ms = self.timeout_ms(params.timeout_secs)?;
         {
             let table = self.table();
@@ -165,7 +188,7 @@ impl Provider {
     async fn create_reserved(
         &self,
         params: CreateParams,
-        template_root: PathBuf,
+        template: TemplateRoot,
         lifetime_ms: i64,
     ) -> Result<SandboxRecord, ProviderError> {
         let id = record::new_sandbox_id();
@@ -176,7 +199,9 @@ impl Provider {
         }
         let spec = SandboxSpec {
             sandbox_id: id.clone(),
-            template_root,
+            template_root: template.root,
+            template_layers: template.layers,
+            id_map: self.cfg.id_map,
             state_dir: self.cfg.state_dir.clone(),
             env_vars: params.env_vars.clone(),
             allow_internet_access: params.allow_internet_access,

@@ -62,6 +62,12 @@ pub struct SandboxSpec {
     pub allow_internet_access: bool,
     pub user_uid: u32,
     pub user_gid: u32,
+    /// Extra copy-on-write layers mounted inside the root (the host's `/usr` for `base`).
+    #[serde(default)]
+    pub template_layers: Vec<super::template::Layer>,
+    /// Host id range that root and every user inside map to (the sandbox's user namespace).
+    #[serde(default)]
+    pub id_map: super::userns::IdMap,
 }
 
 /// Errors of record I/O.
