@@ -135,6 +135,8 @@ pub struct LocalConfig {
     pub pids_limit: u64,
     /// Host uid/gid range `START:COUNT` (as in `/etc/subuid`) that ids inside sandboxes map to.
     pub id_range: String,
+    /// Per-sandbox disk limit, MiB (0 = no limit).
+    pub disk_limit_mb: u64,
     /// Extra templates: name → root filesystem directory.
     pub templates: std::collections::BTreeMap<String, PathBuf>,
 }
@@ -147,6 +149,7 @@ impl Default for LocalConfig {
             memory_limit_mb: 2048,
             pids_limit: 1024,
             id_range: "1000000000:65536".into(),
+            disk_limit_mb: 10240,
             templates: std::collections::BTreeMap::new(),
         }
     }

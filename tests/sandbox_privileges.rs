@@ -263,8 +263,62 @@ async fn a_second_provider_on_the_same_state_directory_is_refused() {
     // The first one still owns its sandbox.
     let (code, out) = p.run(&sbx, "echo alive", None).await;
     assert_eq!((code, out.as_str()), (0, "alive\n"));
+    let rec = p.record(&id_of(&sbx));
     let (status, _) = p.call(reqwest::Method::DELETE, &format!("/sandboxes/{}", id_of(&sbx)), None).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_nothing_left(&p, &id_of(&sbx), rec["envd_pid"].as_i64().unwrap() as i32, &cgroups_of(&rec));
+}
+
+/// Loop devices whose backing file is under `dir`.
+fn loop_devices_under(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/sys/block") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("loop/backing_file")).ok())
+        .filter(|backing| backing.trim().starts_with(&*dir.to_string_lossy()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn writes_past_the_disk_limit_fail_with_enospc_inside_and_spare_the_host() {
+    if !is_root() {
+        return;
+    }
+    let p = Provider::start(&["--disk-limit-mb", "64"]);
+    let sbx = p.create(json!({"templateID": "base"})).await;
+    let id = id_of(&sbx);
+    let host_free = || nix::sys::statvfs::statvfs(&p.state).map(|s| s.blocks_available() * s.fragment_size()).unwrap();
+    let before = host_free();
+    // 100 MiB into a 64 MiB disk: ENOSPC inside, for /tmp, /home/user and the root alike.
+    let (code, out) = p.run(&sbx, "dd if=/dev/zero of=/tmp/fill bs=1M count=100 2>&1", None).await;
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("No space left on device"), "{out}");
+    for path in ["/home/user/more", "/more"] {
+        let (code, out) = p.run(&sbx, &format!("head -c 2000000 /dev/zero > {path}"), Some("root")).await;
+        assert_ne!(code, 0, "{path}: {out}");
+        assert!(out.contains("No space left on device"), "{path}: {out}");
+    }
+    // The host lost at most the sandbox's limit (other tests may write at the same time: generous).
+    let after = host_free();
+    assert!(before.saturating_sub(after) < 200 * 1024 * 1024, "host free space fell by {}", before - after);
+    // E2B metrics report the limit.
+    let (status, metrics) = p.call(reqwest::Method::GET, &format!("/sandboxes/{id}/metrics"), None).await;
+    assert_eq!(status, StatusCode::OK, "{metrics}");
+    let (used, total) = (metrics[0]["diskUsed"].as_u64().unwrap(), metrics[0]["diskTotal"].as_u64().unwrap());
+    assert!(total > 50 * 1024 * 1024 && total <= 64 * 1024 * 1024, "diskTotal {total}");
+    assert!(used > 50 * 1024 * 1024, "diskUsed {used}");
+    let (_, detail) = p.call(reqwest::Method::GET, &format!("/sandboxes/{id}"), None).await;
+    assert_eq!(detail["diskSizeMB"], 64, "{detail}");
+    // Freeing space makes writes work again.
+    let (code, out) = p.run(&sbx, "rm /tmp/fill && echo ok > /tmp/small && cat /tmp/small", None).await;
+    assert_eq!((code, out.as_str()), (0, "ok\n"));
+    // Killing the sandbox releases its disk and loop device.
+    let rec = p.record(&id);
+    let dir = p.state.join("sandboxes").join(&id);
+    let (status, _) = p.call(reqwest::Method::DELETE, &format!("/sandboxes/{id}"), None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_nothing_left(&p, &id, rec["envd_pid"].as_i64().unwrap() as i32, &cgroups_of(&rec));
+    assert!(wait_until(std::time::Duration::from_secs(5), || loop_devices_under(&dir).is_empty()), "loop device left");
 }
 
 fn rand_suffix() -> String {

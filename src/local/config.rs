@@ -26,6 +26,8 @@ pub struct LocalProviderConfig {
     pub templates: HashMap<String, PathBuf>,
     /// Host uid/gid range that ids inside every sandbox map to (`local.id_range`).
     pub id_map: super::userns::IdMap,
+    /// Per-sandbox disk limit, MiB (`local.disk_limit_mb`); `None`: no limit.
+    pub disk_limit_mb: Option<u64>,
     /// Largest control-plane request body, bytes.
     pub max_control_body_bytes: usize,
     /// Largest data-plane (envd) request body, bytes.
@@ -48,6 +50,7 @@ impl Default for LocalProviderConfig {
             max_timeout_secs: 24 * 3600,
             templates: HashMap::new(),
             id_map: super::userns::IdMap::default(),
+            disk_limit_mb: Some(10240),
             max_control_body_bytes: 1024 * 1024,
             max_data_body_bytes: 1024 * 1024 * 1024,
             agent_binary: PathBuf::from("/proc/self/exe"),

@@ -8,6 +8,7 @@
 pub mod api;
 pub mod cgroups;
 pub mod config;
+pub mod disk;
 pub mod envd;
 pub mod list_query;
 pub mod process;
@@ -64,6 +65,9 @@ pub struct ProviderArgs {
     /// Host uid/gid range START:COUNT (as in /etc/subuid) that ids inside sandboxes map to.
     #[arg(long, default_value = "1000000000:65536")]
     pub id_range: userns::IdMap,
+    /// Per-sandbox disk limit in MiB (a sparse ext4 image per sandbox); 0 = no limit.
+    #[arg(long, default_value_t = 10240)]
+    pub disk_limit_mb: u64,
 }
 
 fn parse_template(s: &str) -> Result<(String, PathBuf), String> {
@@ -182,6 +186,7 @@ pub fn run_provider(args: ProviderArgs) -> anyhow::Result<()> {
     cfg.default_timeout_secs = args.default_timeout;
     cfg.templates.extend(args.templates);
     cfg.id_map = args.id_range;
+    cfg.disk_limit_mb = (args.disk_limit_mb > 0).then_some(args.disk_limit_mb);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(args.listen)

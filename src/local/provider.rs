@@ -91,6 +91,8 @@ pub struct Provider {
     pub cfg: LocalProviderConfig,
     /// The `base` template root built from the host's allow-list.
     base: TemplateRoot,
+    /// Ready disk images when the disk limit is on.
+    disks: Option<Arc<super::disk::DiskPool>>,
     sandboxes_dir: PathBuf,
     cgroups: CgroupLayout,
     table: Mutex<HashMap<String, Arc<SandboxEntry>>>,
@@ -122,11 +124,36 @@ impl Provider {
             Some(root) => TemplateRoot { root: root.clone(), layers: Vec::new() },
             None => super::template::build_base(&cfg.state_dir, Path::new("/"))?,
         };
+        let disks = match cfg.disk_limit_mb {
+            Some(mb) => match super::disk::DiskPool::new(&cfg.state_dir, mb, cfg.id_map.host(0)) {
+                Ok(pool) => Some(Arc::new(pool)),
+                Err(err) => {
+                    tracing::warn!(
+                        %err,
+                        "sandboxes run WITHOUT a disk limit: it needs mkfs.ext4 (e2fsprogs) and loop devices; \
+                         set local.disk_limit_mb = 0 to run without one knowingly"
+                    );
+                    None
+                }
+            },
+            None => None,
+        };
+        if disks.is_some() && std::fs::OpenOptions::new().read(true).write(true).open("/dev/loop-control").is_err() {
+            anyhow::bail!(
+                "local.disk_limit_mb needs loop devices, but /dev/loop-control cannot be opened; give the provider \
+                 access to them (in a container: --privileged or --device /dev/loop-control plus /dev/loopN), or set \
+                 local.disk_limit_mb = 0 (--disk-limit-mb 0) to run sandboxes without a disk limit"
+            );
+        }
+        if let Some(pool) = disks.clone() {
+            std::thread::spawn(move || pool.refill());
+        }
         let cgroups = CgroupLayout::detect();
         tracing::info!(?cgroups, state_dir = %cfg.state_dir.display(), "local provider state");
         Ok(Provider {
             cfg,
             base,
+            disks,
             sandboxes_dir,
             cgroups,
             table: Mutex::new(HashMap::new()),
@@ -141,6 +168,11 @@ impl Provider {
             Some(root) => Some(TemplateRoot { root: root.clone(), layers: Vec::new() }),
             None => (name == "base").then(|| self.base.clone()),
         }
+    }
+
+    /// The per-sandbox disk limit in bytes, when enforced.
+    pub fn disk_limit_bytes(&self) -> Option<u64> {
+        self.disks.as_ref().map(|pool| pool.size_bytes())
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<SandboxEntry>>> {
@@ -197,11 +229,35 @@ impl Provider {
         for sub in ["", "upper", "work", "root"] {
             std::fs::create_dir_all(dir.join(sub)).map_err(|e| internal("cannot create the sandbox directory", &e))?;
         }
+        let mut disk_image = None;
+        if let Some(pool) = self.disks.clone() {
+            let image = dir.join("disk.img");
+            let dest = image.clone();
+            let taken = tokio::task::spawn_blocking(move || {
+                let taken = pool.take(&dest);
+                let refill = pool.clone();
+                std::thread::spawn(move || refill.refill());
+                taken
+            })
+            .await;
+            match taken {
+                Ok(Ok(())) => disk_image = Some(image),
+                Ok(Err(e)) => {
+                    remove_sandbox_dir(&dir);
+                    return Err(internal("cannot prepare the sandbox's disk", &e));
+                }
+                Err(e) => {
+                    remove_sandbox_dir(&dir);
+                    return Err(internal("cannot prepare the sandbox's disk", &e));
+                }
+            }
+        }
         let spec = SandboxSpec {
             sandbox_id: id.clone(),
             template_root: template.root,
             template_layers: template.layers,
             id_map: self.cfg.id_map,
+            disk_image,
             state_dir: self.cfg.state_dir.clone(),
             env_vars: params.env_vars.clone(),
             allow_internet_access: params.allow_internet_access,

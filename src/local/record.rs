@@ -68,6 +68,9 @@ pub struct SandboxSpec {
     /// Host id range that root and every user inside map to (the sandbox's user namespace).
     #[serde(default)]
     pub id_map: super::userns::IdMap,
+    /// The sandbox's disk image (`disk_limit_mb`), mounted at `DIR/disk`; all its writes go there.
+    #[serde(default)]
+    pub disk_image: Option<PathBuf>,
 }
 
 /// Errors of record I/O.

@@ -33,7 +33,18 @@ pub fn enter_sandbox(sandbox_dir: &Path, spec: &SandboxSpec) -> anyhow::Result<U
     mount(Some("proc"), &own_proc, Some("proc"), nosuid_nodev_noexec, None::<&str>).context("mounting a procfs")?;
     let userns = userns::create(&ids, &own_proc).context("creating the sandbox's user namespace")?;
     umount2(&own_proc, MntFlags::MNT_DETACH).context("unmounting the procfs")?;
-    mount_layers(sandbox_dir, &root, spec, &userns)?;
+
+    // Everything the sandbox writes lands in `data`: its own disk image when limited.
+    let data = match &spec.disk_image {
+        Some(image) => {
+            let disk = sandbox_dir.join("disk");
+            std::fs::create_dir_all(&disk).context("creating the disk mount point")?;
+            super::disk::mount_image(image, &disk)?;
+            disk
+        }
+        None => sandbox_dir.to_owned(),
+    };
+    mount_layers(sandbox_dir, &data, &root, spec, &userns)?;
 
     let proc_dir = ensure_dir(&root, "proc", 0o555)?;
     mount(Some("proc"), &proc_dir, Some("proc"), nosuid_nodev_noexec, None::<&str>).context("mounting /proc")?;
@@ -48,13 +59,13 @@ pub fn enter_sandbox(sandbox_dir: &Path, spec: &SandboxSpec) -> anyhow::Result<U
 
     // Private /tmp, /home (with /home/user) and /root, backed by the sandbox directory.
     let (host_root, host_user) = (ids.host(0), ids.host(spec.user_uid));
-    bind_private(sandbox_dir, &root, "tmp", 0o1777, host_root, host_root)?;
-    let home = bind_private(sandbox_dir, &root, "home", 0o755, host_root, host_root)?;
+    bind_private(&data, &root, "tmp", 0o1777, host_root, host_root)?;
+    let home = bind_private(&data, &root, "home", 0o755, host_root, host_root)?;
     let user_home = home.join("user");
     std::fs::DirBuilder::new().mode(0o755).recursive(true).create(&user_home).context("creating /home/user")?;
     nix::unistd::chown(&user_home, Some(host_user.into()), Some(ids.host(spec.user_gid).into()))
         .context("chown /home/user")?;
-    bind_private(sandbox_dir, &root, "root", 0o700, host_root, host_root)?;
+    bind_private(&data, &root, "root", 0o700, host_root, host_root)?;
 
     // A template that contains the provider's state directory (e.g. a custom template of `/`)
     // gets it hidden behind an empty read-only tmpfs.
@@ -100,8 +111,14 @@ pub fn enter_sandbox(sandbox_dir: &Path, spec: &SandboxSpec) -> anyhow::Result<U
 
 /// Mounts the copy-on-write root: an overlay whose lower layer is an idmapped view of the
 /// template root, plus one overlay per extra template layer (the host's `/usr` for `base`), all
-/// with their upper layers in the sandbox directory, owned by the sandbox's root.
-fn mount_layers(sandbox_dir: &Path, root: &Path, spec: &SandboxSpec, userns: &OwnedFd) -> anyhow::Result<()> {
+/// with their upper layers in `data` (the sandbox's disk), owned by the sandbox's root.
+fn mount_layers(
+    sandbox_dir: &Path,
+    data: &Path,
+    root: &Path,
+    spec: &SandboxSpec,
+    userns: &OwnedFd,
+) -> anyhow::Result<()> {
     let ids = spec.id_map;
     let overlay = |lower: &Path, upper: &Path, work: &Path, target: &Path| -> anyhow::Result<()> {
         for dir in [upper, work] {
@@ -116,7 +133,7 @@ fn mount_layers(sandbox_dir: &Path, root: &Path, spec: &SandboxSpec, userns: &Ow
     let lower_root = lower_dir.join("root");
     std::fs::create_dir_all(&lower_root).context("creating the lower layer mount point")?;
     userns::idmapped_bind(&spec.template_root, &lower_root, userns)?;
-    overlay(&lower_root, &sandbox_dir.join("upper"), &sandbox_dir.join("work"), root)?;
+    overlay(&lower_root, &data.join("upper"), &data.join("work"), root)?;
     for layer in &spec.template_layers {
         if layer.target.is_empty() || layer.target.contains('/') || layer.target.starts_with('.') {
             anyhow::bail!("invalid template layer target {:?}", layer.target);
@@ -124,7 +141,7 @@ fn mount_layers(sandbox_dir: &Path, root: &Path, spec: &SandboxSpec, userns: &Ow
         let lower = lower_dir.join(&layer.target);
         std::fs::create_dir_all(&lower).context("creating a layer mount point")?;
         userns::idmapped_bind(&layer.source, &lower, userns)?;
-        let layer_dir = sandbox_dir.join("layers").join(&layer.target);
+        let layer_dir = data.join("layers").join(&layer.target);
         let target = root.join(&layer.target);
         if !target.is_dir() {
             anyhow::bail!("the template has no /{} directory for its layer", layer.target);
