@@ -138,13 +138,21 @@ impl Provider {
             },
             None => None,
         };
-        if disks.is_some() && std::fs::OpenOptions::new().read(true).write(true).open("/dev/loop-control").is_err() {
-            anyhow::bail!(
-                "local.disk_limit_mb needs loop devices, but /dev/loop-control cannot be opened; give the provider \
-                 access to them (in a container: --privileged or --device /dev/loop-control plus /dev/loopN), or set \
-                 local.disk_limit_mb = 0 (--disk-limit-mb 0) to run sandboxes without a disk limit"
-            );
-        }
+        let disks = match disks {
+            Some(pool) => match std::fs::OpenOptions::new().read(true).write(true).open("/dev/loop-control") {
+                Ok(_) => Some(pool),
+                Err(err) => {
+                    tracing::warn!(
+                        %err,
+                        "sandboxes run WITHOUT a disk limit: /dev/loop-control cannot be opened (in a container: \
+                         --privileged, or --device /dev/loop-control and the /dev/loopN devices); set \
+                         local.disk_limit_mb = 0 to run without one knowingly"
+                    );
+                    None
+                }
+            },
+            None => None,
+        };
         if let Some(pool) = disks.clone() {
             std::thread::spawn(move || pool.refill());
         }
