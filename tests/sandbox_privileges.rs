@@ -130,10 +130,13 @@ async fn host_secrets_are_invisible_and_sandbox_root_is_unprivileged_on_the_host
         .await;
     assert_eq!(code, 0, "{out}");
     assert_eq!(out.lines().collect::<Vec<_>>(), vec!["user:user", "root:root", "1"], "{out}");
-    let (code, out) = p.run(&sbx, "touch /home/user/mine /tmp/mine && stat -c %U /home/user/mine /tmp/mine", None).await;
+    let (code, out) =
+        p.run(&sbx, "touch /home/user/mine /tmp/mine && stat -c %U /home/user/mine /tmp/mine", None).await;
     assert_eq!((code, out.as_str()), (0, "user\nuser\n"));
     // On the host the writes belong to the sandbox's range and the host's /usr is untouched.
-    assert!(!Path::new("/usr/local/bin/tool").exists() || std::fs::read("/usr/local/bin/tool").unwrap() != b"#!/bin/sh\n");
+    assert!(
+        !Path::new("/usr/local/bin/tool").exists() || std::fs::read("/usr/local/bin/tool").unwrap() != b"#!/bin/sh\n"
+    );
     let (status, _) = p.call(reqwest::Method::DELETE, &format!("/sandboxes/{id}"), None).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
 }
@@ -160,9 +163,8 @@ async fn blocked_syscalls_fail_with_eperm_inside() {
         ("userfaultfd", libc::SYS_userfaultfd, "0"),
         ("io_uring_setup", libc::SYS_io_uring_setup, "1,0"),
     ];
-    let mut script = String::from(
-        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n",
-    );
+    let mut script =
+        String::from("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n");
     for (name, nr, args) in &calls {
         script.push_str(&format!(
             "ctypes.set_errno(0); r = libc.syscall({nr}, {args}); print('{name}', r, ctypes.get_errno())\n"
@@ -184,7 +186,9 @@ async fn blocked_syscalls_fail_with_eperm_inside() {
         assert_ne!(code, 0, "{user}: unshare -Urmn succeeded: {out}");
     }
     // Ordinary process creation is unaffected.
-    let (code, out) = p.run(&sbx, "(sleep 0 &) ; python3 -c 'import subprocess; print(subprocess.run([\"true\"]).returncode)'", None).await;
+    let (code, out) = p
+        .run(&sbx, "(sleep 0 &) ; python3 -c 'import subprocess; print(subprocess.run([\"true\"]).returncode)'", None)
+        .await;
     assert_eq!((code, out.trim()), (0, "0"));
 }
 
@@ -220,12 +224,20 @@ async fn custom_templates_are_used_and_unknown_templates_are_refused() {
     let p = Provider::start(&["--template", &format!("mini={}", rootfs.display())]);
     let sbx = p.create(json!({"templateID": "mini"})).await;
     let (code, out) = p
-        .run(&sbx, "read -r m < /etc/marker; echo $m; [ -e /usr/bin/python3 ] && echo host-usr; echo done", Some("root"))
+        .run(
+            &sbx,
+            "read -r m < /etc/marker; echo $m; [ -e /usr/bin/python3 ] && echo host-usr; echo done",
+            Some("root"),
+        )
         .await;
     assert_eq!((code, out.as_str()), (0, "custom-template\ndone\n"));
     let (code, out) = p.run(&sbx, "echo changed > /etc/marker; read -r m < /etc/marker; echo $m", Some("root")).await;
     assert_eq!((code, out.as_str()), (0, "changed\n"));
-    assert_eq!(std::fs::read_to_string(rootfs.join("etc/marker")).unwrap(), "custom-template\n", "lower layer untouched");
+    assert_eq!(
+        std::fs::read_to_string(rootfs.join("etc/marker")).unwrap(),
+        "custom-template\n",
+        "lower layer untouched"
+    );
 
     let (status, v) = p.call(reqwest::Method::POST, "/v2/sandboxes", Some(json!({"templateID": "nope"}))).await;
     assert_eq!((status, v["code"].as_i64()), (StatusCode::NOT_FOUND, Some(404)), "{v}");
@@ -239,7 +251,11 @@ async fn custom_templates_are_used_and_unknown_templates_are_refused() {
         .output()
         .unwrap();
     assert!(!out.status.success() && out.stdout.is_empty());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("local.templates"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("local.templates"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let (status, _) = p.call(reqwest::Method::DELETE, &format!("/sandboxes/{}", id_of(&sbx)), None).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
 }

@@ -13,11 +13,11 @@ use tokio::io::AsyncReadExt;
 use super::cgroups::{self, CgroupLayout, Limits};
 use super::config::LocalProviderConfig;
 use super::process;
-use super::template::TemplateRoot;
 use super::record::{
     self, LOG_FILE, RECORD_FILE, SOCKET_FILE, SPEC_FILE, SandboxRecord, SandboxSpec, now_ms, process_is,
     process_start_time, write_json_atomic,
 };
+use super::template::TemplateRoot;
 use crate::e2b::wire::SandboxState;
 
 /// How long a new agent may take to report ready.

@@ -16,8 +16,8 @@ use anyhow::Context;
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
 use super::record::{SOCKET_FILE, SandboxSpec};
-use super::userns::{self, IdMap};
 use super::seccomp;
+use super::userns::{self, IdMap};
 
 /// Builds the sandbox around the calling process and returns the bound agent socket.
 pub fn enter_sandbox(sandbox_dir: &Path, spec: &SandboxSpec) -> anyhow::Result<UnixListener> {
@@ -271,7 +271,7 @@ fn build_dev(root: &Path, ids: &IdMap) -> anyhow::Result<()> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         Some(format!("mode=1777,{owner}").as_str()),
     )
-        .context("mounting /dev/shm")?;
+    .context("mounting /dev/shm")?;
     for (name, target) in [
         ("fd", "/proc/self/fd"),
         ("stdin", "/proc/self/fd/0"),

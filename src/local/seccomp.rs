@@ -7,8 +7,7 @@
 use std::collections::BTreeMap;
 
 use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
-    TargetArch,
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
 };
 
 /// System calls no sandbox process may make: mounting and namespace games, kernel keyrings
@@ -74,7 +73,12 @@ fn arch() -> Result<TargetArch, SeccompError> {
 /// A rule matching calls whose argument `arg` has the `CLONE_NEWUSER` bit set.
 fn with_newuser(arg: u8) -> Result<SeccompRule, SeccompError> {
     let flag = libc::CLONE_NEWUSER as u64;
-    Ok(SeccompRule::new(vec![SeccompCondition::new(arg, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(flag), flag)?])?)
+    Ok(SeccompRule::new(vec![SeccompCondition::new(
+        arg,
+        SeccompCmpArgLen::Qword,
+        SeccompCmpOp::MaskedEq(flag),
+        flag,
+    )?])?)
 }
 
 /// The two programs: calls failing with `EPERM`, and `clone3` failing with `ENOSYS`.
@@ -83,12 +87,7 @@ pub fn programs() -> Result<[BpfProgram; 2], SeccompError> {
     // New user namespaces from inside (the gateway to every other namespace type).
     rules.insert(libc::SYS_unshare, vec![with_newuser(0)?]);
     rules.insert(libc::SYS_clone, vec![with_newuser(0)?]);
-    let eperm = SeccompFilter::new(
-        rules,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
-        arch()?,
-    )?;
+    let eperm = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch()?)?;
     let enosys = SeccompFilter::new(
         BTreeMap::from([(libc::SYS_clone3, Vec::new())]),
         SeccompAction::Allow,

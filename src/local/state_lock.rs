@@ -32,13 +32,8 @@ impl StateLock {
     pub fn acquire(state_dir: &Path) -> Result<StateLock, LockError> {
         let io = |source| LockError::Io { dir: state_dir.to_owned(), source };
         let path = state_dir.join(LOCK_FILE);
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(io)?;
+        let mut file =
+            std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(io)?;
         // SAFETY: flock on a descriptor we own.
         let ret = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         if ret != 0 {

@@ -174,7 +174,8 @@ fn inputs(host_root: &Path) -> (String, Vec<Layer>, Vec<(String, PathBuf)>) {
 /// The allow-listed `/etc` entries present on the host, plus `python3*` configuration dirs.
 fn etc_sources(host_root: &Path) -> Vec<String> {
     let etc = host_root.join("etc");
-    let mut out: Vec<String> = ETC_COPIES.iter().filter(|r| etc.join(r).symlink_metadata().is_ok()).map(|r| (*r).to_owned()).collect();
+    let mut out: Vec<String> =
+        ETC_COPIES.iter().filter(|r| etc.join(r).symlink_metadata().is_ok()).map(|r| (*r).to_owned()).collect();
     if let Ok(entries) = std::fs::read_dir(&etc) {
         let mut python: Vec<String> = entries
             .flatten()
