@@ -158,7 +158,7 @@ async fn blocked_syscalls_fail_with_eperm_inside() {
         ("kexec_load", libc::SYS_kexec_load, "0,0,0,0"),
         ("init_module", libc::SYS_init_module, "0,0,0"),
         ("finit_module", libc::SYS_finit_module, "0,0,0"),
-        ("unshare(CLONE_NEWUSER)", libc::SYS_unshare, &"0x10000000"),
+        ("unshare(CLONE_NEWUSER)", libc::SYS_unshare, "0x10000000"),
         ("setns", libc::SYS_setns, "0,0"),
         ("userfaultfd", libc::SYS_userfaultfd, "0"),
         ("io_uring_setup", libc::SYS_io_uring_setup, "1,0"),
