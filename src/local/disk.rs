@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Formatted images kept ready.
-const POOL_SIZE: usize = 3;
+const POOL_SIZE: usize = 8;
 
 /// Errors of making or attaching an image.
 #[derive(Debug, thiserror::Error)]
