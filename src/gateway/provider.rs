@@ -57,6 +57,9 @@ pub async fn connect(config: &Config) -> anyhow::Result<ProviderConnection> {
                 default_timeout_secs: config.sandbox.default_timeout_secs,
                 max_timeout_secs: config.sandbox.max_timeout_secs,
                 network: local.network(),
+                templates: local.templates.clone().into_iter().collect(),
+                id_map: local.id_range.parse().map_err(anyhow::Error::msg)?,
+                disk_limit_mb: (local.disk_limit_mb > 0).then_some(local.disk_limit_mb),
                 ..LocalProviderConfig::default()
             };
             let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))

@@ -194,7 +194,7 @@ fn detail_view(provider: &Provider, rec: &SandboxRecord, with_token: bool) -> Sa
         domain: provider.cfg.network.domain.clone(),
         cpu_count: std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1),
         memory_mb,
-        disk_size_mb: 0,
+        disk_size_mb: provider.disk_limit_bytes().map(|b| b / (1024 * 1024)).unwrap_or(0),
         metadata: rec.metadata.clone(),
         state: rec.state,
         allow_internet_access: Some(rec.allow_internet_access),
@@ -342,6 +342,9 @@ async fn metrics(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> 
     let mem_used = super::cgroups::memory_usage(&rec.cgroups).unwrap_or(0);
     let mem_total = state.provider.cfg.memory_limit_mb.unwrap_or_else(total_memory_mb) * 1024 * 1024;
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    // The sandbox's root as its agent sees it: statvfs reports the overlay's upper filesystem,
+    // i.e. the sandbox's disk image when the limit is on.
+    let disk = super::disk::usage(std::path::Path::new(&format!("/proc/{}/root/", rec.envd_pid))).unwrap_or((0, 0));
     Ok(Json(serde_json::json!([{
         "timestampUnix": chrono::Utc::now().timestamp(),
         "timestamp": rfc3339_ms(super::record::now_ms()),
@@ -350,8 +353,8 @@ async fn metrics(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> 
         "memUsed": mem_used,
         "memTotal": mem_total,
         "memCache": super::cgroups::memory_cache(&rec.cgroups).unwrap_or(0),
-        "diskUsed": 0,
-        "diskTotal": 0,
+        "diskUsed": disk.0,
+        "diskTotal": disk.1,
     }])))
 }
 

@@ -21,8 +21,13 @@ pub struct LocalProviderConfig {
     pub default_timeout_secs: u64,
     /// Longest timeout a client may ask for, seconds.
     pub max_timeout_secs: u64,
-    /// Template name → root directory (lower layer). `base` is always `/` unless overridden.
+    /// Template name → root filesystem directory (lower layer). `base` is built by the provider
+    /// from an allow-list of the host (see `template`) unless overridden here.
     pub templates: HashMap<String, PathBuf>,
+    /// Host uid/gid range that ids inside every sandbox map to (`local.id_range`).
+    pub id_map: super::userns::IdMap,
+    /// Per-sandbox disk limit, MiB (`local.disk_limit_mb`); `None`: no limit.
+    pub disk_limit_mb: Option<u64>,
     /// Largest control-plane request body, bytes.
     pub max_control_body_bytes: usize,
     /// Largest data-plane (envd) request body, bytes.
@@ -46,21 +51,12 @@ impl Default for LocalProviderConfig {
             default_timeout_secs: 300,
             max_timeout_secs: 24 * 3600,
             templates: HashMap::new(),
+            id_map: super::userns::IdMap::default(),
+            disk_limit_mb: Some(10240),
             max_control_body_bytes: 1024 * 1024,
             max_data_body_bytes: 1024 * 1024 * 1024,
             agent_binary: PathBuf::from("/proc/self/exe"),
             network: super::net::NetConfig::default(),
-        }
-    }
-}
-
-impl LocalProviderConfig {
-    /// Root directory of a template, if it exists.
-    pub fn template_root(&self, name: &str) -> Option<PathBuf> {
-        match self.templates.get(name) {
-            Some(root) => Some(root.clone()),
-            None if name == "base" => Some(PathBuf::from("/")),
-            None => None,
         }
     }
 }

@@ -8,6 +8,7 @@
 pub mod api;
 pub mod cgroups;
 pub mod config;
+pub mod disk;
 pub mod envd;
 pub mod list_query;
 pub mod net;
@@ -16,7 +17,11 @@ pub mod provider;
 pub mod proxy;
 pub mod record;
 pub mod sandbox_init;
+pub mod seccomp;
 pub mod spawn;
+pub mod state_lock;
+pub mod template;
+pub mod userns;
 
 use std::net::SocketAddr;
 use std::os::fd::FromRawFd;
@@ -54,7 +59,8 @@ pub struct ProviderArgs {
     /// Lifetime of a sandbox created without a timeout, seconds.
     #[arg(long, default_value_t = 300)]
     pub default_timeout: u64,
-    /// Extra template: NAME=ROOT_DIR (repeatable). `base` is the host's `/`.
+    /// Extra template: NAME=ROOT_DIR (repeatable), a root filesystem directory (e.g. a `docker
+    /// export` or `mmdebstrap` output). `base` is built from an allow-list of the host.
     #[arg(long = "template", value_parser = parse_template)]
     pub templates: Vec<(String, PathBuf)>,
     /// Upstream resolver of the sandboxes' DNS forwarder (repeatable). Default: the host's
@@ -65,6 +71,12 @@ pub struct ProviderArgs {
     /// this provider).
     #[arg(long)]
     pub domain: Option<String>,
+    /// Host uid/gid range START:COUNT (as in /etc/subuid) that ids inside sandboxes map to.
+    #[arg(long, default_value = "1000000000:65536")]
+    pub id_range: userns::IdMap,
+    /// Per-sandbox disk limit in MiB (a sparse ext4 image per sandbox); 0 = no limit.
+    #[arg(long, default_value_t = 10240)]
+    pub disk_limit_mb: u64,
 }
 
 fn parse_template(s: &str) -> Result<(String, PathBuf), String> {
@@ -91,6 +103,7 @@ pub struct RunningProvider {
     pub provider: Arc<provider::Provider>,
     shutdown: tokio_util::sync::CancellationToken,
     server: tokio::task::JoinHandle<()>,
+    _lock: state_lock::StateLock,
 }
 
 impl RunningProvider {
@@ -128,13 +141,16 @@ pub async fn start_provider(
     }
     std::fs::create_dir_all(&cfg.state_dir)
         .with_context(|| format!("cannot create the state directory {}", cfg.state_dir.display()))?;
+    let lock = state_lock::StateLock::acquire(&cfg.state_dir)?;
     let probe_dir = cfg.state_dir.join(format!(".probe-{}", std::process::id()));
     tokio::task::spawn_blocking(move || spawn::probe_isolation(&probe_dir))
         .await
         .context("isolation probe")?
         .map_err(anyhow::Error::msg)?;
     tokio::task::spawn_blocking(net::netns::probe).await.context("network probe")?.map_err(anyhow::Error::msg)?;
-    let provider = Arc::new(provider::Provider::new(cfg)?);
+    let provider = Arc::new(
+        tokio::task::spawn_blocking(move || provider::Provider::new(cfg)).await.context("preparing the provider")??,
+    );
     provider.adopt_existing().await;
     provider.warm_network_pool();
 
@@ -165,7 +181,7 @@ pub async fn start_provider(
         }
     });
     tracing::info!(%addr, "local provider listening");
-    Ok(RunningProvider { addr, provider, shutdown, server })
+    Ok(RunningProvider { addr, provider, shutdown, server, _lock: lock })
 }
 
 /// Runs the provider until SIGINT/SIGTERM.
@@ -184,6 +200,8 @@ pub fn run_provider(args: ProviderArgs) -> anyhow::Result<()> {
         cfg.network.dns_servers = args.dns_servers;
     }
     cfg.network.domain = args.domain.filter(|d| !d.is_empty());
+    cfg.id_map = args.id_range;
+    cfg.disk_limit_mb = (args.disk_limit_mb > 0).then_some(args.disk_limit_mb);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(args.listen)

@@ -19,6 +19,7 @@ use super::record::{
     self, LOG_FILE, RECORD_FILE, SOCKET_FILE, SPEC_FILE, SandboxRecord, SandboxSpec, now_ms, process_is,
     process_start_time, write_json_atomic,
 };
+use super::template::TemplateRoot;
 use crate::e2b::wire::SandboxState;
 
 /// How long a new agent may take to report ready.
@@ -105,6 +106,10 @@ pub struct CreateParams {
 /// The provider's shared state.
 pub struct Provider {
     pub cfg: LocalProviderConfig,
+    /// The `base` template root built from the host's allow-list.
+    base: TemplateRoot,
+    /// Ready disk images when the disk limit is on.
+    disks: Option<Arc<super::disk::DiskPool>>,
     sandboxes_dir: PathBuf,
     cgroups: CgroupLayout,
     net: Arc<NetPool>,
@@ -124,11 +129,58 @@ impl Provider {
         // Sandbox records hold access tokens and env vars; layers hold the sandboxes' files.
         std::fs::set_permissions(&sandboxes_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .map_err(|e| anyhow::anyhow!("cannot restrict {}: {e}", sandboxes_dir.display()))?;
+        for (name, root) in &cfg.templates {
+            if !root.join("etc").is_dir() {
+                anyhow::bail!(
+                    "template {name:?} in local.templates: {} is not a root filesystem directory (it has no etc/); \
+                     make one with e.g. `docker export` or `mmdebstrap`",
+                    root.display()
+                );
+            }
+        }
+        let base = match cfg.templates.get("base") {
+            Some(root) => TemplateRoot { root: root.clone(), layers: Vec::new() },
+            None => super::template::build_base(&cfg.state_dir, Path::new("/"))?,
+        };
+        let disks = match cfg.disk_limit_mb {
+            Some(mb) => match super::disk::DiskPool::new(&cfg.state_dir, mb, cfg.id_map.host(0)) {
+                Ok(pool) => Some(Arc::new(pool)),
+                Err(err) => {
+                    tracing::warn!(
+                        %err,
+                        "sandboxes run WITHOUT a disk limit: it needs mkfs.ext4 (e2fsprogs) and loop devices; \
+                         set local.disk_limit_mb = 0 to run without one knowingly"
+                    );
+                    None
+                }
+            },
+            None => None,
+        };
+        let disks = match disks {
+            Some(pool) => match std::fs::OpenOptions::new().read(true).write(true).open("/dev/loop-control") {
+                Ok(_) => Some(pool),
+                Err(err) => {
+                    tracing::warn!(
+                        %err,
+                        "sandboxes run WITHOUT a disk limit: /dev/loop-control cannot be opened (in a container: \
+                         --privileged, or --device /dev/loop-control and the /dev/loopN devices); set \
+                         local.disk_limit_mb = 0 to run without one knowingly"
+                    );
+                    None
+                }
+            },
+            None => None,
+        };
+        if let Some(pool) = disks.clone() {
+            std::thread::spawn(move || pool.refill());
+        }
         let cgroups = CgroupLayout::detect();
         tracing::info!(?cgroups, state_dir = %cfg.state_dir.display(), "local provider state");
         let net = NetPool::new(cfg.network.clone());
         Ok(Provider {
             cfg,
+            base,
+            disks,
             sandboxes_dir,
             cgroups,
             net,
@@ -136,6 +188,19 @@ impl Provider {
             pending: Mutex::new(0),
             cleanups: Arc::new(Mutex::new(0)),
         })
+    }
+
+    /// The lower layers of a template, if it exists.
+    fn template(&self, name: &str) -> Option<TemplateRoot> {
+        match self.cfg.templates.get(name) {
+            Some(root) => Some(TemplateRoot { root: root.clone(), layers: Vec::new() }),
+            None => (name == "base").then(|| self.base.clone()),
+        }
+    }
+
+    /// The per-sandbox disk limit in bytes, when enforced.
+    pub fn disk_limit_bytes(&self) -> Option<u64> {
+        self.disks.as_ref().map(|pool| pool.size_bytes())
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<SandboxEntry>>> {
@@ -164,10 +229,8 @@ impl Provider {
 
     /// Creates a sandbox and returns once its agent accepts connections.
     pub async fn create(&self, params: CreateParams) -> Result<SandboxRecord, ProviderError> {
-        let template_root = self
-            .cfg
-            .template_root(&params.template)
-            .ok_or_else(|| ProviderError::TemplateNotFound(params.template.clone()))?;
+        let template_root =
+            self.template(&params.template).ok_or_else(|| ProviderError::TemplateNotFound(params.template.clone()))?;
         let lifetime_ms = self.timeout_ms(params.timeout_secs)?;
         let policy = EgressPolicy::new(&params.network, params.allow_internet_access)
             .map_err(|e| ProviderError::BadRequest(e.to_string()))?;
@@ -187,7 +250,7 @@ impl Provider {
     async fn create_reserved(
         &self,
         params: CreateParams,
-        template_root: PathBuf,
+        template: TemplateRoot,
         lifetime_ms: i64,
         policy: EgressPolicy,
     ) -> Result<SandboxRecord, ProviderError> {
@@ -197,9 +260,35 @@ impl Provider {
         for sub in ["", "upper", "work", "root"] {
             std::fs::create_dir_all(dir.join(sub)).map_err(|e| internal("cannot create the sandbox directory", &e))?;
         }
+        let mut disk_image = None;
+        if let Some(pool) = self.disks.clone() {
+            let image = dir.join("disk.img");
+            let dest = image.clone();
+            let taken = tokio::task::spawn_blocking(move || {
+                let taken = pool.take(&dest);
+                let refill = pool.clone();
+                std::thread::spawn(move || refill.refill());
+                taken
+            })
+            .await;
+            match taken {
+                Ok(Ok(())) => disk_image = Some(image),
+                Ok(Err(e)) => {
+                    remove_sandbox_dir(&dir);
+                    return Err(internal("cannot prepare the sandbox's disk", &e));
+                }
+                Err(e) => {
+                    remove_sandbox_dir(&dir);
+                    return Err(internal("cannot prepare the sandbox's disk", &e));
+                }
+            }
+        }
         let spec = SandboxSpec {
             sandbox_id: id.clone(),
-            template_root,
+            template_root: template.root,
+            template_layers: template.layers,
+            id_map: self.cfg.id_map,
+            disk_image,
             state_dir: self.cfg.state_dir.clone(),
             env_vars: params.env_vars.clone(),
             allow_internet_access: params.allow_internet_access,

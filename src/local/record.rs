@@ -69,6 +69,15 @@ pub struct SandboxSpec {
     pub allow_internet_access: bool,
     pub user_uid: u32,
     pub user_gid: u32,
+    /// Extra copy-on-write layers mounted inside the root (the host's `/usr` for `base`).
+    #[serde(default)]
+    pub template_layers: Vec<super::template::Layer>,
+    /// Host id range that root and every user inside map to (the sandbox's user namespace).
+    #[serde(default)]
+    pub id_map: super::userns::IdMap,
+    /// The sandbox's disk image (`disk_limit_mb`), mounted at `DIR/disk`; all its writes go there.
+    #[serde(default)]
+    pub disk_image: Option<PathBuf>,
 }
 
 /// Errors of record I/O.

@@ -1,11 +1,13 @@
 //! In-sandbox set-up, run by `sandbox-mcp envd` as PID 1 of the new PID
 //! namespace before any thread exists: private mounts, the copy-on-write root
 //! (overlayfs over the template), fresh `/proc`, a minimal `/dev`, private
-//! `/tmp` and `/home/user`, the provider's state directory hidden, the
-//! `user` account (uid 1000), the hostname, the agent's Unix socket, and
-//! finally `pivot_root` into the new root.
+//! `/tmp` and `/home/user`, the user namespace (see `userns`), the `user`
+//! account (uid 1000), the hostname, the agent's Unix socket, `pivot_root`
+//! into the new root, and last the capability bounding set and the seccomp
+//! filter (see `seccomp`).
 
 use std::io::Write;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
@@ -14,23 +16,36 @@ use anyhow::Context;
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
 use super::record::{SOCKET_FILE, SandboxSpec};
+use super::seccomp;
+use super::userns::{self, IdMap};
 
 /// Builds the sandbox around the calling process and returns the bound agent socket.
 pub fn enter_sandbox(sandbox_dir: &Path, spec: &SandboxSpec) -> anyhow::Result<UnixListener> {
     let root = sandbox_dir.join("root");
+    let ids = spec.id_map;
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
         .context("making / private in the sandbox's mount namespace")?;
 
-    let opts = format!(
-        "lowerdir={},upperdir={},workdir={}",
-        spec.template_root.display(),
-        sandbox_dir.join("upper").display(),
-        sandbox_dir.join("work").display()
-    );
-    mount(Some("overlay"), &root, Some("overlay"), MsFlags::empty(), Some(opts.as_str()))
-        .with_context(|| format!("mounting the overlay root ({opts})"))?;
-
+    // The host's /proc shows host pids: a procfs of this PID namespace finds the helper child.
+    let own_proc = sandbox_dir.join("lower/proc");
+    std::fs::create_dir_all(&own_proc).context("creating a procfs mount point")?;
     let nosuid_nodev_noexec = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount(Some("proc"), &own_proc, Some("proc"), nosuid_nodev_noexec, None::<&str>).context("mounting a procfs")?;
+    let userns = userns::create(&ids, &own_proc).context("creating the sandbox's user namespace")?;
+    umount2(&own_proc, MntFlags::MNT_DETACH).context("unmounting the procfs")?;
+
+    // Everything the sandbox writes lands in `data`: its own disk image when limited.
+    let data = match &spec.disk_image {
+        Some(image) => {
+            let disk = sandbox_dir.join("disk");
+            std::fs::create_dir_all(&disk).context("creating the disk mount point")?;
+            super::disk::mount_image(image, &disk)?;
+            disk
+        }
+        None => sandbox_dir.to_owned(),
+    };
+    mount_layers(sandbox_dir, &data, &root, spec, &userns)?;
+
     let proc_dir = ensure_dir(&root, "proc", 0o555)?;
     mount(Some("proc"), &proc_dir, Some("proc"), nosuid_nodev_noexec, None::<&str>).context("mounting /proc")?;
     protect_proc(&proc_dir)?;
@@ -40,20 +55,22 @@ pub fn enter_sandbox(sandbox_dir: &Path, spec: &SandboxSpec) -> anyhow::Result<U
     {
         eprintln!("sandbox-mcp envd: /sys not mounted: {err}");
     }
-    build_dev(&root)?;
+    build_dev(&root, &ids)?;
 
     // Private /tmp, /home (with /home/user) and /root, backed by the sandbox directory.
-    bind_private(sandbox_dir, &root, "tmp", 0o1777, 0, 0)?;
-    let home = bind_private(sandbox_dir, &root, "home", 0o755, 0, 0)?;
+    let (host_root, host_user) = (ids.host(0), ids.host(spec.user_uid));
+    bind_private(&data, &root, "tmp", 0o1777, host_root, host_root)?;
+    let home = bind_private(&data, &root, "home", 0o755, host_root, host_root)?;
     let user_home = home.join("user");
     std::fs::DirBuilder::new().mode(0o755).recursive(true).create(&user_home).context("creating /home/user")?;
-    nix::unistd::chown(&user_home, Some(spec.user_uid.into()), Some(spec.user_gid.into()))
+    nix::unistd::chown(&user_home, Some(host_user.into()), Some(ids.host(spec.user_gid).into()))
         .context("chown /home/user")?;
-    bind_private(sandbox_dir, &root, "root", 0o700, 0, 0)?;
+    bind_private(&data, &root, "root", 0o700, host_root, host_root)?;
 
-    // Hide the provider's state directory (other sandboxes' layers) behind an empty read-only tmpfs.
+    // A template that contains the provider's state directory (e.g. a custom template of `/`)
+    // gets it hidden behind an empty read-only tmpfs.
     let state_inside = root.join(spec.state_dir.strip_prefix("/").unwrap_or(&spec.state_dir));
-    if std::fs::create_dir_all(&state_inside).is_ok() {
+    if state_inside.is_dir() {
         mount(
             Some("tmpfs"),
             &state_inside,
@@ -62,15 +79,9 @@ pub fn enter_sandbox(sandbox_dir: &Path, spec: &SandboxSpec) -> anyhow::Result<U
             Some("size=4k,mode=755"),
         )
         .context("hiding the state directory")?;
-    } else {
-        anyhow::bail!("cannot create {} to hide the state directory", state_inside.display());
     }
 
-    write_accounts(&root, spec)?;
     nix::unistd::sethostname(&spec.sandbox_id).context("sethostname")?;
-    let _ = std::fs::write(root.join("etc/hostname"), format!("{}\n", spec.sandbox_id));
-    append_hosts(&root, &spec.sandbox_id);
-    write_resolv_conf(&root)?;
 
     // Bind the agent's socket on the host-visible path before leaving the host's view.
     let socket = sandbox_dir.join(SOCKET_FILE);
@@ -82,12 +93,64 @@ pub fn enter_sandbox(sandbox_dir: &Path, spec: &SandboxSpec) -> anyhow::Result<U
     nix::unistd::pivot_root(".", ".").context("pivot_root")?;
     umount2(".", MntFlags::MNT_DETACH).context("detaching the old root")?;
     nix::unistd::chdir("/").context("chdir /")?;
+
+    // From here on: root of the sandbox's user namespace, an unprivileged uid on the host.
+    userns::enter(&userns).context("entering the sandbox's user namespace")?;
+    drop(userns);
+    let new_root = Path::new("/");
+    write_accounts(new_root, spec)?;
+    let _ = std::fs::write("/etc/hostname", format!("{}\n", spec.sandbox_id));
+    append_hosts(new_root, &spec.sandbox_id);
+    write_resolv_conf(new_root)?;
     drop_bounding_capabilities()?;
+    seccomp::install().context("installing the seccomp filter")?;
     Ok(listener)
 }
 
+/// Mounts the copy-on-write root: an overlay whose lower layer is an idmapped view of the
+/// template root, plus one overlay per extra template layer (the host's `/usr` for `base`), all
+/// with their upper layers in `data` (the sandbox's disk), owned by the sandbox's root.
+fn mount_layers(
+    sandbox_dir: &Path,
+    data: &Path,
+    root: &Path,
+    spec: &SandboxSpec,
+    userns: &OwnedFd,
+) -> anyhow::Result<()> {
+    let ids = spec.id_map;
+    let overlay = |lower: &Path, upper: &Path, work: &Path, target: &Path| -> anyhow::Result<()> {
+        for dir in [upper, work] {
+            std::fs::DirBuilder::new().mode(0o755).recursive(true).create(dir).context("creating layer dirs")?;
+        }
+        nix::unistd::chown(upper, Some(ids.host(0).into()), Some(ids.host(0).into())).context("chown upper layer")?;
+        let opts = format!("lowerdir={},upperdir={},workdir={}", lower.display(), upper.display(), work.display());
+        mount(Some("overlay"), target, Some("overlay"), MsFlags::empty(), Some(opts.as_str()))
+            .with_context(|| format!("mounting an overlay ({opts})"))
+    };
+    let lower_dir = sandbox_dir.join("lower");
+    let lower_root = lower_dir.join("root");
+    std::fs::create_dir_all(&lower_root).context("creating the lower layer mount point")?;
+    userns::idmapped_bind(&spec.template_root, &lower_root, userns)?;
+    overlay(&lower_root, &data.join("upper"), &data.join("work"), root)?;
+    for layer in &spec.template_layers {
+        if layer.target.is_empty() || layer.target.contains('/') || layer.target.starts_with('.') {
+            anyhow::bail!("invalid template layer target {:?}", layer.target);
+        }
+        let lower = lower_dir.join(&layer.target);
+        std::fs::create_dir_all(&lower).context("creating a layer mount point")?;
+        userns::idmapped_bind(&layer.source, &lower, userns)?;
+        let layer_dir = data.join("layers").join(&layer.target);
+        let target = root.join(&layer.target);
+        if !target.is_dir() {
+            anyhow::bail!("the template has no /{} directory for its layer", layer.target);
+        }
+        overlay(&lower, &layer_dir.join("upper"), &layer_dir.join("work"), &target)?;
+    }
+    Ok(())
+}
+
 /// Makes the host-wide knobs under `/proc` read-only and masks the sensitive files, as container
-/// runtimes do (root in a sandbox is root on the host kernel: no user namespace).
+/// runtimes do.
 fn protect_proc(proc_dir: &Path) -> anyhow::Result<()> {
     for rel in ["sys", "sysrq-trigger", "irq", "bus", "fs"] {
         let path = proc_dir.join(rel);
@@ -161,8 +224,9 @@ fn bind_private(sandbox_dir: &Path, root: &Path, name: &str, mode: u32, uid: u32
         .recursive(true)
         .create(&source)
         .with_context(|| format!("creating {name}"))?;
-    std::fs::set_permissions(&source, std::fs::Permissions::from_mode(mode)).ok();
-    nix::unistd::chown(&source, Some(uid.into()), Some(gid.into())).ok();
+    std::fs::set_permissions(&source, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("chmod {name}"))?;
+    nix::unistd::chown(&source, Some(uid.into()), Some(gid.into())).with_context(|| format!("chown {name}"))?;
     let target = ensure_dir(root, name, mode)?;
     mount(Some(&source), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
         .with_context(|| format!("mounting a private /{name}"))?;
@@ -170,10 +234,17 @@ fn bind_private(sandbox_dir: &Path, root: &Path, name: &str, mode: u32, uid: u32
 }
 
 /// A tmpfs `/dev` with the usual device nodes bound from the host, a private devpts and `/dev/shm`.
-fn build_dev(root: &Path) -> anyhow::Result<()> {
+fn build_dev(root: &Path, ids: &IdMap) -> anyhow::Result<()> {
     let dev = ensure_dir(root, "dev", 0o755)?;
-    mount(Some("tmpfs"), &dev, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_STRICTATIME, Some("mode=755,size=64k"))
-        .context("mounting /dev")?;
+    let owner = format!("uid={},gid={}", ids.host(0), ids.host(0));
+    mount(
+        Some("tmpfs"),
+        &dev,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_STRICTATIME,
+        Some(format!("mode=755,size=64k,{owner}").as_str()),
+    )
+    .context("mounting /dev")?;
     for node in ["null", "zero", "full", "random", "urandom", "tty"] {
         let target = dev.join(node);
         std::fs::File::create(&target).with_context(|| format!("creating /dev/{node}"))?;
@@ -186,13 +257,19 @@ fn build_dev(root: &Path) -> anyhow::Result<()> {
         &pts,
         Some("devpts"),
         MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        Some("newinstance,ptmxmode=0666,mode=0620,gid=5"),
+        Some(format!("newinstance,ptmxmode=0666,mode=0620,gid={}", ids.host(5)).as_str()),
     )
     .context("mounting /dev/pts")?;
     std::os::unix::fs::symlink("pts/ptmx", dev.join("ptmx")).context("linking /dev/ptmx")?;
     let shm = ensure_dir(&dev, "shm", 0o1777)?;
-    mount(Some("tmpfs"), &shm, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=1777"))
-        .context("mounting /dev/shm")?;
+    mount(
+        Some("tmpfs"),
+        &shm,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(format!("mode=1777,{owner}").as_str()),
+    )
+    .context("mounting /dev/shm")?;
     for (name, target) in [
         ("fd", "/proc/self/fd"),
         ("stdin", "/proc/self/fd/0"),
@@ -246,6 +323,6 @@ fn append_hosts(root: &Path, sandbox_id: &str) {
 fn write_resolv_conf(root: &Path) -> anyhow::Result<()> {
     let path = root.join("etc/resolv.conf");
     let _ = std::fs::remove_file(&path);
-    let text = format!("nameserver {}\noptions edns0\n", super::net::netns::GATEWAY_ADDR);
+    let text = format!("nameserver {}\n", super::net::netns::GATEWAY_ADDR);
     std::fs::write(&path, text).context("writing /etc/resolv.conf")
 }

@@ -43,7 +43,7 @@ fn pipe_cloexec() -> Result<(OwnedFd, OwnedFd), SpawnError> {
 
 /// Raw `clone(2)` that behaves like `fork` (no new stack, no shared memory).
 /// Returns 0 in the child, the child's pid in the parent.
-fn raw_clone(flags: libc::c_int) -> Result<libc::pid_t, nix::Error> {
+pub(crate) fn raw_clone(flags: libc::c_int) -> Result<libc::pid_t, nix::Error> {
     // SAFETY: without CLONE_VM the child gets a copy-on-write copy of our address space and
     // continues on its own copy of this stack, exactly like fork(2). The null pointers are
     // the stack / tid / tls arguments that these flags do not use.
