@@ -114,6 +114,10 @@ impl RunningProvider {
     }
 }
 
+/// How often records, the state directory and live agents are reconciled (see
+/// [`provider::Provider::reconcile_once`]).
+pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Starts the provider on `listener`: checks isolation is permitted, re-adopts sandboxes left by a
 /// previous run, starts the deadline reaper, and serves until [`RunningProvider::shutdown`].
 pub async fn start_provider(
@@ -143,10 +147,17 @@ pub async fn start_provider(
     let reaper_stop = shutdown.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_millis(250));
+        let mut reconcile = tokio::time::interval(RECONCILE_INTERVAL);
         loop {
             tokio::select! {
                 _ = reaper_stop.cancelled() => break,
                 _ = tick.tick() => reaper_provider.reap_once().await,
+                _ = reconcile.tick() => {
+                    let cleaned = reaper_provider.reconcile_once().await;
+                    if cleaned > 0 {
+                        tracing::warn!(cleaned, "reconciliation cleaned up untracked sandboxes");
+                    }
+                }
             }
         }
     });

@@ -15,8 +15,23 @@ use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
 use super::record::{SOCKET_FILE, SandboxSpec};
 
+/// Size of the sandbox's `/dev/shm` tmpfs (Docker's default). tmpfs pages are charged to the
+/// sandbox's memory cgroup but belong to no process, so an unbounded `/dev/shm` lets a filler push
+/// the cgroup into the OOM killer with nothing it could free; bounded, the filler gets ENOSPC.
+pub const SHM_SIZE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Makes envd the last process of its sandbox the OOM killer picks (`oom_score_adj` -1000; the
+/// commands it starts reset theirs to 0), so a process exhausting the sandbox's memory is killed
+/// and the sandbox survives.
+fn shield_from_oom_killer() {
+    if let Err(err) = std::fs::write("/proc/self/oom_score_adj", "-1000") {
+        eprintln!("sandbox-mcp envd: cannot lower its OOM score: {err}");
+    }
+}
+
 /// Builds the sandbox around the calling process and returns the bound agent socket.
 pub fn enter_sandbox(sandbox_dir: &Path, spec: &SandboxSpec) -> anyhow::Result<UnixListener> {
+    shield_from_oom_killer();
     let root = sandbox_dir.join("root");
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
         .context("making / private in the sandbox's mount namespace")?;
@@ -191,7 +206,8 @@ fn build_dev(root: &Path) -> anyhow::Result<()> {
     .context("mounting /dev/pts")?;
     std::os::unix::fs::symlink("pts/ptmx", dev.join("ptmx")).context("linking /dev/ptmx")?;
     let shm = ensure_dir(&dev, "shm", 0o1777)?;
-    mount(Some("tmpfs"), &shm, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=1777"))
+    let shm_opts = format!("mode=1777,size={}", SHM_SIZE_BYTES);
+    mount(Some("tmpfs"), &shm, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some(shm_opts.as_str()))
         .context("mounting /dev/shm")?;
     for (name, target) in [
         ("fd", "/proc/self/fd"),
