@@ -299,11 +299,14 @@ impl Gateway {
         let elapsed = started.elapsed();
         self.core.metrics.record_tool_call(tool, result.is_ok(), Some(elapsed)); // ops (metrics)
         let duration_ms = (elapsed.as_secs_f64() * 10_000.0).round() / 10.0;
+        // Every client-supplied value that reaches the log is masked (a secret pasted as sandbox_id).
+        let sandbox = call.sandbox();
+        let sandbox = self.core.masker.mask(&sandbox);
         match &result {
             Ok(_) => tracing::info!(tool, session = %call.session_id, tenant = %call.tenant,
-                sandbox = %call.sandbox(), duration_ms, outcome = "ok", "tool call"),
+                sandbox = %sandbox, duration_ms, outcome = "ok", "tool call"),
             Err(err) => tracing::info!(tool, session = %call.session_id, tenant = %call.tenant,
-                sandbox = %call.sandbox(), duration_ms, outcome = "error", error = %err, "tool call"),
+                sandbox = %sandbox, duration_ms, outcome = "error", error = %err, "tool call"),
         }
         result.map(Json)
     }

@@ -57,6 +57,7 @@ pub async fn connect(config: &Config) -> anyhow::Result<ProviderConnection> {
                 default_timeout_secs: config.sandbox.default_timeout_secs,
                 max_timeout_secs: config.sandbox.max_timeout_secs,
                 network: local.network(),
+                listen_limits: config.server.listen_limits(),
                 ..LocalProviderConfig::default()
             };
             let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))

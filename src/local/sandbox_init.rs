@@ -20,12 +20,14 @@ use super::record::{SOCKET_FILE, SandboxSpec};
 /// the cgroup into the OOM killer with nothing it could free; bounded, the filler gets ENOSPC.
 pub const SHM_SIZE_BYTES: u64 = 64 * 1024 * 1024;
 
-/// Makes envd the last process of its sandbox the OOM killer picks (`oom_score_adj` -1000; the
-/// commands it starts reset theirs to 0), so a process exhausting the sandbox's memory is killed
-/// and the sandbox survives.
+/// Makes envd the last process of its sandbox the OOM killer picks, so a process exhausting the
+/// sandbox's memory is killed and the sandbox survives: envd lowers its own `oom_score_adj` to
+/// -1000 when it may (CAP_SYS_RESOURCE; some container runtimes withhold it), and every command it
+/// starts raises its own to +500 (see `envd::spawn`), which needs no privilege and which an
+/// unprivileged sandbox user cannot undo.
 fn shield_from_oom_killer() {
     if let Err(err) = std::fs::write("/proc/self/oom_score_adj", "-1000") {
-        eprintln!("sandbox-mcp envd: cannot lower its OOM score: {err}");
+        eprintln!("sandbox-mcp envd: cannot lower its OOM score ({err}); commands still run at +500");
     }
 }
 

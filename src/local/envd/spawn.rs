@@ -117,8 +117,8 @@ pub fn spawn(spec: &SpawnSpec) -> Result<SpawnedChild, SpawnError> {
             // Only stdin/stdout/stderr cross into the command (std's own exec-error pipe is
             // already close-on-exec), whatever envd inherited or opened.
             crate::local::spawn::mark_inherited_fds_cloexec(3);
-            // envd shields itself from the OOM killer (-1000); its commands go back to the
-            // neutral score so the OOM killer picks them, never envd.
+            // Commands get a raised OOM score (raising needs no privilege; lowering it back does),
+            // so the OOM killer picks them, never envd (which also tries -1000 for itself).
             reset_oom_score(oom_path);
             if switch_user {
                 if libc::setgroups(groups.len(), groups.as_ptr()) != 0 {
@@ -151,13 +151,16 @@ pub fn spawn(spec: &SpawnSpec) -> Result<SpawnedChild, SpawnError> {
     Ok(SpawnedChild { pid, stdin, stdout: OwnedFd::from(stdout), stderr: OwnedFd::from(stderr) })
 }
 
-/// Writes `0` to `/proc/self/oom_score_adj` (async-signal-safe; best effort).
+/// `oom_score_adj` of every command envd starts.
+pub const COMMAND_OOM_SCORE_ADJ: &[u8] = b"500";
+
+/// Writes [`COMMAND_OOM_SCORE_ADJ`] to `/proc/self/oom_score_adj` (async-signal-safe; best effort).
 fn reset_oom_score(path: &std::ffi::CStr) {
     // SAFETY: open/write/close on a constant path and a constant buffer.
     unsafe {
         let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
         if fd >= 0 {
-            libc::write(fd, b"0".as_ptr().cast(), 1);
+            libc::write(fd, COMMAND_OOM_SCORE_ADJ.as_ptr().cast(), COMMAND_OOM_SCORE_ADJ.len());
             libc::close(fd);
         }
     }
