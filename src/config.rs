@@ -39,6 +39,26 @@ pub struct Config {
     pub sandbox: SandboxConfig,
     pub metrics: MetricsConfig,
     pub tasks: TasksConfig,
+    pub limits: LimitsConfig,
+}
+
+/// `[limits]`: per-tenant limits (0: no limit). The global sandbox limit is `local.max_sandboxes`
+/// (or the remote provider's own).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Live sandboxes per tenant (counted at the provider, this deployment only).
+    pub max_sandboxes_per_tenant: usize,
+    /// Live MCP sessions per tenant.
+    pub max_sessions_per_tenant: usize,
+    /// Tool calls running at once per tenant.
+    pub max_concurrent_calls_per_tenant: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self { max_sandboxes_per_tenant: 0, max_sessions_per_tenant: 256, max_concurrent_calls_per_tenant: 64 }
+    }
 }
 
 /// `[server]`: the HTTP listener and MCP transport.

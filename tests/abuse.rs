@@ -375,3 +375,70 @@ async fn no_sandbox_is_orphaned_under_a_flood_and_reconciliation_kills_untracked
         }
     }
 }
+
+async fn raw_initialize(gateway: &GatewayProc, token: &str) -> (u16, String) {
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "abuse", "version": "0"}}});
+    let response = reqwest::Client::new()
+        .post(gateway.mcp_url())
+        .bearer_auth(token)
+        .header("Accept", "application/json, text/event-stream")
+        .json(&initialize)
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.text().await.unwrap_or_default())
+}
+
+/// Per-tenant limits (sandboxes, sessions, concurrent calls) refuse with the limit's name, value
+/// and the way out, never as a transient failure, and leave the other tenant unaffected; the
+/// global sandbox limit's message is accurate too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn per_tenant_limits_refuse_accurately_and_spare_the_other_tenant() {
+    if !require_root("per_tenant_limits_refuse_accurately_and_spare_the_other_tenant") {
+        return;
+    }
+    let config = two_tenants(
+        "[local]\nmax_sandboxes = 3\n[limits]\nmax_sandboxes_per_tenant = 2\nmax_sessions_per_tenant = 3\n\
+         max_concurrent_calls_per_tenant = 2\n",
+    );
+    let gateway = GatewayProc::start(&config, &[]);
+    let a = connect(&gateway.mcp_url(), Some(TOKEN_A)).await;
+    let b = connect(&gateway.mcp_url(), Some(TOKEN_B)).await;
+    let a1 = ok(&a, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_string();
+    ok(&a, "create_sandbox", json!({})).await;
+    let refusal = err(&a, "create_sandbox", json!({})).await;
+    assert!(refusal.contains("limits.max_sandboxes_per_tenant = 2") && refusal.contains("kill_sandbox"), "{refusal}");
+    assert!(!refusal.contains("try again in a few seconds"), "{refusal}");
+    // Tenant B is not starved by A's sandboxes; then the global limit (3) speaks accurately.
+    ok(&b, "create_sandbox", json!({})).await;
+    let global = err(&b, "create_sandbox", json!({})).await;
+    assert!(global.contains("sandbox limit of the whole deployment") && global.contains("kill"), "{global}");
+    assert!(!global.contains("unreachable"), "{global}");
+
+    // Sessions: A has 1; two more are fine, the fourth is refused with the limit.
+    let a2 = connect(&gateway.mcp_url(), Some(TOKEN_A)).await;
+    let a3 = connect(&gateway.mcp_url(), Some(TOKEN_A)).await;
+    let (status, body) = raw_initialize(&gateway, TOKEN_A).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("limits.max_sessions_per_tenant = 3"), "{body}");
+    let (status, _) = raw_initialize(&gateway, TOKEN_B).await;
+    assert_eq!(status, 200, "tenant B's sessions are its own");
+
+    // Concurrent calls: two long calls of A run; a third is refused; B's call goes through.
+    let slow = json!({"sandbox_id": a1, "command": "sleep 3"});
+    let (p2, p3) = (a2.peer().clone(), a3.peer().clone());
+    let (s2, s3) = (slow.clone(), slow.clone());
+    let first = tokio::spawn(async move { call(&p2, "run_command", s2).await });
+    let second = tokio::spawn(async move { call(&p3, "run_command", s3).await });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let refused = err(&a, "list_sandboxes", empty()).await;
+    assert!(refused.contains("limits.max_concurrent_calls_per_tenant = 2"), "{refused}");
+    ok(&b, "list_sandboxes", empty()).await;
+    assert_ne!(first.await.unwrap().is_error, Some(true));
+    assert_ne!(second.await.unwrap().is_error, Some(true));
+    ok(&a, "list_sandboxes", empty()).await;
+    for client in [a, a2, a3, b] {
+        close(client).await;
+    }
+}

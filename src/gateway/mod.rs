@@ -11,6 +11,7 @@ pub mod masking;
 pub mod metrics;
 pub mod parse_guard;
 pub mod provider;
+pub mod quotas;
 pub mod sandbox_tools;
 pub mod server;
 pub mod sessions;

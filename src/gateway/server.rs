@@ -136,6 +136,13 @@ pub async fn serve_on(
     let body_limit = super::parse_guard::BodyLimit(config.server.max_body_bytes);
     let mcp = mcp
         .layer(axum::middleware::from_fn_with_state(body_limit, super::parse_guard::reject_malformed_json))
+        .layer(axum::middleware::from_fn_with_state(
+            super::quotas::SessionLimit {
+                sessions: Arc::clone(&sessions),
+                max_per_tenant: config.limits.max_sessions_per_tenant,
+            },
+            super::quotas::limit_sessions,
+        ))
         .layer(axum::middleware::from_fn_with_state(auth, require_tenant))
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&core), track_in_flight));
     let mut app = Router::new()
