@@ -442,3 +442,90 @@ async fn per_tenant_limits_refuse_accurately_and_spare_the_other_tenant() {
         close(client).await;
     }
 }
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).map(str::to_string))
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// Gateway memory per call is bounded by the tools' own caps: three concurrent worst-case
+/// `list_files` (20,000 entries with 200-character names, a listing over 10 MiB) and three concurrent
+/// `read_file` of a 20 MiB file (default part size) keep the gateway's RSS growth under 96 MiB; the listing is refused
+/// with guidance, and `read_file` answers 256 KiB pages with `next_offset` that reassemble the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gateway_memory_is_bounded_and_read_file_pages() {
+    if !require_root("gateway_memory_is_bounded_and_read_file_pages") {
+        return;
+    }
+    let gateway = GatewayProc::start(&two_tenants(""), &[]);
+    let pid = gateway.child.as_ref().unwrap().id();
+    let a = connect(&gateway.mcp_url(), Some(TOKEN_A)).await;
+    let sandbox = ok(&a, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_string();
+    let make = "python3 -c \"import os\nos.makedirs('/tmp/many')\nfor i in range(20000): \
+                open('/tmp/many/%0200d' % i, 'w').close()\"; \
+                head -c 20971520 /dev/urandom | base64 -w 100 | head -c 20971520 > /tmp/big.txt; \
+                seq 1 120000 > /tmp/pages.txt";
+    let made = ok(&a, "run_command", json!({"sandbox_id": sandbox, "command": make, "timeout": 300})).await;
+    assert_eq!(made["exit_code"], 0, "{made}");
+
+    let before = rss_kib(pid);
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(before));
+    let sampler_peak = std::sync::Arc::clone(&peak);
+    let sampler = tokio::spawn(async move {
+        loop {
+            sampler_peak.fetch_max(rss_kib(pid), std::sync::atomic::Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let mut calls = Vec::new();
+    for _ in 0..3 {
+        let peer = a.peer().clone();
+        let list = json!({"sandbox_id": sandbox, "path": "/tmp/many"});
+        calls.push(tokio::spawn(async move { call(&peer, "list_files", list).await }));
+        let peer = a.peer().clone();
+        let read = json!({"sandbox_id": sandbox, "path": "/tmp/big.txt"});
+        calls.push(tokio::spawn(async move { call(&peer, "read_file", read).await }));
+    }
+    for (i, c) in calls.into_iter().enumerate() {
+        let result = c.await.unwrap();
+        if i % 2 == 0 {
+            assert_eq!(result.is_error, Some(true), "the huge listing must be refused");
+            assert!(text(&result).contains("list a subdirectory"), "{}", text(&result));
+        } else {
+            assert_ne!(result.is_error, Some(true), "{}", text(&result));
+            let part = result.structured_content.as_ref().unwrap();
+            assert_eq!(part["length"], 256 * 1024, "the default part");
+            assert_eq!(part["next_offset"], 256 * 1024);
+            assert_eq!(part["size"], 20 * 1024 * 1024);
+        }
+    }
+    sampler.abort();
+    let growth_mib = peak.load(std::sync::atomic::Ordering::Relaxed).saturating_sub(before) / 1024;
+    eprintln!("gateway RSS: {before} KiB before, peak growth {growth_mib} MiB during the concurrent calls");
+    assert!(growth_mib < 96, "gateway RSS grew by {growth_mib} MiB during three worst-case calls of each");
+
+    // Paging: the default part is 256 KiB; next_offset walks the whole file.
+    let mut offset = 0u64;
+    let mut whole = String::new();
+    loop {
+        let part =
+            ok(&a, "read_file", json!({"sandbox_id": sandbox, "path": "/tmp/pages.txt", "offset": offset})).await;
+        assert!(part["length"].as_u64().unwrap() <= 256 * 1024, "{}", part["length"]);
+        whole.push_str(part["content"].as_str().unwrap());
+        match part["next_offset"].as_u64() {
+            Some(next) => {
+                assert_eq!(part["truncated"], true);
+                offset = next;
+            }
+            None => break,
+        }
+    }
+    let expected: String = (1..=120000).map(|i| format!("{i}\n")).collect();
+    assert_eq!(whole.len(), expected.len());
+    assert!(whole == expected, "pages must reassemble the file");
+    ok(&a, "kill_sandbox", json!({"sandbox_id": sandbox})).await;
+    close(a).await;
+}

@@ -401,11 +401,6 @@ impl Gateway {
         }
     }
 
-    /// Masks configured secrets and the provider API key in text returned to the agent.
-    pub(crate) fn mask<'a>(&self, text: &'a str) -> Cow<'a, str> {
-        self.core.masker.mask(text)
-    }
-
     /// Extends the sandbox deadline after ordinary use (best effort, background).
     pub(crate) fn renew_on_use(&self, sandbox_id: &str) {
         self.core.renew_on_use(sandbox_id);
