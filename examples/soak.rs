@@ -118,8 +118,11 @@ async fn session_round(url: &str, token: &str, round: u64, counts: &Counts) -> a
     let task_id = task["task_id"].as_str().context("task id")?.to_string();
     tool(&c, "get_task", json!({"sandbox_id": id, "task_id": task_id, "wait_seconds": 3})).await?;
     tool(&c, "list_sandboxes", json!({})).await?;
-    counts.ops.fetch_add(8, Ordering::Relaxed);
-    let _ = c.cancel().await;
+    // The task retains the sandbox past the session: kill it, then end the session (DELETE).
+    tool(&c, "kill_sandbox", json!({"sandbox_id": id})).await?;
+    counts.ops.fetch_add(9, Ordering::Relaxed);
+    let mut c = c;
+    let _ = c.close_with_timeout(Duration::from_secs(10)).await;
     Ok(())
 }
 
@@ -214,7 +217,9 @@ async fn main() -> anyhow::Result<()> {
                 }
                 counts.misbehaviour.fetch_add(1, Ordering::Relaxed);
             }
-            let _ = c.cancel().await;
+            let _ = tool(&c, "kill_sandbox", json!({"sandbox_id": id})).await;
+            let mut c = c;
+            let _ = c.close_with_timeout(Duration::from_secs(10)).await;
         }));
     }
     // Bursts of idle connections against the public port.
@@ -253,6 +258,18 @@ async fn main() -> anyhow::Result<()> {
     }
     for worker in workers {
         let _ = tokio::time::timeout(Duration::from_secs(150), worker).await;
+    }
+    // Nothing may outlive the soak: kill whatever a failed round left (tasks retain sandboxes).
+    for (_, token) in TOKENS {
+        if let Ok(c) = client(&url, token).await {
+            if let Ok(list) = tool(&c, "list_sandboxes", json!({})).await {
+                for s in list["sandboxes"].as_array().into_iter().flatten() {
+                    let _ = tool(&c, "kill_sandbox", json!({"sandbox_id": s["sandbox_id"]})).await;
+                }
+            }
+            let mut c = c;
+            let _ = c.close_with_timeout(Duration::from_secs(10)).await;
+        }
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     let last = (started.elapsed().as_secs(), status_kib(pid, "VmRSS:"), fds(pid));

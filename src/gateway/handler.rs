@@ -425,7 +425,9 @@ impl Gateway {
         {
             // The provider's global sandbox limit: not transient, and the way out is to free one.
             return format!(
-                "could not {what}: the sandbox limit of the whole deployment is reached ({message}); kill a sandbox                  you no longer need (kill_sandbox; list_sandboxes shows yours) or ask the operator to raise                  local.max_sandboxes"
+                "could not {what}: the sandbox limit of the whole deployment is reached ({message}); kill a sandbox \
+                 you no longer need (kill_sandbox; list_sandboxes shows yours) or ask the operator to raise \
+                 local.max_sandboxes"
             );
         }
         if err.is_transient() {
