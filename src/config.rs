@@ -57,7 +57,7 @@ pub struct LimitsConfig {
 
 impl Default for LimitsConfig {
     fn default() -> Self {
-        Self { max_sandboxes_per_tenant: 0, max_sessions_per_tenant: 256, max_concurrent_calls_per_tenant: 64 }
+        Self { max_sandboxes_per_tenant: 0, max_sessions_per_tenant: 256, max_concurrent_calls_per_tenant: 256 }
     }
 }
 

@@ -26,7 +26,11 @@ pub const SHM_SIZE_BYTES: u64 = 64 * 1024 * 1024;
 /// starts raises its own to +500 (see `envd::spawn`), which needs no privilege and which an
 /// unprivileged sandbox user cannot undo.
 fn shield_from_oom_killer() {
-    if let Err(err) = std::fs::write("/proc/self/oom_score_adj", "-1000") {
+    // EACCES/EPERM without CAP_SYS_RESOURCE is expected in some containers and stays quiet (envd's
+    // last log line becomes the provider's start-up error detail); commands still run at +500.
+    if let Err(err) = std::fs::write("/proc/self/oom_score_adj", "-1000")
+        && err.kind() != std::io::ErrorKind::PermissionDenied
+    {
         eprintln!("sandbox-mcp envd: cannot lower its OOM score ({err}); commands still run at +500");
     }
 }
