@@ -39,6 +39,26 @@ pub struct Config {
     pub sandbox: SandboxConfig,
     pub metrics: MetricsConfig,
     pub tasks: TasksConfig,
+    pub limits: LimitsConfig,
+}
+
+/// `[limits]`: per-tenant limits (0: no limit). The global sandbox limit is `local.max_sandboxes`
+/// (or the remote provider's own).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Live sandboxes per tenant (counted at the provider, this deployment only).
+    pub max_sandboxes_per_tenant: usize,
+    /// Live MCP sessions per tenant.
+    pub max_sessions_per_tenant: usize,
+    /// Tool calls running at once per tenant.
+    pub max_concurrent_calls_per_tenant: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self { max_sandboxes_per_tenant: 0, max_sessions_per_tenant: 256, max_concurrent_calls_per_tenant: 256 }
+    }
 }
 
 /// `[server]`: the HTTP listener and MCP transport.
@@ -54,6 +74,25 @@ pub struct ServerConfig {
     pub shutdown_grace_secs: u64,
     pub insecure_no_auth: bool,
     pub log_format: LogFormat,
+    /// Most connections open at once on each listener (gateway, admin, embedded provider); at the
+    /// cap the longest-idle connection is closed to make room. At most a quarter of the
+    /// descriptor limit is used whatever is set.
+    pub max_connections: usize,
+    /// Time a client has to send a request's headers once the server waits for them (slowloris).
+    pub header_read_timeout_secs: u64,
+    /// A connection with no request in flight for this long is closed.
+    pub idle_timeout_secs: u64,
+}
+
+impl ServerConfig {
+    /// The listener limits from this section.
+    pub fn listen_limits(&self) -> crate::listen::ListenLimits {
+        crate::listen::ListenLimits {
+            max_connections: self.max_connections,
+            header_read_timeout: std::time::Duration::from_secs(self.header_read_timeout_secs),
+            idle_timeout: std::time::Duration::from_secs(self.idle_timeout_secs),
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -68,6 +107,9 @@ impl Default for ServerConfig {
             shutdown_grace_secs: 20,
             insecure_no_auth: false,
             log_format: LogFormat::Auto,
+            max_connections: crate::listen::DEFAULT_MAX_CONNECTIONS,
+            header_read_timeout_secs: crate::listen::DEFAULT_HEADER_READ_TIMEOUT_SECS,
+            idle_timeout_secs: crate::listen::DEFAULT_IDLE_TIMEOUT_SECS,
         }
     }
 }
@@ -214,11 +256,14 @@ impl Default for SandboxConfig {
 pub struct MetricsConfig {
     pub enabled: bool,
     pub listen: String,
+    /// Hex SHA-256 of the token that may read `/metrics` on the main listener when auth is on
+    /// (tenant tokens never can). Empty: with auth on, `/metrics` is only on `listen`.
+    pub token_sha256: String,
 }
 
 impl Default for MetricsConfig {
     fn default() -> Self {
-        Self { enabled: true, listen: String::new() }
+        Self { enabled: true, listen: String::new(), token_sha256: String::new() }
     }
 }
 
@@ -289,12 +334,22 @@ impl Config {
                 ));
             }
         }
+        let m = &self.metrics.token_sha256;
+        if !m.is_empty() && (m.len() != 64 || !m.bytes().all(|b| b.is_ascii_hexdigit())) {
+            return invalid("metrics.token_sha256 must be 64 hex characters (the SHA-256 of the token)".into());
+        }
         let s = &self.server;
         if s.max_body_bytes < 1024 {
             return invalid("server.max_body_bytes must be at least 1024".into());
         }
         if s.session_idle_timeout_secs == 0 {
             return invalid("server.session_idle_timeout_secs must be at least 1".into());
+        }
+        if s.max_connections == 0 || s.header_read_timeout_secs == 0 || s.idle_timeout_secs == 0 {
+            return invalid(
+                "server.max_connections, server.header_read_timeout_secs and server.idle_timeout_secs must be at least 1"
+                    .into(),
+            );
         }
         for origin in &s.allowed_origins {
             if origin != "null" && !origin.contains("://") {

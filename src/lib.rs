@@ -7,6 +7,7 @@ pub mod connect_rpc;
 pub mod e2b;
 pub mod gateway;
 pub mod healthcheck;
+pub mod listen;
 pub mod local;
 pub mod logging;
 pub mod tasks;

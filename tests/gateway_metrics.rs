@@ -10,9 +10,15 @@ use gateway_support::*;
 use serde_json::json;
 
 const TOKEN: &str = "metrics-test-token-0123456789";
+/// The dedicated scrape token (`metrics.token_sha256`); tenant tokens never read `/metrics`.
+const SCRAPE: &str = "metrics-scrape-token-9876543210";
 
 fn auth_config() -> String {
     format!("[auth]\ntokens = [ {{ tenant = \"acme\", sha256 = \"{}\" }} ]\n", sha256_hex(TOKEN))
+}
+
+fn auth_and_scrape_config() -> String {
+    format!("{}[metrics]\ntoken_sha256 = \"{}\"\n", auth_config(), sha256_hex(SCRAPE))
 }
 
 async fn get(url: &str, token: Option<&str>) -> (u16, String, String) {
@@ -38,20 +44,22 @@ async fn metrics_on_main_listener_count_calls_behind_auth() {
         return;
     }
     let provider = ProviderProc::start();
-    let gateway = GatewayProc::start_e2b(&provider, &auth_config(), &[]);
+    let gateway = GatewayProc::start_e2b(&provider, &auth_and_scrape_config(), &[]);
     let url = format!("{}/metrics", gateway.base());
 
     let (status, _, _) = get(&url, None).await;
-    assert_eq!(status, 401, "/metrics must need the bearer token when auth is configured");
+    assert_eq!(status, 401, "/metrics must need the scrape token when auth is configured");
     let (status, _, _) = get(&url, Some("wrong-token-0123456789")).await;
     assert_eq!(status, 401);
+    let (status, _, _) = get(&url, Some(TOKEN)).await;
+    assert_eq!(status, 401, "a tenant token must never read /metrics (every tenant's activity)");
 
     let client = connect(&gateway.mcp_url(), Some(TOKEN)).await;
     let id = ok(&client, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_string();
     let message = err(&client, "read_file", json!({"path": "x", "sandbox_id": "no-such-sandbox"})).await;
     assert!(message.contains("not found"), "{message}");
 
-    let (status, content_type, text) = get(&url, Some(TOKEN)).await;
+    let (status, content_type, text) = get(&url, Some(SCRAPE)).await;
     assert_eq!(status, 200, "{text}");
     assert!(content_type.starts_with("application/openmetrics-text"), "{content_type}");
     assert_eq!(
@@ -73,7 +81,7 @@ async fn metrics_on_main_listener_count_calls_behind_auth() {
 
     // A task installs the supervisor and retains the sandbox.
     ok(&client, "start_task", json!({"command": "true"})).await;
-    let (_, _, text) = get(&url, Some(TOKEN)).await;
+    let (_, _, text) = get(&url, Some(SCRAPE)).await;
     assert_eq!(sample(&text, "sandbox_mcp_sandboxes_retained"), Some(1.0), "{text}");
     assert!(sample(&text, "sandbox_mcp_supervisor_installs_total").unwrap() >= 1.0, "{text}");
 
@@ -81,7 +89,7 @@ async fn metrics_on_main_listener_count_calls_behind_auth() {
     close(client).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let (_, _, text) = get(&url, Some(TOKEN)).await;
+        let (_, _, text) = get(&url, Some(SCRAPE)).await;
         if sample(&text, "sandbox_mcp_sessions") == Some(0.0) {
             assert_eq!(sample(&text, "sandbox_mcp_sandboxes_owned"), Some(0.0), "{text}");
             break;
@@ -113,6 +121,12 @@ async fn metrics_admin_listener_serves_without_auth_and_can_be_disabled() {
     assert_eq!(status, 404, "with an admin listener, the main listener has no /metrics");
     close(client).await;
     drop(gateway);
+
+    // Auth on, no admin listener and no scrape token: no /metrics on the main listener at all.
+    let closed = GatewayProc::start_e2b(&provider, &auth_config(), &[]);
+    let (status, _, _) = get(&format!("{}/metrics", closed.base()), Some(TOKEN)).await;
+    assert_eq!(status, 404, "tenant tokens must not read /metrics");
+    drop(closed);
 
     let disabled = GatewayProc::start_e2b(&provider, "[metrics]\nenabled = false\n", &[]);
     let (status, _, _) = get(&format!("{}/metrics", disabled.base()), None).await;

@@ -206,6 +206,37 @@ impl EnvdClient {
         Ok(response.entries)
     }
 
+    /// [`EnvdClient::list_dir`] that stops reading the answer past `max_bytes` (failing with
+    /// [`E2bError::TooLarge`]), so a huge directory cannot grow the caller's memory.
+    pub async fn list_dir_capped(
+        &self,
+        path: &str,
+        depth: u32,
+        max_bytes: u64,
+        opts: &CallOptions,
+    ) -> Result<Vec<wire::EntryInfo>, E2bError> {
+        let body = wire::ListDirRequest { path: path.to_owned(), depth: depth.max(1) };
+        let (rpc_path, op) = rpc::LIST_DIR;
+        let timeout = self.unary_timeout(opts);
+        let ctx = self.ctx(op, RetryPolicy::Idempotent, timeout);
+        let body = Bytes::from(serde_json::to_vec(&body).map_err(|e| ctx.protocol(format!("cannot encode: {e}")))?);
+        let response = transport::send(&ctx, || {
+            let request = self
+                .request(Method::POST, rpc_path)
+                .header(CONTENT_TYPE, connect_rpc::CONTENT_TYPE_UNARY_JSON)
+                .body(body.clone());
+            Self::connect_headers(request, opts, timeout.map(|t| t.as_millis()))
+        })
+        .await?;
+        if !response.status().is_success() {
+            return Err(transport::error_from_response(&ctx, response).await);
+        }
+        let bytes = self.body_capped(&ctx, response, max_bytes).await?;
+        let answer: wire::ListDirResponse =
+            serde_json::from_slice(&bytes).map_err(|e| ctx.protocol(format!("bad ListDir answer: {e}")))?;
+        Ok(answer.entries)
+    }
+
     /// `filesystem.MakeDir` (with parents): `false` if it already existed.
     pub async fn make_dir(&self, path: &str, opts: &CallOptions) -> Result<bool, E2bError> {
         let body = wire::PathRequest { path: path.to_owned() };

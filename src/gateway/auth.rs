@@ -83,17 +83,19 @@ fn unauthorized(error: Option<&str>, message: &'static str) -> Response {
     response
 }
 
+/// The token of an `Authorization: Bearer <token>` value; the scheme is case-insensitive (RFC 9110 §11.1).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|t| !t.is_empty())
+}
+
 /// Authenticates the request, then ties MCP sessions to tenants.
 pub async fn require_tenant(State(state): State<AuthState>, mut request: Request, next: Next) -> Response {
     let tenant = if state.tokens.is_enabled() {
         let Some(value) = request.headers().get(header::AUTHORIZATION) else {
             return unauthorized(None, "missing bearer token (Authorization: Bearer <token>)\n");
         };
-        let token = value
-            .to_str()
-            .ok()
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .map(str::trim);
+        let token = value.to_str().ok().and_then(bearer_token);
         match token.and_then(|t| state.tokens.tenant_for(t)) {
             Some(tenant) => tenant,
             None => return unauthorized(Some("invalid_token"), "invalid bearer token\n"),
@@ -138,5 +140,15 @@ mod tests {
         assert_eq!(set.tenant_for("s3cret-c"), None);
         assert_eq!(set.tenant_for(""), None);
         assert!(!TokenSet::new(&[]).is_enabled());
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer_token("Bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("BEARER abc"), Some("abc"));
+        assert_eq!(bearer_token("bEaReR  abc "), Some("abc"));
+        assert_eq!(bearer_token("Basic abc"), None);
+        assert_eq!(bearer_token("Bearer "), None);
+        assert_eq!(bearer_token("Bearerabc"), None);
     }
 }

@@ -134,8 +134,8 @@ impl Gateway {
         Ok(RunCommandResult {
             sandbox_id: sandbox.id,
             exit_code: output.exit_code,
-            stdout: self.mask(&String::from_utf8_lossy(&output.stdout)).into_owned(),
-            stderr: self.mask(&String::from_utf8_lossy(&output.stderr)).into_owned(),
+            stdout: self.core.masker.mask_clipped(&String::from_utf8_lossy(&output.stdout), output.stdout_truncated),
+            stderr: self.core.masker.mask_clipped(&String::from_utf8_lossy(&output.stderr), output.stderr_truncated),
             stdout_truncated: output.stdout_truncated,
             stderr_truncated: output.stderr_truncated,
             stdout_bytes: output.stdout_total,

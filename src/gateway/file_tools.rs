@@ -19,6 +19,12 @@ pub const MAX_FILE_BYTES: u64 = 10 * 1024 * 1024;
 /// Deepest `list_files` recursion, and most entries returned.
 pub const MAX_LIST_DEPTH: u32 = 10;
 pub const MAX_LIST_ENTRIES: usize = 5000;
+/// Bytes of file content `read_file` returns when no `length` is given: base64 of it stays under
+/// 512 KiB, so the JSON-RPC message fits the 1 MiB limit of common clients (the official Python SDK).
+pub const READ_DEFAULT_BYTES: u64 = 256 * 1024;
+/// Largest ListDir answer read from envd for `list_files` (about 5000 entries with long names
+/// need under 2 MiB); reading stops past it, so a huge tree cannot grow the gateway's memory.
+pub const MAX_LIST_RESPONSE_BYTES: u64 = 4 * 1024 * 1024;
 
 /// How file content is carried in JSON.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -44,6 +50,13 @@ pub struct ReadFileArgs {
     /// "user" (default) or "root".
     #[serde(default)]
     pub user: Option<RunAs>,
+    /// First byte to return (default 0).
+    #[serde(default)]
+    pub offset: Option<u64>,
+    /// Bytes to return from `offset` (default 262144 = 256 KiB, at most 10 MiB). Results above
+    /// ~512 KiB break the 1 MiB message limit of some clients: page with offset/length instead.
+    #[serde(default)]
+    pub length: Option<u64>,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -55,6 +68,14 @@ pub struct ReadFileResult {
     pub content: String,
     /// File size in bytes.
     pub size: u64,
+    /// Offset of the first byte of `content`.
+    pub offset: u64,
+    /// Bytes of the file in `content` (before encoding).
+    pub length: u64,
+    /// True if the file continues past this part: call again with `offset` = `next_offset`.
+    pub truncated: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_offset: Option<u64>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -130,8 +151,10 @@ pub struct ListFilesResult {
 
 #[tool_router(router = file_router, vis = "pub(crate)")]
 impl Gateway {
-    #[tool(description = "Read a file from a sandbox (at most 10 MiB). Returns text when the file is UTF-8, \
-        else base64 (force either with encoding). Omit sandbox_id to use the session's default sandbox.")]
+    #[tool(description = "Read a file from a sandbox: up to length bytes (default 256 KiB, at most 10 MiB) from \
+        offset (default 0); truncated/next_offset tell how to page through a larger file. Returns text when the \
+        part is UTF-8, else base64 (force either with encoding). Omit sandbox_id to use the session's default \
+        sandbox.")]
     pub async fn read_file(
         &self,
         Parameters(args): Parameters<ReadFileArgs>,
@@ -182,23 +205,50 @@ fn file_error(gateway: &Gateway, action: &str, path: &str, sandbox_id: &str, err
 impl Gateway {
     async fn read_file_impl(&self, call: &CallContext, args: ReadFileArgs) -> Result<ReadFileResult, String> {
         validate_path("path", &args.path)?;
+        let offset = args.offset.unwrap_or(0);
+        let length = args.length.unwrap_or(READ_DEFAULT_BYTES);
+        validate_range("length", length, 1, MAX_FILE_BYTES)?;
         let sandbox = self.resolve_sandbox(call, args.sandbox_id.as_deref()).await?;
         self.renew_on_use(&sandbox.id);
         let options = CallOptions::user(args.user.unwrap_or_default().name());
-        let data = sandbox
+        let part = sandbox
             .envd
-            .read_file_limited(&args.path, MAX_FILE_BYTES, &options)
+            .read_file_range(&args.path, offset, length, &options)
             .await
             .map_err(|e| file_error(self, "read", &args.path, &sandbox.id, &e))?;
-        let size = data.len() as u64;
+        let size = part.size;
+        let mut data = part.data;
+        let mut truncated = offset + (data.len() as u64) < size;
+        // Auto encoding: a part cut inside a UTF-8 character ends before it (the next part starts there).
+        if truncated
+            && args.encoding.is_none()
+            && let Err(err) = std::str::from_utf8(&data)
+            && err.error_len().is_none()
+            && err.valid_up_to() > 0
+        {
+            data = data.slice(..err.valid_up_to());
+            truncated = true;
+        }
+        let returned = data.len() as u64;
         let (encoding, content) = match (args.encoding, std::str::from_utf8(&data)) {
             (Some(Encoding::Base64), _) | (None, Err(_)) => (Encoding::Base64, BASE64.encode(&data)),
             (Some(Encoding::Text), Err(_)) => {
                 return Err(format!("{} is not valid UTF-8 text; read it with encoding \"base64\"", args.path));
             }
-            (_, Ok(text)) => (Encoding::Text, self.mask(text).into_owned()),
+            (_, Ok(text)) => (Encoding::Text, self.core.masker.mask_clipped(text, truncated)),
         };
-        Ok(ReadFileResult { sandbox_id: sandbox.id, path: args.path, encoding, content, size })
+        let next_offset = truncated.then_some(offset + returned);
+        Ok(ReadFileResult {
+            sandbox_id: sandbox.id,
+            path: args.path,
+            encoding,
+            content,
+            size,
+            offset,
+            length: returned,
+            truncated,
+            next_offset,
+        })
     }
 
     async fn write_file_impl(&self, call: &CallContext, args: WriteFileArgs) -> Result<WriteFileResult, String> {
@@ -232,11 +282,17 @@ impl Gateway {
         let sandbox = self.resolve_sandbox(call, args.sandbox_id.as_deref()).await?;
         self.renew_on_use(&sandbox.id);
         let options = CallOptions::user(args.user.unwrap_or_default().name());
-        let mut entries = sandbox
-            .envd
-            .list_dir(&path, depth, &options)
-            .await
-            .map_err(|e| file_error(self, "list", &path, &sandbox.id, &e))?;
+        let mut entries = match sandbox.envd.list_dir_capped(&path, depth, MAX_LIST_RESPONSE_BYTES, &options).await {
+            Ok(entries) => entries,
+            Err(E2bError::TooLarge { .. }) => {
+                return Err(format!(
+                    "the listing of {path} at depth {depth} is larger than {MAX_LIST_RESPONSE_BYTES} bytes (far more \
+                     than {MAX_LIST_ENTRIES} entries); list a subdirectory or a smaller depth, or use run_command \
+                     (find, ls | head)"
+                ));
+            }
+            Err(e) => return Err(file_error(self, "list", &path, &sandbox.id, &e)),
+        };
         let truncated = entries.len() > MAX_LIST_ENTRIES;
         entries.truncate(MAX_LIST_ENTRIES);
         let entries = entries

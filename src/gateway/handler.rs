@@ -49,6 +49,8 @@ pub struct GatewayCore {
     pub metrics: Arc<GatewayMetrics>,
     /// Task tools' service: supervisor install cache and page masking (same secrets as `masker`).
     pub tasks: TaskService,
+    /// Per-tenant limits (`[limits]`).
+    pub quotas: Arc<super::quotas::TenantQuotas>,
     /// Session cleanups under way (awaited on shutdown).
     pub cleanups: TaskTracker,
     /// Renewal bookkeeping per sandbox (shared with session cleanups, which forget killed ones).
@@ -70,8 +72,10 @@ impl GatewayCore {
     pub fn new(config: Arc<Config>, provider: E2bClient, sessions: Arc<SessionRegistry>, masker: SecretMasker) -> Self {
         let metrics = Arc::new(GatewayMetrics::new(Arc::clone(&sessions)));
         let tasks = TaskService::new(masker.values());
+        let quotas = super::quotas::TenantQuotas::new(config.limits.clone());
         Self {
             tasks,
+            quotas,
             config,
             provider,
             sessions,
@@ -295,15 +299,22 @@ impl Gateway {
         body: impl Future<Output = Result<T, String>>,
     ) -> ToolResult<T> {
         let started = Instant::now();
-        let result = body.await.map_err(|e| self.core.masker.mask(&e).into_owned());
+        let result = match self.core.quotas.start_call(&call.tenant) {
+            Ok(_permit) => body.await,
+            Err(refusal) => Err(refusal),
+        };
+        let result = result.map_err(|e| self.core.masker.mask(&e).into_owned());
         let elapsed = started.elapsed();
         self.core.metrics.record_tool_call(tool, result.is_ok(), Some(elapsed)); // ops (metrics)
         let duration_ms = (elapsed.as_secs_f64() * 10_000.0).round() / 10.0;
+        // Every client-supplied value that reaches the log is masked (a secret pasted as sandbox_id).
+        let sandbox = call.sandbox();
+        let sandbox = self.core.masker.mask(&sandbox);
         match &result {
             Ok(_) => tracing::info!(tool, session = %call.session_id, tenant = %call.tenant,
-                sandbox = %call.sandbox(), duration_ms, outcome = "ok", "tool call"),
+                sandbox = %sandbox, duration_ms, outcome = "ok", "tool call"),
             Err(err) => tracing::info!(tool, session = %call.session_id, tenant = %call.tenant,
-                sandbox = %call.sandbox(), duration_ms, outcome = "error", error = %err, "tool call"),
+                sandbox = %sandbox, duration_ms, outcome = "error", error = %err, "tool call"),
         }
         result.map(Json)
     }
@@ -390,11 +401,6 @@ impl Gateway {
         }
     }
 
-    /// Masks configured secrets and the provider API key in text returned to the agent.
-    pub(crate) fn mask<'a>(&self, text: &'a str) -> Cow<'a, str> {
-        self.core.masker.mask(text)
-    }
-
     /// Extends the sandbox deadline after ordinary use (best effort, background).
     pub(crate) fn renew_on_use(&self, sandbox_id: &str) {
         self.core.renew_on_use(sandbox_id);
@@ -414,6 +420,16 @@ impl Gateway {
     /// when the error is transient. For calls that concern no particular sandbox (create, list).
     pub(crate) fn provider_failure(&self, what: &str, err: &E2bError) -> String {
         self.core.metrics.record_provider_error(err.op()); // ops (metrics)
+        if let E2bError::RateLimited { message, .. } = err
+            && message.contains("maximum of")
+        {
+            // The provider's global sandbox limit: not transient, and the way out is to free one.
+            return format!(
+                "could not {what}: the sandbox limit of the whole deployment is reached ({message}); kill a sandbox \
+                 you no longer need (kill_sandbox; list_sandboxes shows yours) or ask the operator to raise \
+                 local.max_sandboxes"
+            );
+        }
         if err.is_transient() {
             return format!(
                 "could not {what}: the sandbox provider is unreachable or busy ({err}); try again in a few seconds"

@@ -38,6 +38,24 @@ impl SecretMasker {
         &self.secrets
     }
 
+    /// [`SecretMasker::mask`] for text cut at a size cap (`clipped`): a secret the cut split in two
+    /// leaves a prefix at the very end, which is masked too.
+    pub fn mask_clipped(&self, text: &str, clipped: bool) -> String {
+        let mut out = self.mask(text).into_owned();
+        if !clipped {
+            return out;
+        }
+        for secret in &self.secrets {
+            let cut = (1..secret.len()).rev().find(|&k| secret.is_char_boundary(k) && out.ends_with(&secret[..k]));
+            if let Some(k) = cut {
+                out.truncate(out.len() - k);
+                out.push_str(MASK);
+                break;
+            }
+        }
+        out
+    }
+
     /// The text with every secret value replaced by [`MASK`].
     pub fn mask<'a>(&self, text: &'a str) -> Cow<'a, str> {
         let mut out = Cow::Borrowed(text);
@@ -53,6 +71,15 @@ impl SecretMasker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_secret_split_by_the_cap_is_masked_too() {
+        let (m, _) = SecretMasker::new(["hunter22-secret".to_string()]);
+        assert_eq!(m.mask_clipped("output hunter22-se", true), format!("output {MASK}"));
+        assert_eq!(m.mask_clipped("output hunter22-se", false), "output hunter22-se");
+        assert_eq!(m.mask_clipped("x hunter22-secret y hunter", true), format!("x {MASK} y {MASK}"));
+        assert_eq!(m.mask_clipped("plain", true), "plain");
+    }
 
     #[test]
     fn masks_exact_values_longest_first() {

@@ -158,6 +158,7 @@ pub fn admin_router(metrics: Arc<GatewayMetrics>) -> Router {
 pub async fn start_admin_listener(
     listen: &str,
     metrics: Arc<GatewayMetrics>,
+    limits: crate::listen::ListenLimits,
     stop: CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let addr: SocketAddr = listen
@@ -171,13 +172,7 @@ pub async fn start_admin_listener(
         tracing::warn!(%bound, "metrics admin listener on a non-loopback address: /metrics there has no authentication");
     }
     tracing::info!(addr = %bound, "metrics admin listener serving /metrics (no auth)");
-    Ok(tokio::spawn(async move {
-        if let Err(err) =
-            axum::serve(listener, admin_router(metrics)).with_graceful_shutdown(stop.cancelled_owned()).await
-        {
-            tracing::warn!(error = %err, "metrics admin listener failed");
-        }
-    }))
+    Ok(tokio::spawn(crate::listen::serve("admin", listener, admin_router(metrics), limits, stop.cancelled_owned())))
 }
 
 #[cfg(test)]

@@ -60,6 +60,7 @@ pub async fn connect(config: &Config) -> anyhow::Result<ProviderConnection> {
                 templates: local.templates.clone().into_iter().collect(),
                 id_map: local.id_range.parse().map_err(anyhow::Error::msg)?,
                 disk_limit_mb: (local.disk_limit_mb > 0).then_some(local.disk_limit_mb),
+                listen_limits: config.server.listen_limits(),
                 ..LocalProviderConfig::default()
             };
             let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))

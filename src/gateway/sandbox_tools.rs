@@ -210,6 +210,31 @@ impl Gateway {
 }
 
 impl Gateway {
+    /// Refuses when the tenant is at `limits.max_sandboxes_per_tenant`; the guard serialises the
+    /// tenant's creates until the new sandbox exists.
+    async fn check_tenant_sandboxes(&self, tenant: &str) -> Result<Option<tokio::sync::OwnedMutexGuard<()>>, String> {
+        let max = self.core.quotas.max_sandboxes();
+        if max == 0 {
+            return Ok(None);
+        }
+        let guard = self.core.quotas.create_guard(tenant).await;
+        let filter = [
+            (META_TENANT.to_string(), tenant.to_string()),
+            (META_DEPLOYMENT.to_string(), self.core.deployment().to_owned()),
+        ];
+        let live = self
+            .core
+            .provider
+            .list_all_sandboxes(&filter)
+            .await
+            .map_err(|err| self.provider_failure("count your sandboxes", &err))?
+            .len();
+        if live >= max {
+            return Err(self.core.quotas.sandbox_refusal(tenant, live));
+        }
+        Ok(Some(guard))
+    }
+
     async fn create_sandbox_impl(
         &self,
         call: &CallContext,
@@ -243,6 +268,7 @@ impl Gateway {
             }),
             ..Default::default()
         };
+        let _create_guard = self.check_tenant_sandboxes(&call.tenant).await?;
         let sandbox = self
             .core
             .provider

@@ -15,7 +15,6 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
-use axum::serve::ListenerExt;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
@@ -112,42 +111,57 @@ pub async fn serve_on(
         http_config,
     );
     let auth = AuthState { tokens: TokenSet::new(&config.auth.tokens), sessions: Arc::clone(&sessions) };
-    let mut mcp = Router::new().nest_service("/mcp", service);
-    // ops (metrics): /metrics on the main listener, behind the same auth as /mcp, unless an admin listener is set.
+    let mcp = Router::new().nest_service("/mcp", service);
+    // ops (metrics): never readable with a tenant token. On the admin listener when one is set; else on
+    // the main listener, behind the dedicated metrics token when auth is on (open when auth is off).
     let metrics_stop = CancellationToken::new();
     let mut admin = None;
+    let mut main_metrics = None;
     if config.metrics.enabled {
         if config.metrics.listen.is_empty() {
-            mcp = mcp.route("/metrics", get(metrics::serve_metrics).with_state(Arc::clone(&core.metrics)));
+            main_metrics = metrics_on_main_listener(&config, Arc::clone(&core.metrics));
         } else {
             let listen = config.metrics.listen.as_str();
-            admin = Some(metrics::start_admin_listener(listen, Arc::clone(&core.metrics), metrics_stop.clone()).await?);
+            admin = Some(
+                metrics::start_admin_listener(
+                    listen,
+                    Arc::clone(&core.metrics),
+                    admin_limits(&config),
+                    metrics_stop.clone(),
+                )
+                .await?,
+            );
         }
     }
+    let body_limit = super::parse_guard::BodyLimit(config.server.max_body_bytes);
     let mcp = mcp
+        .layer(axum::middleware::from_fn_with_state(body_limit, super::parse_guard::reject_malformed_json))
+        .layer(axum::middleware::from_fn_with_state(
+            super::quotas::SessionLimit {
+                sessions: Arc::clone(&sessions),
+                max_per_tenant: config.limits.max_sessions_per_tenant,
+            },
+            super::quotas::limit_sessions,
+        ))
         .layer(axum::middleware::from_fn_with_state(auth, require_tenant))
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&core), track_in_flight));
-    let app = Router::new()
+    let mut app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(Arc::clone(&core))
         .merge(mcp);
+    if let Some(metrics_router) = main_metrics {
+        app = app.merge(metrics_router);
+    }
 
     let addr: SocketAddr = listener.local_addr().context("reading the listening address")?;
     tracing::info!(%addr, auth = config.has_auth(), provider = ?config.provider.kind, "sandbox-mcp gateway listening (MCP on /mcp)");
     log_deployment_sandboxes(Arc::clone(&core)); // ops: background, never blocks start-up
     let http_stop = CancellationToken::new();
     let http_stop_signal = http_stop.clone();
-    let mut server = tokio::spawn(async move {
-        axum::serve(
-            listener.tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            }),
-            app,
-        )
-        .with_graceful_shutdown(http_stop_signal.cancelled_owned())
-        .await
-    });
+    let limits = config.server.listen_limits();
+    let mut server =
+        tokio::spawn(crate::listen::serve("gateway", listener, app, limits, http_stop_signal.cancelled_owned()));
 
     tokio::select! {
         _ = stop.cancelled() => {}
@@ -157,11 +171,7 @@ pub async fn serve_on(
             core.end_all_sessions(Duration::from_secs(config.server.shutdown_grace_secs)).await;
             metrics_stop.cancel();
             if let Some(embedded) = connection.embedded { embedded.shutdown().await; }
-            return match result {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(err)) => Err(err).context("HTTP server failed"),
-                Err(err) => Err(err).context("HTTP server task failed"),
-            };
+            return result.context("HTTP server task failed");
         }
     }
 
@@ -198,6 +208,38 @@ pub async fn serve_on(
     tracing::info!("sandbox-mcp gateway stopped");
     Ok(())
 }
+
+/// `/metrics` for the main listener: open without auth, behind `metrics.token_sha256` with auth,
+/// absent (with a warning) when auth is on and no metrics token is set.
+fn metrics_on_main_listener(config: &Config, metrics: Arc<metrics::GatewayMetrics>) -> Option<Router> {
+    let router = Router::new().route("/metrics", get(metrics::serve_metrics).with_state(metrics));
+    if !config.has_auth() {
+        return Some(router);
+    }
+    if config.metrics.token_sha256.is_empty() {
+        tracing::warn!(
+            "/metrics is not served: auth is on and tenant tokens may not read it; set metrics.listen (admin \
+             listener) or metrics.token_sha256 (a dedicated scrape token)"
+        );
+        return None;
+    }
+    let tokens = TokenSet::new(&[crate::config::TokenEntry {
+        tenant: "metrics".into(),
+        sha256: config.metrics.token_sha256.to_ascii_lowercase(),
+    }]);
+    let auth = AuthState { tokens, sessions: SessionRegistry::new() };
+    Some(router.layer(axum::middleware::from_fn_with_state(auth, require_tenant)))
+}
+
+/// The admin (metrics) listener's limits: the server's timeouts, a small connection cap.
+fn admin_limits(config: &Config) -> crate::listen::ListenLimits {
+    let mut limits = config.server.listen_limits();
+    limits.max_connections = limits.max_connections.min(ADMIN_MAX_CONNECTIONS);
+    limits
+}
+
+/// Connection cap of the admin listener (scrapers need a handful).
+const ADMIN_MAX_CONNECTIONS: usize = 64;
 
 /// Bound on the start-up count of this deployment's sandboxes.
 const STARTUP_LIST_TIMEOUT: Duration = Duration::from_secs(10);

@@ -138,6 +138,11 @@ impl SessionRegistry {
         self.with_session(session_id, tenant, |_| ())
     }
 
+    /// Live sessions bound to `tenant`.
+    pub fn sessions_of(&self, tenant: &str) -> usize {
+        self.lock().values().filter(|s| s.tenant.as_deref() == Some(tenant)).count()
+    }
+
     /// The tenant a session is bound to (None if unknown session or not bound yet).
     pub fn tenant_of(&self, session_id: &str) -> Option<String> {
         self.lock().get(session_id).and_then(|s| s.tenant.clone())

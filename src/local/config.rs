@@ -38,6 +38,8 @@ pub struct LocalProviderConfig {
     pub agent_binary: PathBuf,
     /// Sandbox networking (DNS upstreams, namespace pool, inbound domain).
     pub network: super::net::NetConfig,
+    /// Connection cap and timeouts of the provider's HTTP listener.
+    pub listen_limits: crate::listen::ListenLimits,
 }
 
 impl Default for LocalProviderConfig {
@@ -57,6 +59,7 @@ impl Default for LocalProviderConfig {
             max_data_body_bytes: 1024 * 1024 * 1024,
             agent_binary: PathBuf::from("/proc/self/exe"),
             network: super::net::NetConfig::default(),
+            listen_limits: crate::listen::ListenLimits::default(),
         }
     }
 }

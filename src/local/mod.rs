@@ -77,6 +77,15 @@ pub struct ProviderArgs {
     /// Per-sandbox disk limit in MiB (a sparse ext4 image per sandbox); 0 = no limit.
     #[arg(long, default_value_t = 10240)]
     pub disk_limit_mb: u64,
+    /// Most HTTP connections open at once (the longest-idle one is closed to make room).
+    #[arg(long, default_value_t = crate::listen::DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+    /// Seconds a client has to send a request's headers.
+    #[arg(long, default_value_t = crate::listen::DEFAULT_HEADER_READ_TIMEOUT_SECS)]
+    pub header_read_timeout: u64,
+    /// Seconds after which a connection with no request in flight is closed.
+    #[arg(long, default_value_t = crate::listen::DEFAULT_IDLE_TIMEOUT_SECS)]
+    pub idle_timeout: u64,
 }
 
 fn parse_template(s: &str) -> Result<(String, PathBuf), String> {
@@ -127,6 +136,10 @@ impl RunningProvider {
     }
 }
 
+/// How often records, the state directory and live agents are reconciled (see
+/// [`provider::Provider::reconcile_once`]).
+pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Starts the provider on `listener`: checks isolation is permitted, re-adopts sandboxes left by a
 /// previous run, starts the deadline reaper, and serves until [`RunningProvider::shutdown`].
 pub async fn start_provider(
@@ -159,27 +172,27 @@ pub async fn start_provider(
     let reaper_stop = shutdown.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_millis(250));
+        let mut reconcile = tokio::time::interval(RECONCILE_INTERVAL);
         loop {
             tokio::select! {
                 _ = reaper_stop.cancelled() => break,
                 _ = tick.tick() => reaper_provider.reap_once().await,
+                _ = reconcile.tick() => {
+                    let cleaned = reaper_provider.reconcile_once().await;
+                    if cleaned > 0 {
+                        tracing::warn!(cleaned, "reconciliation cleaned up untracked sandboxes");
+                    }
+                }
             }
         }
     });
 
+    let limits = provider.cfg.listen_limits;
     let app = api::router(Arc::new(api::AppState { provider: provider.clone() }));
     let stop = shutdown.clone();
-    let server = tokio::spawn(async move {
-        // Small Connect frames and JSON answers must not wait for Nagle's algorithm
-        // (about 40 ms on a reused connection).
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        let serve = axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await });
-        if let Err(err) = serve.await {
-            tracing::error!(%err, "local provider server failed");
-        }
-    });
+    // Connection cap, header-read and idle timeouts, accept back-off (see `crate::listen`);
+    // TCP_NODELAY so small Connect frames never wait for Nagle's algorithm.
+    let server = tokio::spawn(crate::listen::serve("provider", listener, app, limits, stop.cancelled_owned()));
     tracing::info!(%addr, "local provider listening");
     Ok(RunningProvider { addr, provider, shutdown, server, _lock: lock })
 }
@@ -192,6 +205,11 @@ pub fn run_provider(args: ProviderArgs) -> anyhow::Result<()> {
         cfg.state_dir = dir;
     }
     cfg.max_sandboxes = args.max_sandboxes;
+    cfg.listen_limits = crate::listen::ListenLimits {
+        max_connections: args.max_connections,
+        header_read_timeout: Duration::from_secs(args.header_read_timeout.max(1)),
+        idle_timeout: Duration::from_secs(args.idle_timeout.max(1)),
+    };
     cfg.memory_limit_mb = args.memory_limit_mb;
     cfg.pids_limit = args.pids_limit;
     cfg.default_timeout_secs = args.default_timeout;

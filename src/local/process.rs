@@ -34,16 +34,32 @@ fn pidfd_send_signal(pidfd: &OwnedFd, signal: i32) -> std::io::Result<()> {
 /// PID 1 of its namespace, its death takes every process of the sandbox with it. Returns a pidfd
 /// to wait on, or None if the process is already gone.
 pub fn send_kill(pid: i32, start_time: u64) -> Option<OwnedFd> {
-    let Ok(pidfd) = pidfd_open(pid) else {
-        reap_if_child(pid);
-        return None;
+    try_send_kill(pid, start_time).unwrap_or_else(|err| {
+        tracing::warn!(%err, pid, "cannot open a pidfd for the sandbox agent; it may still run");
+        None
+    })
+}
+
+/// Like [`send_kill`], but an error when the agent could not be signalled for a transient reason
+/// (no pidfd for lack of descriptors): the caller must keep tracking it and try again.
+pub fn try_send_kill(pid: i32, start_time: u64) -> std::io::Result<Option<OwnedFd>> {
+    let pidfd = match pidfd_open(pid) {
+        Ok(pidfd) => pidfd,
+        Err(err) if err.raw_os_error() == Some(libc::ESRCH) || err.raw_os_error() == Some(libc::EINVAL) => {
+            reap_if_child(pid);
+            return Ok(None);
+        }
+        Err(err) => return Err(err),
     };
+    if super::record::process_liveness(pid, start_time) == super::record::Liveness::Unknown {
+        return Err(std::io::Error::other("cannot read /proc to verify the agent's identity"));
+    }
     if process_is(pid, start_time)
         && let Err(err) = pidfd_send_signal(&pidfd, libc::SIGKILL)
     {
         tracing::warn!(%err, pid, "cannot signal sandbox agent");
     }
-    Some(pidfd)
+    Ok(Some(pidfd))
 }
 
 /// Waits up to `timeout` for the process behind `pidfd` to exit, then reaps it if it is our child.
@@ -109,6 +125,25 @@ pub fn agents_for_dir(sandbox_dir: &Path) -> Vec<i32> {
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .filter(|p| std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| contains(&c, needle.as_bytes())))
+        .collect()
+}
+
+/// Agents (`envd --sandbox-dir SANDBOXES/<id>`) started from this state directory's
+/// `sandboxes_dir`, as (host pid, sandbox id). Best effort: an unreadable `/proc` gives none.
+pub fn agents_under(sandboxes_dir: &Path) -> Vec<(i32, String)> {
+    let prefix = format!("--sandbox-dir\0{}/", sandboxes_dir.display());
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let at = cmdline.windows(prefix.len()).position(|w| w == prefix.as_bytes())? + prefix.len();
+            let id: Vec<u8> = cmdline[at..].iter().take_while(|&&b| b != 0).copied().collect();
+            let id = String::from_utf8(id).ok()?;
+            super::record::is_valid_sandbox_id(&id).then_some((pid, id))
+        })
         .collect()
 }
 

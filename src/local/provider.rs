@@ -2,7 +2,7 @@
 //! create, kill, pause/resume, timeouts, the deadline reaper, and re-adoption
 //! of sandboxes that kept running while the provider was down.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -16,7 +16,7 @@ use super::net::policy::{EgressPolicy, NetworkConfig};
 use super::net::{NetPool, SandboxNet};
 use super::process;
 use super::record::{
-    self, LOG_FILE, RECORD_FILE, SOCKET_FILE, SPEC_FILE, SandboxRecord, SandboxSpec, now_ms, process_is,
+    self, LOG_FILE, Liveness, RECORD_FILE, SOCKET_FILE, SPEC_FILE, SandboxRecord, SandboxSpec, now_ms, process_is,
     process_start_time, write_json_atomic,
 };
 use super::template::TemplateRoot;
@@ -118,6 +118,8 @@ pub struct Provider {
     pending: Mutex<usize>,
     /// Background clean-ups of killed sandboxes still running.
     cleanups: Arc<Mutex<usize>>,
+    /// Ids whose directory is being created or cleaned up (reconciliation leaves them alone).
+    busy: Arc<Mutex<HashSet<String>>>,
 }
 
 impl Provider {
@@ -187,6 +189,7 @@ impl Provider {
             table: Mutex::new(HashMap::new()),
             pending: Mutex::new(0),
             cleanups: Arc::new(Mutex::new(0)),
+            busy: Arc::new(Mutex::new(HashSet::new())),
         })
     }
 
@@ -255,6 +258,20 @@ impl Provider {
         policy: EgressPolicy,
     ) -> Result<SandboxRecord, ProviderError> {
         let id = record::new_sandbox_id();
+        self.busy_ids().insert(id.clone());
+        let result = self.create_in_dir(params, template, lifetime_ms, policy, id.clone()).await;
+        self.busy_ids().remove(&id);
+        result
+    }
+
+    async fn create_in_dir(
+        &self,
+        params: CreateParams,
+        template: TemplateRoot,
+        lifetime_ms: i64,
+        policy: EgressPolicy,
+        id: String,
+    ) -> Result<SandboxRecord, ProviderError> {
         let dir = self.sandboxes_dir.join(&id);
         let internal = |what: &str, e: &dyn std::fmt::Display| ProviderError::Internal(format!("{what}: {e}"));
         for sub in ["", "upper", "work", "root"] {
@@ -375,24 +392,40 @@ impl Provider {
     /// its PID namespace); waiting for the exit, removing the cgroups and the directory continue in
     /// the background (see [`Provider::cleanups_in_flight`]).
     pub async fn kill(&self, id: &str) -> Result<(), ProviderError> {
-        let entry = self.table().remove(id).ok_or_else(|| ProviderError::NotFound(id.to_owned()))?;
+        let entry = self.get(id).ok_or_else(|| ProviderError::NotFound(id.to_owned()))?;
         let _op = entry.op.lock().await;
-        drop(entry.take_net());
+        if !self.table().get(id).is_some_and(|current| Arc::ptr_eq(current, &entry)) {
+            return Err(ProviderError::NotFound(id.to_owned())); // killed meanwhile
+        }
         let rec = entry.snapshot();
-        let pidfd = process::send_kill(rec.envd_pid, rec.envd_start_time);
+        // Nothing leaves the table before its agent got the signal: an agent that cannot be
+        // signalled now (no descriptor for a pidfd) stays tracked, and the reaper tries again.
+        let pidfd = process::try_send_kill(rec.envd_pid, rec.envd_start_time).map_err(|err| {
+            tracing::warn!(sandbox = %rec.id, %err, "cannot kill the sandbox now; it stays tracked and is retried");
+            ProviderError::Internal(format!("cannot kill sandbox {id} right now ({err}); try again shortly"))
+        })?;
+        self.busy_ids().insert(rec.id.clone());
+        self.table().remove(id);
+        drop(entry.take_net());
         if rec.state == SandboxState::Paused && rec.pause_method.as_deref() == Some("freezer") {
             // Frozen tasks die only once thawed.
             let _ = cgroups::set_frozen(&rec.cgroups, false).await;
         }
         let in_flight = self.cleanups.clone();
         *in_flight.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        let busy = self.busy.clone();
         let dir = entry.dir.clone();
         tokio::spawn(async move {
             finish_destroy(pidfd, &rec, &dir).await;
+            busy.lock().unwrap_or_else(|p| p.into_inner()).remove(&rec.id);
             *in_flight.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
             tracing::info!(sandbox = %rec.id, "sandbox removed");
         });
         Ok(())
+    }
+
+    fn busy_ids(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.busy.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Number of killed sandboxes whose clean-up is still running.
@@ -564,13 +597,21 @@ impl Provider {
         }
     }
 
-    /// One pass of the reaper: kills sandboxes past their deadline and cleans up dead agents.
+    /// One pass of the reaper: kills sandboxes past their deadline and cleans up dead agents. An
+    /// agent counts as dead only on positive evidence (`/proc/<pid>` absent, a zombie, or a
+    /// recycled pid), never because `/proc` could not be read; and nothing is dropped before its
+    /// agent got SIGKILL (see [`Provider::kill`]).
     pub async fn reap_once(&self) {
         let now = now_ms();
         for entry in self.all() {
             let rec = entry.snapshot();
             let expired = rec.end_at_ms <= now;
-            let dead = !process_is(rec.envd_pid, rec.envd_start_time);
+            let liveness = record::process_liveness(rec.envd_pid, rec.envd_start_time);
+            let dead = liveness == Liveness::Gone;
+            if liveness == Liveness::Unknown && !expired {
+                tracing::debug!(sandbox = %rec.id, "cannot read the agent's /proc entry; checking again later");
+                continue;
+            }
             if expired || dead {
                 if dead {
                     tracing::warn!(sandbox = %rec.id, "sandbox agent died; cleaning up");
@@ -578,6 +619,42 @@ impl Provider {
                 let _ = self.kill(&rec.id).await;
             }
         }
+    }
+
+    /// One reconciliation pass between this provider's records, its own state directory and the
+    /// live agents: kills any agent started from this state directory whose sandbox is not in the
+    /// table, and removes the cgroups and directory of any untracked sandbox directory. Touches
+    /// only sandboxes under this provider's `state_dir` (other providers on the machine share the
+    /// cgroup parent). Returns how many untracked sandboxes it cleaned up.
+    pub async fn reconcile_once(&self) -> usize {
+        // Checked live, after finding the agent/directory: a create marks its id busy before it
+        // makes the directory or starts the agent, and keeps it busy until the entry is tabled.
+        let known = |id: &str| self.get(id).is_some() || self.busy_ids().contains(id);
+        let mut cleaned = HashSet::new();
+        for (pid, id) in process::agents_under(&self.sandboxes_dir) {
+            if known(&id) {
+                continue;
+            }
+            if let Some(start) = process_start_time(pid) {
+                tracing::warn!(sandbox = %id, pid, "reconciliation: killing an untracked sandbox agent");
+                process::kill_and_wait(pid, start, KILL_TIMEOUT).await;
+                cleaned.insert(id);
+            }
+        }
+        if let Ok(entries) = std::fs::read_dir(&self.sandboxes_dir) {
+            for entry in entries.flatten() {
+                let Some(id) = entry.file_name().to_str().map(str::to_owned) else { continue };
+                // Re-read: a create may have finished since the snapshot.
+                if !record::is_valid_sandbox_id(&id) || known(&id) {
+                    continue;
+                }
+                tracing::warn!(sandbox = %id, "reconciliation: removing an untracked sandbox directory");
+                cgroups::remove(&self.cgroups.paths_for(&id)).await;
+                remove_sandbox_dir(&entry.path());
+                cleaned.insert(id);
+            }
+        }
+        cleaned.len()
     }
 
     /// Kills every sandbox and waits (up to 15 s) until their clean-up has finished. For tests and

@@ -19,8 +19,29 @@ use super::record::{SOCKET_FILE, SandboxSpec};
 use super::seccomp;
 use super::userns::{self, IdMap};
 
+/// Size of the sandbox's `/dev/shm` tmpfs (Docker's default). tmpfs pages are charged to the
+/// sandbox's memory cgroup but belong to no process, so an unbounded `/dev/shm` lets a filler push
+/// the cgroup into the OOM killer with nothing it could free; bounded, the filler gets ENOSPC.
+pub const SHM_SIZE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Makes envd the last process of its sandbox the OOM killer picks, so a process exhausting the
+/// sandbox's memory is killed and the sandbox survives: envd lowers its own `oom_score_adj` to
+/// -1000 when it may (CAP_SYS_RESOURCE; some container runtimes withhold it), and every command it
+/// starts raises its own to +500 (see `envd::spawn`), which needs no privilege and which an
+/// unprivileged sandbox user cannot undo.
+fn shield_from_oom_killer() {
+    // EACCES/EPERM without CAP_SYS_RESOURCE is expected in some containers and stays quiet (envd's
+    // last log line becomes the provider's start-up error detail); commands still run at +500.
+    if let Err(err) = std::fs::write("/proc/self/oom_score_adj", "-1000")
+        && err.kind() != std::io::ErrorKind::PermissionDenied
+    {
+        eprintln!("sandbox-mcp envd: cannot lower its OOM score ({err}); commands still run at +500");
+    }
+}
+
 /// Builds the sandbox around the calling process and returns the bound agent socket.
 pub fn enter_sandbox(sandbox_dir: &Path, spec: &SandboxSpec) -> anyhow::Result<UnixListener> {
+    shield_from_oom_killer();
     let root = sandbox_dir.join("root");
     let ids = spec.id_map;
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
@@ -267,7 +288,7 @@ fn build_dev(root: &Path, ids: &IdMap) -> anyhow::Result<()> {
         &shm,
         Some("tmpfs"),
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some(format!("mode=1777,{owner}").as_str()),
+        Some(format!("mode=1777,size={SHM_SIZE_BYTES},{owner}").as_str()),
     )
     .context("mounting /dev/shm")?;
     for (name, target) in [

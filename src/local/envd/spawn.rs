@@ -109,10 +109,17 @@ pub fn spawn(spec: &SpawnSpec) -> Result<SpawnedChild, SpawnError> {
     let switch_user = nix::unistd::geteuid().is_root();
     let (uid, gid) = (spec.user.uid, spec.user.gid);
     let groups: Vec<libc::gid_t> = spec.user.groups.clone();
+    let oom_path = c"/proc/self/oom_score_adj";
     // SAFETY: the closure runs in the forked child before exec and only calls
     // async-signal-safe libc functions on data prepared before the fork.
     unsafe {
         command.pre_exec(move || {
+            // Only stdin/stdout/stderr cross into the command (std's own exec-error pipe is
+            // already close-on-exec), whatever envd inherited or opened.
+            crate::local::spawn::mark_inherited_fds_cloexec(3);
+            // Commands get a raised OOM score (raising needs no privilege; lowering it back does),
+            // so the OOM killer picks them, never envd (which also tries -1000 for itself).
+            reset_oom_score(oom_path);
             if switch_user {
                 if libc::setgroups(groups.len(), groups.as_ptr()) != 0 {
                     return Err(std::io::Error::last_os_error());
@@ -142,6 +149,21 @@ pub fn spawn(spec: &SpawnSpec) -> Result<SpawnedChild, SpawnError> {
     // Dropping `child` neither waits nor kills: the reaper owns the exit status.
     drop(child);
     Ok(SpawnedChild { pid, stdin, stdout: OwnedFd::from(stdout), stderr: OwnedFd::from(stderr) })
+}
+
+/// `oom_score_adj` of every command envd starts.
+pub const COMMAND_OOM_SCORE_ADJ: &[u8] = b"500";
+
+/// Writes [`COMMAND_OOM_SCORE_ADJ`] to `/proc/self/oom_score_adj` (async-signal-safe; best effort).
+fn reset_oom_score(path: &std::ffi::CStr) {
+    // SAFETY: open/write/close on a constant path and a constant buffer.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd >= 0 {
+            libc::write(fd, COMMAND_OOM_SCORE_ADJ.as_ptr().cast(), COMMAND_OOM_SCORE_ADJ.len());
+            libc::close(fd);
+        }
+    }
 }
 
 /// Sends `signal` to the process group of `pid` (falls back to the process alone).
