@@ -76,6 +76,14 @@ impl TaskIdKey {
             let material = format!("{api_key}\0{}", config.provider.deployment);
             return Self::from_secret(material.as_bytes());
         }
+        if embedded {
+            // The embedded provider's API key is new at each start; its state dir is not.
+            let path = config.local.resolved_state_dir().join("mcp-task-id.key");
+            match load_or_create_key_file(&path) {
+                Ok(secret) => return Self::from_secret(&secret),
+                Err(err) => tracing::warn!(path = %path.display(), error = %err, "cannot keep the MCP task-id key"),
+            }
+        }
         tracing::warn!(
             "no tasks.task_id_key configured (SANDBOX_MCP_TASKS__TASK_ID_KEY) and no provider API key to derive \
              one from: MCP task ids are valid for this process only"
@@ -120,6 +128,33 @@ impl TaskIdKey {
         self.mac_state(tenant, &handle)?.verify_truncated_left(&given).ok()?;
         Some(handle)
     }
+}
+
+/// Reads the 32-byte key file, or creates it (mode 0600) with a random key.
+fn load_or_create_key_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::read(path) {
+        Ok(secret) if secret.len() >= 32 => return Ok(secret),
+        Ok(_) => return Err(std::io::Error::other("key file shorter than 32 bytes")),
+        Err(err) if err.kind() != std::io::ErrorKind::NotFound => return Err(err),
+        Err(_) => {}
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let secret = rand::random::<[u8; 32]>();
+    let tmp = path.with_extension(format!("tmp{:08x}", rand::random::<u32>()));
+    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+    file.write_all(&secret)?;
+    file.sync_all()?;
+    // A concurrent creator may win: keep whichever file is in place.
+    if std::fs::hard_link(&tmp, path).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+        return std::fs::read(path);
+    }
+    let _ = std::fs::remove_file(&tmp);
+    Ok(secret.to_vec())
 }
 
 /// What an MCP task id stands for.
@@ -178,8 +213,9 @@ pub fn wants_task(request: &CallToolRequestParams, context: &RequestContext<Role
 }
 
 /// A `ttlMs` the client asked for in the request's `_meta["io.modelcontextprotocol/tasks"]`.
-fn requested_ttl_ms(request: &CallToolRequestParams) -> Option<u64> {
-    request.meta.as_ref()?.get(TASKS_EXTENSION_ID)?.get("ttlMs")?.as_u64()
+fn requested_ttl_ms(request: &CallToolRequestParams, context: &RequestContext<RoleServer>) -> Option<u64> {
+    let from = |meta: &rmcp::model::RequestMetaObject| meta.get(TASKS_EXTENSION_ID)?.get("ttlMs")?.as_u64();
+    request.meta.as_ref().and_then(from).or_else(|| from(&context.meta))
 }
 
 fn tool_error(message: String) -> CallToolResult {
@@ -217,7 +253,7 @@ impl Gateway {
         };
         let handle = TaskHandle { sandbox_id: started.sandbox_id.clone(), task_id, created_ms };
         let mcp_id = self.core.task_key.encode(&call.tenant, &handle);
-        let ttl_ms = self.task_ttl_ms(&handle, requested_ttl_ms(&request));
+        let ttl_ms = self.task_ttl_ms(&handle, requested_ttl_ms(&request, &context));
         let created = rfc3339_ms(created_ms);
         let mut task = Task::new(mcp_id, TaskStatus::Working, created.clone(), created);
         task.ttl_ms = ttl_ms;
