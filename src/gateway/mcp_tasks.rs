@@ -93,7 +93,8 @@ impl TaskIdKey {
 
     fn mac_state(&self, tenant: &str, handle: &TaskHandle) -> Option<HmacSha256> {
         let mut mac = HmacSha256::new_from_slice(&self.0).ok()?;
-        for part in [tenant, handle.sandbox_id.as_str(), handle.task_id.as_str(), &handle.created_ms.to_string()] {
+        let (created, kind) = (handle.created_ms.to_string(), handle.kind.encode());
+        for part in [tenant, handle.sandbox_id.as_str(), handle.task_id.as_str(), &created, &kind] {
             mac.update(&(part.len() as u64).to_be_bytes());
             mac.update(part.as_bytes());
         }
@@ -104,13 +105,14 @@ impl TaskIdKey {
     pub fn encode(&self, tenant: &str, handle: &TaskHandle) -> String {
         let tag = self.mac_state(tenant, handle).map(|m| m.finalize().into_bytes().to_vec()).unwrap_or_default();
         let mac = URL_SAFE_NO_PAD.encode(&tag[..MAC_BYTES.min(tag.len())]);
-        format!("{ID_PREFIX}.{}.{}.{}.{mac}", handle.sandbox_id, handle.task_id, handle.created_ms)
+        format!("{ID_PREFIX}.{}.{}.{}.{}.{mac}", handle.sandbox_id, handle.task_id, handle.created_ms, handle.kind.encode())
     }
 
     /// The task behind an MCP task id, if the id is well formed and was issued to `tenant`.
     pub fn decode(&self, tenant: &str, raw: &str) -> Option<TaskHandle> {
         let mut parts = raw.split('.');
-        let (prefix, sandbox, task, created, mac) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        let (prefix, sandbox, task, created) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        let (kind, mac) = (parts.next()?, parts.next()?);
         if prefix != ID_PREFIX || parts.next().is_some() {
             return None;
         }
@@ -119,6 +121,7 @@ impl TaskIdKey {
             sandbox_id: sandbox.to_string(),
             task_id: TaskId::parse(task).ok()?,
             created_ms: created.parse().ok()?,
+            kind: TaskKind::decode(kind)?,
         };
         let given = URL_SAFE_NO_PAD.decode(mac).ok()?;
         if given.len() != MAC_BYTES {
@@ -164,11 +167,47 @@ pub struct TaskHandle {
     pub task_id: TaskId,
     /// Creation time, Unix milliseconds.
     pub created_ms: u64,
+    /// The tool that started it (its result takes that tool's shape).
+    pub kind: TaskKind,
 }
 
-/// The completed result of a task-run command: `run_command`'s fields plus the task's own.
+/// The tool a task-augmented call was made to.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TaskKind {
+    RunCommand,
+    /// `start_task`, with the task's timeout (part of start_task's result).
+    StartTask { timeout: u64 },
+}
+
+impl TaskKind {
+    fn encode(self) -> String {
+        match self {
+            TaskKind::RunCommand => "r".into(),
+            TaskKind::StartTask { timeout } => format!("s{timeout}"),
+        }
+    }
+
+    fn decode(raw: &str) -> Option<Self> {
+        match raw.strip_prefix('s') {
+            _ if raw == "r" => Some(TaskKind::RunCommand),
+            Some(timeout) if !timeout.is_empty() && timeout.len() <= 6 => {
+                Some(TaskKind::StartTask { timeout: timeout.parse().ok()? })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The completed result of a task-run command: `run_command`'s fields plus the task's own (and, for
+/// `start_task`, the rest of `start_task`'s result, so each matches its tool's output schema).
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct TaskRunResult {
+    /// start_task only: the task's timeout, seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<u64>,
+    /// start_task only: what to do next.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
     pub sandbox_id: String,
     /// The sandbox task behind the MCP task (usable with get_task / cancel_task too).
     pub task_id: String,
@@ -251,7 +290,12 @@ impl Gateway {
             Ok(id) => id,
             Err(err) => return Err(McpError::internal_error(err.to_string(), None)),
         };
-        let handle = TaskHandle { sandbox_id: started.sandbox_id.clone(), task_id, created_ms };
+        let kind = if tool == "run_command" {
+            TaskKind::RunCommand
+        } else {
+            TaskKind::StartTask { timeout: started.timeout }
+        };
+        let handle = TaskHandle { sandbox_id: started.sandbox_id.clone(), task_id, created_ms, kind };
         let mcp_id = self.core.task_key.encode(&call.tenant, &handle);
         let ttl_ms = self.task_ttl_ms(&handle, requested_ttl_ms(&request, &context));
         let created = rfc3339_ms(created_ms);
@@ -354,7 +398,7 @@ impl Gateway {
             }
             TaskState::Cancelled => TaskPayload::Cancelled,
             TaskState::Succeeded | TaskState::Failed | TaskState::TimedOut => {
-                TaskPayload::Completed { result: completed_result(view) }
+                TaskPayload::Completed { result: completed_result(view, handle.kind) }
             }
             TaskState::Unknown => {
                 let reason = view.error.clone().unwrap_or_else(|| {
@@ -392,7 +436,7 @@ fn task_args(tool: &str, arguments: Value) -> Result<StartTaskArgs, String> {
 }
 
 /// The completed task's result: run_command-shaped structured content (a non-zero exit is data).
-fn completed_result(view: TaskView) -> JsonObject {
+fn completed_result(view: TaskView, kind: TaskKind) -> JsonObject {
     let duration_ms = match (view.started_at, view.finished_at) {
         (Some(start), Some(end)) if end >= start => ((end - start) * 1000.0) as u64,
         _ => 0,
@@ -401,7 +445,19 @@ fn completed_result(view: TaskView) -> JsonObject {
         TaskState::TimedOut => Some("timed out: the task ran past its timeout and was stopped".to_string()),
         _ => view.signal.map(|s| format!("signal: {s}")).or(view.error.clone()),
     };
+    let view_times = (view.started_at, view.finished_at);
+    let start_task = match kind {
+        TaskKind::StartTask { timeout } => Some(timeout),
+        TaskKind::RunCommand => None,
+    };
     let result = TaskRunResult {
+        timeout: start_task,
+        hint: start_task.map(|_| {
+            format!(
+                "The task has ended; its full saved output stays readable with get_task(sandbox_id=\"{}\", task_id=\"{}\").",
+                view.sandbox_id, view.task_id
+            )
+        }),
         stdout_truncated: view.stdout_truncated || view.stdout_next_offset < view.stdout_size,
         stderr_truncated: view.stderr_truncated || view.stderr_next_offset < view.stderr_size,
         stdout_bytes: view.stdout_total_bytes.unwrap_or(view.stdout_size),
@@ -415,7 +471,13 @@ fn completed_result(view: TaskView) -> JsonObject {
         error,
         duration_ms,
     };
-    let value = serde_json::to_value(&result).unwrap_or(Value::Null);
+    let (started_at, finished_at) = (view_times.0, view_times.1);
+    let mut value = serde_json::to_value(&result).unwrap_or(Value::Null);
+    if let (Some(_), Value::Object(object)) = (start_task, &mut value) {
+        // start_task's result always carries both times (null while unknown).
+        object.insert("started_at".into(), started_at.map_or(Value::Null, Value::from));
+        object.insert("finished_at".into(), finished_at.map_or(Value::Null, Value::from));
+    }
     let tool_result = CallToolResult::structured(value);
     match serde_json::to_value(&tool_result) {
         Ok(Value::Object(object)) => object,
@@ -438,6 +500,7 @@ mod tests {
             sandbox_id: "sbx-1".into(),
             task_id: TaskId::parse("0123456789abcdef0123456789abcdef").expect("valid id"),
             created_ms: 1_700_000_000_000,
+            kind: TaskKind::StartTask { timeout: 300 },
         }
     }
 
@@ -456,11 +519,14 @@ mod tests {
         let id = key.encode("acme", &handle());
         let forged = id.replace("sbx-1", "sbx-2");
         assert_eq!(key.decode("acme", &forged), None);
+        let other_kind = id.replace(".s300.", ".r.");
+        assert_ne!(other_kind, id);
+        assert_eq!(key.decode("acme", &other_kind), None);
         let mut tampered = id.clone();
         tampered.pop();
         tampered.push(if id.ends_with('A') { 'B' } else { 'A' });
         assert_eq!(key.decode("acme", &tampered), None);
-        for bad in ["", "sbx1", "sbx1.a.b.c.d", "tasks-conformance-nonexistent-12345", &format!("{id}.x")] {
+        for bad in ["", "sbx1", "sbx1.a.b.c.d", "sbx1.a.b.c.d.e", "tasks-conformance-nonexistent-12345", &format!("{id}.x")] {
             assert_eq!(key.decode("acme", bad), None, "{bad}");
         }
     }
