@@ -24,6 +24,15 @@ if [ ! -x "$venv/bin/python" ] || ! cmp -s scripts/requirements-test.txt "$venv/
   "$venv/bin/pip" install --quiet --disable-pip-version-check -r scripts/requirements-test.txt
   cp scripts/requirements-test.txt "$venv/.requirements"
 fi
+# The official MCP Python SDK v2 beside v1 (tests/gateway_python_v2_interop.rs), in its own venv.
+venv2="$root/.venv-mcp2"
+if [ ! -x "$venv2/bin/python" ] || ! cmp -s tests/interop/requirements-mcp2.txt "$venv2/.requirements"; then
+  rm -rf "$venv2"
+  python3 -m venv "$venv2"
+  "$venv2/bin/pip" install --quiet --disable-pip-version-check -r tests/interop/requirements-mcp2.txt
+  cp tests/interop/requirements-mcp2.txt "$venv2/.requirements"
+fi
+export SANDBOX_MCP_PYTHON_V2="$venv2/bin/python"
 export SANDBOX_MCP_PYTHON="$venv/bin/python"
 export E2B_SDK_PYTHON="$venv/bin/python"
 # Every test must really run here: a test that would skip (no root, no python) fails instead.
