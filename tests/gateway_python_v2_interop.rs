@@ -38,7 +38,11 @@ fn run_client(mode: &str) {
         .expect("run python");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "python v2 ({mode}) failed:\n{stdout}\n{stderr}\nserve log:\n{}", gateway.log_text());
+    assert!(
+        output.status.success(),
+        "python v2 ({mode}) failed:\n{stdout}\n{stderr}\nserve log:\n{}",
+        gateway.log_text()
+    );
     assert!(!stderr.contains("Session termination failed"), "{stderr}");
     let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("summary line");
     println!("{seen}");

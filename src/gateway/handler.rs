@@ -22,10 +22,10 @@ use rmcp::{ErrorData as McpError, Json, ServerHandler, tool_handler};
 use tokio_util::task::TaskTracker;
 
 use super::auth::Tenant;
-use super::{generation, mcp_tasks};
 use super::masking::SecretMasker;
 use super::metrics::GatewayMetrics;
 use super::sessions::{EndReason, SessionEndHook, SessionRegistry, SessionState};
+use super::{generation, mcp_tasks};
 use crate::config::Config;
 use crate::e2b::{E2bClient, E2bError, EnvdClient, wire};
 use crate::tasks::service::TaskService;
@@ -565,15 +565,27 @@ impl ServerHandler for Gateway {
         router.call(ToolCallContext::new(self, request, context)).await
     }
 
-    async fn get_task(&self, request: GetTaskParams, context: RequestContext<RoleServer>) -> Result<GetTaskResult, McpError> {
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, McpError> {
         self.mcp_get_task(&request.task_id, &context).await
     }
 
-    async fn update_task(&self, request: UpdateTaskParams, context: RequestContext<RoleServer>) -> Result<(), McpError> {
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
         self.mcp_update_task(&request.task_id, &context).await
     }
 
-    async fn cancel_task(&self, request: CancelTaskParams, context: RequestContext<RoleServer>) -> Result<(), McpError> {
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
         self.mcp_cancel_task(&request.task_id, &context).await
     }
 }

@@ -105,7 +105,13 @@ impl TaskIdKey {
     pub fn encode(&self, tenant: &str, handle: &TaskHandle) -> String {
         let tag = self.mac_state(tenant, handle).map(|m| m.finalize().into_bytes().to_vec()).unwrap_or_default();
         let mac = URL_SAFE_NO_PAD.encode(&tag[..MAC_BYTES.min(tag.len())]);
-        format!("{ID_PREFIX}.{}.{}.{}.{}.{mac}", handle.sandbox_id, handle.task_id, handle.created_ms, handle.kind.encode())
+        format!(
+            "{ID_PREFIX}.{}.{}.{}.{}.{mac}",
+            handle.sandbox_id,
+            handle.task_id,
+            handle.created_ms,
+            handle.kind.encode()
+        )
     }
 
     /// The task behind an MCP task id, if the id is well formed and was issued to `tenant`.
@@ -176,7 +182,9 @@ pub struct TaskHandle {
 pub enum TaskKind {
     RunCommand,
     /// `start_task`, with the task's timeout (part of start_task's result).
-    StartTask { timeout: u64 },
+    StartTask {
+        timeout: u64,
+    },
 }
 
 impl TaskKind {
@@ -231,7 +239,9 @@ fn now_ms() -> u64 {
 }
 
 fn rfc3339_ms(ms: u64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms as i64).unwrap_or_default().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    chrono::DateTime::from_timestamp_millis(ms as i64)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 fn not_found(raw: &str) -> McpError {
@@ -290,11 +300,8 @@ impl Gateway {
             Ok(id) => id,
             Err(err) => return Err(McpError::internal_error(err.to_string(), None)),
         };
-        let kind = if tool == "run_command" {
-            TaskKind::RunCommand
-        } else {
-            TaskKind::StartTask { timeout: started.timeout }
-        };
+        let kind =
+            if tool == "run_command" { TaskKind::RunCommand } else { TaskKind::StartTask { timeout: started.timeout } };
         let handle = TaskHandle { sandbox_id: started.sandbox_id.clone(), task_id, created_ms, kind };
         let mcp_id = self.core.task_key.encode(&call.tenant, &handle);
         let ttl_ms = self.task_ttl_ms(&handle, requested_ttl_ms(&request, &context));
@@ -345,14 +352,22 @@ impl Gateway {
 
     /// `tasks/cancel`: `cancel_task`'s semantics (TERM, KILL, confirmed within 3 s; a finished task is
     /// left as it was). Answers the empty acknowledgement.
-    pub(crate) async fn mcp_cancel_task(&self, raw: &str, context: &RequestContext<RoleServer>) -> Result<(), McpError> {
+    pub(crate) async fn mcp_cancel_task(
+        &self,
+        raw: &str,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
         let (call, handle) = self.task_target(raw, context).await?;
         let page = PageRequest::new(None, None, Some(1)).map_err(|e| McpError::internal_error(e.to_string(), None))?;
         self.task_op(&call, &handle, raw, TaskOp::Cancel(page)).await.map(|_| ())
     }
 
     /// `tasks/update`: our tasks never ask for input; a known task acknowledges (responses are ignored).
-    pub(crate) async fn mcp_update_task(&self, raw: &str, context: &RequestContext<RoleServer>) -> Result<(), McpError> {
+    pub(crate) async fn mcp_update_task(
+        &self,
+        raw: &str,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
         self.task_target(raw, context).await.map(|_| ())
     }
 
@@ -385,10 +400,7 @@ impl Gateway {
     /// Maps a task view to the extension's detailed task.
     fn detailed_task(&self, raw: &str, handle: &TaskHandle, view: TaskView) -> DetailedTask {
         let created = rfc3339_ms(handle.created_ms);
-        let updated = view
-            .finished_at
-            .map(|s| rfc3339_ms((s * 1000.0) as u64))
-            .unwrap_or_else(|| rfc3339_ms(now_ms()));
+        let updated = view.finished_at.map(|s| rfc3339_ms((s * 1000.0) as u64)).unwrap_or_else(|| rfc3339_ms(now_ms()));
         let mut task = Task::new(raw, TaskStatus::Working, created, updated);
         task.ttl_ms = self.task_ttl_ms(handle, None);
         let payload = match view.state {
@@ -526,7 +538,9 @@ mod tests {
         tampered.pop();
         tampered.push(if id.ends_with('A') { 'B' } else { 'A' });
         assert_eq!(key.decode("acme", &tampered), None);
-        for bad in ["", "sbx1", "sbx1.a.b.c.d", "sbx1.a.b.c.d.e", "tasks-conformance-nonexistent-12345", &format!("{id}.x")] {
+        for bad in
+            ["", "sbx1", "sbx1.a.b.c.d", "sbx1.a.b.c.d.e", "tasks-conformance-nonexistent-12345", &format!("{id}.x")]
+        {
             assert_eq!(key.decode("acme", bad), None, "{bad}");
         }
     }

@@ -12,10 +12,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::args::{validate_envs, validate_metadata, validate_range, validate_template};
-use super::sessions::SessionState;
 use super::handler::{
     CallContext, Gateway, META_DEPLOYMENT, META_RESERVED_PREFIX, META_SESSION, META_TENANT, validate_sandbox_id,
 };
+use super::sessions::SessionState;
 use crate::e2b::wire;
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]

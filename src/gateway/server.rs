@@ -23,9 +23,9 @@ use tokio_util::sync::CancellationToken;
 use super::auth::{AuthState, TokenSet, require_tenant};
 use super::drain::track_in_flight;
 use super::generation;
-use super::mcp_tasks::TaskIdKey;
 use super::handler::{Gateway, GatewayCore, META_DEPLOYMENT};
 use super::masking::SecretMasker;
+use super::mcp_tasks::TaskIdKey;
 use super::metrics;
 use super::provider;
 use super::sessions::{SessionEndHook, SessionRegistry, TrackingSessionManager};
@@ -118,10 +118,9 @@ pub async fn serve_on(
         http_config,
     );
     let auth = AuthState { tokens: TokenSet::new(&config.auth.tokens), sessions: Arc::clone(&sessions) };
-    let mut mcp = Router::new().nest_service("/mcp", service).layer(axum::middleware::from_fn_with_state(
-        Arc::clone(&sessions),
-        generation::session_delete,
-    ));
+    let mut mcp = Router::new()
+        .nest_service("/mcp", service)
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&sessions), generation::session_delete));
     // ops (metrics): /metrics on the main listener, behind the same auth as /mcp, unless an admin listener is set.
     let metrics_stop = CancellationToken::new();
     let mut admin = None;
