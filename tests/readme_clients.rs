@@ -1,7 +1,8 @@
 //! The README's client set-ups cannot rot: every fenced block tagged
-//! `readme-test` is extracted from README.md. The Python SDK v2 snippet runs
-//! against a real `serve` (with `$SANDBOX_MCP_PYTHON_V2`, skipped loudly when
-//! unset); the Claude Code command and the VS Code / Cursor `mcp.json` are
+//! `readme-test` is extracted from README.md. The Python SDK v2 and
+//! TypeScript snippets run against a real `serve` (with
+//! `$SANDBOX_MCP_PYTHON_V2`, `$SANDBOX_MCP_NODE_BIN` + `$SANDBOX_MCP_TS_CLIENT_DIR`;
+//! skipped loudly when unset); the Claude Code command and the VS Code / Cursor `mcp.json` are
 //! checked for shape (transport, URL on /mcp, bearer header).
 
 mod gateway_support;
@@ -65,6 +66,41 @@ fn readme_python_v2_snippet_runs() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "README snippet failed:\n{stdout}\n{stderr}");
+    assert_eq!(stdout.trim(), "Linux", "{stdout}\n{stderr}");
+}
+
+#[test]
+fn readme_typescript_snippet_runs() {
+    let snippet = block("js readme-test");
+    let (Some(node_bin), Some(client_dir)) =
+        (std::env::var_os("SANDBOX_MCP_NODE_BIN"), std::env::var_os("SANDBOX_MCP_TS_CLIENT_DIR"))
+    else {
+        eprintln!("SKIPPED readme_typescript_snippet_runs: set SANDBOX_MCP_NODE_BIN and SANDBOX_MCP_TS_CLIENT_DIR");
+        assert!(
+            std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
+            "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
+        );
+        return;
+    };
+    if !require_root("readme_typescript_snippet_runs") {
+        return;
+    }
+    let token = "readme-ts-token-0123456789";
+    let config = format!("[auth]\ntokens = [ {{ tenant = \"readme\", sha256 = \"{}\" }} ]\n", sha256_hex(token));
+    let gateway = GatewayProc::start(&config, &[]);
+    // Beside the installed client's node_modules, so the bare import resolves.
+    let script = std::path::Path::new(&client_dir).join(format!("readme-snippet-{}.mjs", std::process::id()));
+    std::fs::write(&script, snippet).expect("write snippet");
+    let output = std::process::Command::new(std::path::Path::new(&node_bin).join("node"))
+        .arg(&script)
+        .env("SANDBOX_MCP_URL", gateway.mcp_url())
+        .env("SANDBOX_MCP_TOKEN", token)
+        .output();
+    let _ = std::fs::remove_file(&script);
+    let output = output.expect("run node");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "README TypeScript snippet failed:\n{stdout}\n{stderr}");
     assert_eq!(stdout.trim(), "Linux", "{stdout}\n{stderr}");
 }
 
