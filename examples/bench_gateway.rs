@@ -93,6 +93,42 @@ async fn tool(
     result.structured_content.context("no structured content")
 }
 
+/// Client-side p50 of `run_command "true"` with the official Python SDK v2 (`$SANDBOX_MCP_PYTHON_V2`),
+/// in 2026-07-28 mode and in legacy (session) mode.
+fn python_client_latency(url: &str, sandbox_id: &str) {
+    let Some(python) = std::env::var_os("SANDBOX_MCP_PYTHON_V2") else {
+        println!("official Python client latency: skipped (set SANDBOX_MCP_PYTHON_V2 to a python with mcp 2.x)");
+        return;
+    };
+    const SCRIPT: &str = r#"
+import asyncio, statistics, sys, time
+from mcp import Client
+async def main(url, sandbox_id, mode):
+    async with Client(url, mode=mode) as c:
+        args = {"sandbox_id": sandbox_id, "command": "true"}
+        for _ in range(10):
+            await c.call_tool("run_command", args)
+        samples = []
+        for _ in range(200):
+            t = time.perf_counter()
+            await c.call_tool("run_command", args)
+            samples.append((time.perf_counter() - t) * 1000)
+        print(f"{statistics.median(samples):.3f}")
+asyncio.run(main(*sys.argv[1:4]))
+"#;
+    for mode in ["2026-07-28", "legacy"] {
+        let output = Command::new(&python).args(["-c", SCRIPT, url, sandbox_id, mode]).output();
+        match output {
+            Ok(out) if out.status.success() => println!(
+                "official Python client (mcp 2.x, mode {mode}) run_command \"true\" p50: {} ms",
+                String::from_utf8_lossy(&out.stdout).trim()
+            ),
+            Ok(out) => println!("official Python client ({mode}) failed: {}", String::from_utf8_lossy(&out.stderr)),
+            Err(err) => println!("official Python client ({mode}) could not run: {err}"),
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     if !nix::unistd::geteuid().is_root() {
@@ -199,6 +235,49 @@ async fn main() -> anyhow::Result<()> {
         mcp_p50 / direct_p50,
         if overhead <= 1.0 { "met" } else { "NOT met" }
     );
+
+    // 1b. The same through MCP 2026-07-28 (sessionless: raw JSON-RPC, explicit sandbox_id).
+    let stateless_call = |http: reqwest::Client, url: String, sandbox_id: String| async move {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "run_command", "arguments": {"sandbox_id": sandbox_id, "command": "true"},
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "1"},
+            "io.modelcontextprotocol/clientCapabilities": {}
+        }}});
+        let response = http
+            .post(&url)
+            .header("Accept", "application/json, text/event-stream")
+            .header("MCP-Protocol-Version", "2026-07-28")
+            .header("Mcp-Method", "tools/call")
+            .header("Mcp-Name", "run_command")
+            .json(&body)
+            .send()
+            .await?;
+        let value: serde_json::Value = response.json().await?;
+        if value["result"]["structuredContent"]["exit_code"] != 0 {
+            bail!("stateless run_command failed: {value}");
+        }
+        anyhow::Ok(())
+    };
+    for _ in 0..10 {
+        stateless_call(http.clone(), url.clone(), sandbox_id.clone()).await?;
+    }
+    let mut stateless_ms = Vec::with_capacity(LATENCY_SAMPLES);
+    for _ in 0..LATENCY_SAMPLES {
+        let started = Instant::now();
+        stateless_call(http.clone(), url.clone(), sandbox_id.clone()).await?;
+        stateless_ms.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    let stateless_p50 = p50(&mut stateless_ms);
+    let stateless_overhead = stateless_p50 - direct_p50;
+    println!(
+        "MCP 2026-07-28 (sessionless) run_command \"true\" p50 {stateless_p50:.3} ms; overhead {stateless_overhead:.3} ms \
+         (legacy session {overhead:.3} ms; target <= 0.5 ms: legacy {}, 2026-07-28 {})",
+        if overhead <= 0.5 { "met" } else { "NOT met" },
+        if stateless_overhead <= 0.5 { "met" } else { "NOT met" }
+    );
+    python_client_latency(&url, &sandbox_id);
 
     // 2. Throughput with 32 concurrent sessions sharing the sandbox.
     let mut sessions = Vec::new();

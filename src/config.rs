@@ -273,6 +273,9 @@ impl Default for MetricsConfig {
 pub struct TasksConfig {
     /// Extra secret values masked in every output the gateway returns.
     pub secrets: Vec<String>,
+    /// Key binding MCP task ids (Tasks extension) to tenants; every replica of a deployment must share
+    /// it (SANDBOX_MCP_TASKS__TASK_ID_KEY). Empty: derived from the provider API key and deployment.
+    pub task_id_key: String,
 }
 
 impl Config {

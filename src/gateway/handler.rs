@@ -11,14 +11,21 @@ use std::time::{Duration, Instant, SystemTime};
 
 use http::request::Parts;
 use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::model::{Implementation, ProtocolVersion, ServerCapabilities, ServerConfig};
-use rmcp::{Json, ServerHandler, tool_handler};
+use rmcp::handler::server::tool::ToolCallContext;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CancelTaskParams, DiscoverResult, GetTaskParams, GetTaskResult,
+    Implementation, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
+    UpdateTaskParams,
+};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::{ErrorData as McpError, Json, ServerHandler, tool_handler};
 use tokio_util::task::TaskTracker;
 
 use super::auth::Tenant;
 use super::masking::SecretMasker;
 use super::metrics::GatewayMetrics;
 use super::sessions::{EndReason, SessionEndHook, SessionRegistry, SessionState};
+use super::{generation, mcp_tasks};
 use crate::config::Config;
 use crate::e2b::{E2bClient, E2bError, EnvdClient, wire};
 use crate::tasks::service::TaskService;
@@ -55,7 +62,14 @@ pub struct GatewayCore {
     pub cleanups: TaskTracker,
     /// Renewal bookkeeping per sandbox (shared with session cleanups, which forget killed ones).
     renewals: Arc<Renewals>,
+    /// Sandboxes checked for sessionless (2026-07-28) callers: sandbox id -> (tenant, connection info).
+    stateless_verified: Mutex<HashMap<String, (String, wire::Sandbox)>>,
+    /// Key binding MCP task ids to their tenant (see `mcp_tasks`).
+    pub(crate) task_key: super::mcp_tasks::TaskIdKey,
 }
+
+/// Most sandboxes remembered for sessionless callers (the cache is cleared when full).
+const STATELESS_CACHE_MAX: usize = 4096;
 
 /// sandbox id -> (last renewal by us, deadline we believe it has).
 type Renewals = Mutex<HashMap<String, (Option<Instant>, SystemTime)>>;
@@ -69,7 +83,13 @@ fn forget_sandbox_in(sessions: &SessionRegistry, renewals: &Renewals, sandbox_id
 }
 
 impl GatewayCore {
-    pub fn new(config: Arc<Config>, provider: E2bClient, sessions: Arc<SessionRegistry>, masker: SecretMasker) -> Self {
+    pub fn new(
+        config: Arc<Config>,
+        provider: E2bClient,
+        sessions: Arc<SessionRegistry>,
+        masker: SecretMasker,
+        task_key: super::mcp_tasks::TaskIdKey,
+    ) -> Self {
         let metrics = Arc::new(GatewayMetrics::new(Arc::clone(&sessions)));
         let tasks = TaskService::new(masker.values());
         let quotas = super::quotas::TenantQuotas::new(config.limits.clone());
@@ -85,6 +105,23 @@ impl GatewayCore {
             shutting_down: AtomicBool::new(false),
             cleanups: TaskTracker::new(),
             renewals: Arc::default(),
+            stateless_verified: Mutex::default(),
+            task_key,
+        }
+    }
+
+    /// A sandbox already checked for this tenant by a sessionless call.
+    fn stateless_cached(&self, tenant: &str, sandbox_id: &str) -> Option<wire::Sandbox> {
+        let map = self.stateless_verified.lock().ok()?;
+        map.get(sandbox_id).filter(|(t, _)| t == tenant).map(|(_, s)| s.clone())
+    }
+
+    fn stateless_remember(&self, tenant: &str, sandbox: &wire::Sandbox) {
+        if let Ok(mut map) = self.stateless_verified.lock() {
+            if map.len() >= STATELESS_CACHE_MAX {
+                map.clear();
+            }
+            map.insert(sandbox.sandbox_id.clone(), (tenant.to_string(), sandbox.clone()));
         }
     }
 
@@ -97,6 +134,11 @@ impl GatewayCore {
         if let Ok(mut map) = self.renewals.lock() {
             map.entry(sandbox_id.to_string()).or_insert((None, deadline)).1 = deadline;
         }
+    }
+
+    /// The deadline we believe a sandbox has (from its creation, renewal or last look-up).
+    pub(crate) fn known_deadline(&self, sandbox_id: &str) -> Option<SystemTime> {
+        self.renewals.lock().ok()?.get(sandbox_id).map(|(_, deadline)| *deadline)
     }
 
     /// Extends a sandbox's deadline to now + `renew_on_use_secs` in the background (best effort,
@@ -127,6 +169,9 @@ impl GatewayCore {
 
     fn forget_sandbox(&self, sandbox_id: &str) {
         forget_sandbox_in(&self.sessions, &self.renewals, sandbox_id);
+        if let Ok(mut map) = self.stateless_verified.lock() {
+            map.remove(sandbox_id);
+        }
     }
 
     /// Kills a sandbox the caller is allowed to kill, and forgets it everywhere.
@@ -230,7 +275,8 @@ impl Drop for InFlightGuard {
 #[derive(Debug)]
 pub(crate) struct CallContext {
     pub tenant: String,
-    pub session_id: String,
+    /// The MCP session (legacy protocol versions); None for sessionless 2026-07-28 requests.
+    pub session_id: Option<String>,
     /// The sandbox this call acted on (for the log line).
     sandbox: Mutex<Option<String>>,
 }
@@ -245,6 +291,16 @@ impl CallContext {
     fn sandbox(&self) -> String {
         self.sandbox.lock().ok().and_then(|s| s.clone()).unwrap_or_default()
     }
+
+    /// The session id for log lines ("-" when sessionless).
+    pub(crate) fn session_label(&self) -> &str {
+        self.session_id.as_deref().unwrap_or("-")
+    }
+
+    /// A sessionless context (2026-07-28 requests, the tasks bridge).
+    pub(crate) fn stateless(tenant: String) -> Self {
+        Self { tenant, session_id: None, sandbox: Mutex::new(None) }
+    }
 }
 
 /// A sandbox the caller may use, with its envd client.
@@ -257,30 +313,43 @@ pub(crate) struct ResolvedSandbox {
 #[derive(Clone)]
 pub struct Gateway {
     pub(crate) core: Arc<GatewayCore>,
-    router: Arc<ToolRouter<Gateway>>,
+    pub(crate) routers: Arc<Routers>,
+}
+
+/// The tool routers of both protocol generations (same tools, descriptions for each; portable schemas).
+pub struct Routers {
+    pub legacy: ToolRouter<Gateway>,
+    pub modern: ToolRouter<Gateway>,
 }
 
 impl Gateway {
-    /// Every tool family, combined once and shared by all sessions.
+    /// Every tool family, combined once (raw schemars schemas, legacy descriptions).
     pub fn tool_router() -> ToolRouter<Gateway> {
         Self::sandbox_router() + Self::exec_router() + Self::file_router() + Self::task_router()
     }
 
-    pub fn new(core: Arc<GatewayCore>, router: Arc<ToolRouter<Gateway>>) -> Self {
-        Self { core, router }
+    /// Both generations' routers, built once and shared by every session and request.
+    pub fn routers() -> Routers {
+        super::generation::build_routers(Self::tool_router())
+    }
+
+    pub fn new(core: Arc<GatewayCore>, routers: Arc<Routers>) -> Self {
+        Self { core, routers }
     }
 
     /// The tenant and session of the current call; refuses calls outside a live session of the tenant.
     pub(crate) fn call_context(&self, tool: &'static str, parts: &Parts) -> Result<CallContext, String> {
         let tenant = parts.extensions.get::<Tenant>().map(|t| t.0.clone());
         let session_id = parts.headers.get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_string);
+        let stateless = super::generation::is_stateless_request(parts);
         let result = match (tenant, session_id) {
             (None, _) => Err("internal error: the request carries no tenant".to_string()),
+            (Some(tenant), _) if stateless => Ok(CallContext::stateless(tenant)),
             (Some(_), None) => {
                 Err("this tool needs an MCP session (Mcp-Session-Id); initialize a session first".into())
             }
             (Some(tenant), Some(session_id)) => match self.core.sessions.with_session(&session_id, &tenant, |_| ()) {
-                Ok(()) => Ok(CallContext { tenant, session_id, sandbox: Mutex::new(None) }),
+                Ok(()) => Ok(CallContext { tenant, session_id: Some(session_id), sandbox: Mutex::new(None) }),
                 Err(err) => Err(err.to_string()),
             },
         };
@@ -311,9 +380,9 @@ impl Gateway {
         let sandbox = call.sandbox();
         let sandbox = self.core.masker.mask(&sandbox);
         match &result {
-            Ok(_) => tracing::info!(tool, session = %call.session_id, tenant = %call.tenant,
+            Ok(_) => tracing::info!(tool, session = %call.session_label(), tenant = %call.tenant,
                 sandbox = %sandbox, duration_ms, outcome = "ok", "tool call"),
-            Err(err) => tracing::info!(tool, session = %call.session_id, tenant = %call.tenant,
+            Err(err) => tracing::info!(tool, session = %call.session_label(), tenant = %call.tenant,
                 sandbox = %sandbox, duration_ms, outcome = "error", error = %err, "tool call"),
         }
         result.map(Json)
@@ -328,12 +397,23 @@ impl Gateway {
     ) -> Result<ResolvedSandbox, String> {
         let id = self.sandbox_id_or_default(call, sandbox_id)?;
         call.set_sandbox(&id);
-        let cached = self.core.sessions.with_session(&call.session_id, &call.tenant, |s| s.verified.get(&id).cloned());
+        let Some(session_id) = call.session_id.as_deref() else {
+            let sandbox = match self.core.stateless_cached(&call.tenant, &id) {
+                Some(sandbox) => sandbox,
+                None => {
+                    let sandbox = self.verify_and_connect(call, &id).await?;
+                    self.core.stateless_remember(&call.tenant, &sandbox);
+                    sandbox
+                }
+            };
+            return Ok(ResolvedSandbox { envd: self.core.provider.envd(&sandbox), id });
+        };
+        let cached = self.core.sessions.with_session(session_id, &call.tenant, |s| s.verified.get(&id).cloned());
         let sandbox = match cached.map_err(|e| e.to_string())? {
             Some(sandbox) => sandbox,
             None => {
                 let sandbox = self.verify_and_connect(call, &id).await?;
-                let _ = self.core.sessions.with_session(&call.session_id, &call.tenant, |s| {
+                let _ = self.core.sessions.with_session(session_id, &call.tenant, |s| {
                     s.verified.insert(id.clone(), sandbox.clone());
                 });
                 sandbox
@@ -387,10 +467,13 @@ impl Gateway {
                 Ok(id.to_string())
             }
             None => {
+                let Some(session_id) = call.session_id.as_deref() else {
+                    return Err(super::generation::MISSING_SANDBOX_ID.to_string());
+                };
                 let default = self
                     .core
                     .sessions
-                    .with_session(&call.session_id, &call.tenant, |s| s.default_sandbox.clone())
+                    .with_session(session_id, &call.tenant, |s| s.default_sandbox.clone())
                     .map_err(|e| e.to_string())?;
                 default.ok_or_else(|| {
                     "no sandbox_id given and this session has no default sandbox: call create_sandbox (new sandbox) \
@@ -458,20 +541,67 @@ pub(crate) fn validate_sandbox_id(id: &str) -> Result<(), String> {
     Ok(())
 }
 
-#[tool_handler(router = self.router)]
+#[tool_handler(router = self.routers.legacy)]
 impl ServerHandler for Gateway {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_tasks().build())
             .with_server_info(Implementation::new("sandbox-mcp", env!("CARGO_PKG_VERSION")))
-            .with_instructions(
-                "Linux sandboxes for agents. Call create_sandbox first (it becomes this session's default \
-                 sandbox), then run_command, write_file, read_file, list_files. Sandboxes you create are \
-                 killed when this MCP session ends; use connect_sandbox to reuse an existing one.",
-            )
+            .with_instructions(generation::LEGACY_INSTRUCTIONS)
     }
 
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
-        // 2026-07-28 has no sessions; sessions are part of our contract.
-        Cow::Borrowed(ProtocolVersion::known_up_to(&ProtocolVersion::V_2025_11_25))
+        // Legacy versions keep sessions; 2026-07-28 requests are served without one.
+        Cow::Borrowed(ProtocolVersion::known_up_to(&ProtocolVersion::V_2026_07_28))
+    }
+
+    async fn discover(&self, _context: RequestContext<RoleServer>) -> Result<DiscoverResult, McpError> {
+        let info = self.get_info().with_instructions(generation::STATELESS_INSTRUCTIONS);
+        Ok(DiscoverResult::from_server_info(self.supported_protocol_versions().into_owned(), info))
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        let stateless = generation::is_stateless_protocol(context.protocol_version().as_ref());
+        Ok(generation::list_tools(&self.routers, stateless))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        if mcp_tasks::wants_task(&request, &context) {
+            return self.call_tool_as_task(request, context).await;
+        }
+        let stateless = generation::is_stateless_protocol(context.protocol_version().as_ref());
+        let router = if stateless { &self.routers.modern } else { &self.routers.legacy };
+        router.call(ToolCallContext::new(self, request, context)).await
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, McpError> {
+        self.mcp_get_task(&request.task_id, &context).await
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.mcp_update_task(&request.task_id, &context).await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.mcp_cancel_task(&request.task_id, &context).await
     }
 }

@@ -15,6 +15,7 @@ use super::args::{validate_envs, validate_metadata, validate_range, validate_tem
 use super::handler::{
     CallContext, Gateway, META_DEPLOYMENT, META_RESERVED_PREFIX, META_SESSION, META_TENANT, validate_sandbox_id,
 };
+use super::sessions::SessionState;
 use crate::e2b::wire;
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]
@@ -101,8 +102,12 @@ pub struct CreateSandboxResult {
     pub template: String,
     /// Seconds until it is destroyed unless used or extended.
     pub timeout_secs: u64,
-    /// Always true: this session owns the sandbox, which is killed when the session ends.
+    /// True when this MCP session owns the sandbox (killed when the session ends); false for sessionless
+    /// (2026-07-28) callers, whose sandboxes live until their deadline or kill_sandbox.
     pub owned: bool,
+    /// How long the sandbox lives (sessionless callers only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lifetime: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -157,7 +162,8 @@ pub struct SandboxSummary {
 pub struct ListSandboxesResult {
     /// Your tenant's sandboxes.
     pub sandboxes: Vec<SandboxSummary>,
-    /// This session's default sandbox, if any.
+    /// This session's default sandbox, if any (never for sessionless callers).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub default_sandbox: Option<String>,
 }
 
@@ -250,7 +256,9 @@ impl Gateway {
         let mut metadata = args.metadata.unwrap_or_default();
         validate_metadata(&metadata, META_RESERVED_PREFIX)?;
         metadata.insert(META_TENANT.into(), call.tenant.clone());
-        metadata.insert(META_SESSION.into(), call.session_id.clone());
+        if let Some(session_id) = &call.session_id {
+            metadata.insert(META_SESSION.into(), session_id.clone());
+        }
         metadata.insert(META_DEPLOYMENT.into(), self.core.deployment().to_owned());
         let network = args.network.unwrap_or_default();
         validate_network(&network)?;
@@ -278,18 +286,31 @@ impl Gateway {
         let id = sandbox.sandbox_id.clone();
         call.set_sandbox(&id);
         self.core.note_deadline(&id, SystemTime::now() + Duration::from_secs(timeout));
-        let recorded = self.core.sessions.with_session(&call.session_id, &call.tenant, |s| {
+        let Some(session_id) = call.session_id.as_deref() else {
+            return Ok(CreateSandboxResult {
+                sandbox_id: id,
+                template,
+                timeout_secs: timeout,
+                owned: false,
+                lifetime: Some(format!(
+                    "no MCP session (protocol 2026-07-28): this sandbox lives until its deadline ({timeout} s from \
+                     now, extended when run_command or the file tools use it) or until kill_sandbox; it is not \
+                     killed when you disconnect. Pass its sandbox_id to every tool."
+                )),
+            });
+        };
+        let recorded = self.core.sessions.with_session(session_id, &call.tenant, |s| {
             s.owned.insert(id.clone());
             s.default_sandbox = Some(id.clone());
             s.verified.insert(id.clone(), sandbox.clone());
         });
         if recorded.is_err() {
             // The session ended while we were creating: nobody owns the sandbox any more.
-            tracing::info!(session = %call.session_id, sandbox = %id, "session ended during create_sandbox; killing the new sandbox");
+            tracing::info!(session = %session_id, sandbox = %id, "session ended during create_sandbox; killing the new sandbox");
             let _ = self.core.kill_and_forget(&id).await;
             return Err("this MCP session ended while the sandbox was being created; it has been destroyed".into());
         }
-        Ok(CreateSandboxResult { sandbox_id: id, template, timeout_secs: timeout, owned: true })
+        Ok(CreateSandboxResult { sandbox_id: id, template, timeout_secs: timeout, owned: true, lifetime: None })
     }
 
     async fn connect_sandbox_impl(
@@ -307,15 +328,18 @@ impl Gateway {
             .connect_sandbox(&id, None)
             .await
             .map_err(|e| self.provider_error("connect to", &id, &e))?;
-        let owned = self
-            .core
-            .sessions
-            .with_session(&call.session_id, &call.tenant, |s| {
-                s.default_sandbox = Some(id.clone());
-                s.verified.insert(id.clone(), sandbox.clone());
-                s.owned.contains(&id)
-            })
-            .map_err(|e| e.to_string())?;
+        let owned = match call.session_id.as_deref() {
+            Some(session_id) => self
+                .core
+                .sessions
+                .with_session(session_id, &call.tenant, |s| {
+                    s.default_sandbox = Some(id.clone());
+                    s.verified.insert(id.clone(), sandbox.clone());
+                    s.owned.contains(&id)
+                })
+                .map_err(|e| e.to_string())?,
+            None => false,
+        };
         // connect may have resumed it and moved its deadline: read the fresh one (best effort).
         let end_at = match self.core.provider.get_sandbox(&id).await {
             Ok(fresh) => fresh.end_at,
@@ -351,30 +375,27 @@ impl Gateway {
             .list_all_sandboxes(&filter)
             .await
             .map_err(|err| self.provider_failure("list sandboxes", &err))?;
+        let summarize = |s: Option<&SessionState>| {
+            let sandboxes = details
+                .into_iter()
+                // Belt and braces: never show another tenant's sandbox even if a provider ignores the filter.
+                .filter(|d| d.metadata.get(META_TENANT) == Some(&call.tenant))
+                .map(|d| SandboxSummary {
+                    session_roles: s
+                        .map(|s| s.roles_of(&d.sandbox_id).into_iter().map(String::from).collect())
+                        .unwrap_or_default(),
+                    metadata: d.metadata.into_iter().filter(|(k, _)| !k.starts_with(META_RESERVED_PREFIX)).collect(),
+                    sandbox_id: d.sandbox_id,
+                    template: d.template_id,
+                    state: d.state.as_str().to_string(),
+                    started_at: d.started_at,
+                    end_at: d.end_at,
+                })
+                .collect();
+            ListSandboxesResult { sandboxes, default_sandbox: s.and_then(|s| s.default_sandbox.clone()) }
+        };
+        let Some(session_id) = call.session_id.as_deref() else { return Ok(summarize(None)) };
         // Roles and default read under the session's tenant check (no copy of its state).
-        self.core
-            .sessions
-            .with_session(&call.session_id, &call.tenant, |s| {
-                let sandboxes = details
-                    .into_iter()
-                    // Belt and braces: never show another tenant's sandbox even if a provider ignores the filter.
-                    .filter(|d| d.metadata.get(META_TENANT) == Some(&call.tenant))
-                    .map(|d| SandboxSummary {
-                        session_roles: s.roles_of(&d.sandbox_id).into_iter().map(String::from).collect(),
-                        metadata: d
-                            .metadata
-                            .into_iter()
-                            .filter(|(k, _)| !k.starts_with(META_RESERVED_PREFIX))
-                            .collect(),
-                        sandbox_id: d.sandbox_id,
-                        template: d.template_id,
-                        state: d.state.as_str().to_string(),
-                        started_at: d.started_at,
-                        end_at: d.end_at,
-                    })
-                    .collect();
-                ListSandboxesResult { sandboxes, default_sandbox: s.default_sandbox.clone() }
-            })
-            .map_err(|e| e.to_string())
+        self.core.sessions.with_session(session_id, &call.tenant, |s| summarize(Some(s))).map_err(|e| e.to_string())
     }
 }

@@ -21,8 +21,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::auth::{AuthState, TokenSet, require_tenant};
 use super::drain::track_in_flight;
+use super::generation;
 use super::handler::{Gateway, GatewayCore, META_DEPLOYMENT};
 use super::masking::SecretMasker;
+use super::mcp_tasks::TaskIdKey;
 use super::metrics;
 use super::provider;
 use super::sessions::{SessionEndHook, SessionRegistry, TrackingSessionManager};
@@ -82,7 +84,9 @@ pub async fn serve_on(
         tracing::warn!(count = too_short, "some tasks.secrets are shorter than 6 characters and are not masked");
     }
     let sessions = SessionRegistry::new();
-    let core = Arc::new(GatewayCore::new(Arc::clone(&config), connection.client, Arc::clone(&sessions), masker));
+    let task_key = TaskIdKey::resolve(&config, connection.api_key.as_deref(), connection.embedded.is_some());
+    let core =
+        Arc::new(GatewayCore::new(Arc::clone(&config), connection.client, Arc::clone(&sessions), masker, task_key));
 
     let mut local_sessions = LocalSessionManager::default();
     local_sessions.session_config.keep_alive = Some(Duration::from_secs(config.server.session_idle_timeout_secs));
@@ -95,6 +99,8 @@ pub async fn serve_on(
         .enforce_origin_validation()
         .with_sse_keep_alive(Some(Duration::from_secs(config.server.sse_keep_alive_secs.max(1))))
         .with_max_request_body_bytes(config.server.max_body_bytes)
+        // Plain application/json when nothing streams before the result (SSE otherwise).
+        .with_json_response(true)
         .with_cancellation_token(sessions_stop.clone());
     http_config = if config.server.allowed_hosts.is_empty() {
         tracing::warn!("server.allowed_hosts is empty: Host checking (DNS-rebinding protection) is OFF");
@@ -103,15 +109,17 @@ pub async fn serve_on(
         http_config.with_allowed_hosts(config.server.allowed_hosts.clone())
     };
 
-    let router = Arc::new(Gateway::tool_router());
+    let routers = Arc::new(Gateway::routers());
     let factory_core = Arc::clone(&core);
     let service = StreamableHttpService::new(
-        move || Ok(Gateway::new(Arc::clone(&factory_core), Arc::clone(&router))),
+        move || Ok(Gateway::new(Arc::clone(&factory_core), Arc::clone(&routers))),
         manager,
         http_config,
     );
     let auth = AuthState { tokens: TokenSet::new(&config.auth.tokens), sessions: Arc::clone(&sessions) };
-    let mcp = Router::new().nest_service("/mcp", service);
+    let mcp = Router::new()
+        .nest_service("/mcp", service)
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&sessions), generation::session_delete));
     // ops (metrics): never readable with a tenant token. On the admin listener when one is set; else on
     // the main listener, behind the dedicated metrics token when auth is on (open when auth is off).
     let metrics_stop = CancellationToken::new();

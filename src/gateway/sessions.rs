@@ -143,6 +143,11 @@ impl SessionRegistry {
         self.lock().values().filter(|s| s.tenant.as_deref() == Some(tenant)).count()
     }
 
+    /// Whether a session is live.
+    pub fn contains(&self, session_id: &str) -> bool {
+        self.lock().contains_key(session_id)
+    }
+
     /// The tenant a session is bound to (None if unknown session or not bound yet).
     pub fn tenant_of(&self, session_id: &str) -> Option<String> {
         self.lock().get(session_id).and_then(|s| s.tenant.clone())

@@ -162,7 +162,7 @@ impl Gateway {
 
 impl Gateway {
     /// The gateway's task service (its install cache is shared by every session).
-    fn tasks(&self) -> &TaskService {
+    pub(crate) fn tasks(&self) -> &TaskService {
         &self.core.tasks
     }
 
@@ -174,7 +174,7 @@ impl Gateway {
         })
     }
 
-    async fn start_task_impl(&self, call: &CallContext, args: StartTaskArgs) -> Result<StartedTask, String> {
+    pub(crate) async fn start_task_impl(&self, call: &CallContext, args: StartTaskArgs) -> Result<StartedTask, String> {
         // Everything is validated, and the id chosen, before any remote connection.
         let envs_map = args.envs.unwrap_or_default();
         validate_envs(&envs_map)?;
@@ -185,7 +185,9 @@ impl Gateway {
 
         let sandbox = self.task_sandbox(call, args.sandbox_id.as_deref()).await?;
         // Retain before launching: even an uncertain launch keeps the sandbox past the session.
-        self.core.sessions.retain(&call.session_id, &call.tenant, &sandbox.id).map_err(|e| e.to_string())?;
+        if let Some(session_id) = call.session_id.as_deref() {
+            self.core.sessions.retain(session_id, &call.tenant, &sandbox.id).map_err(|e| e.to_string())?;
+        }
         let transport = EnvdTransport { gateway: self, sandbox: &sandbox };
         self.tasks().start(&transport, &sandbox.id, &task_id, &spec).await.map_err(|e| e.to_string())
     }
@@ -215,9 +217,9 @@ impl Gateway {
 }
 
 /// Runs the supervisor through the sandbox's envd (process Start, files API), as `user`.
-struct EnvdTransport<'a> {
-    gateway: &'a Gateway,
-    sandbox: &'a ResolvedSandbox,
+pub(crate) struct EnvdTransport<'a> {
+    pub(crate) gateway: &'a Gateway,
+    pub(crate) sandbox: &'a ResolvedSandbox,
 }
 
 impl EnvdTransport<'_> {

@@ -1,0 +1,359 @@
+//! The two MCP protocol generations served on one `/mcp`: which generation a
+//! request belongs to, what each generation reads (tool descriptions,
+//! instructions, `tools/list` cache hints), portable tool schemas, and the
+//! legacy session `DELETE` answer (204, or 404 for an unknown session).
+//!
+//! Legacy clients (2024-11-05 … 2025-11-25) use `initialize` and
+//! `Mcp-Session-Id`; 2026-07-28 requests carry their version in `_meta` and
+//! the `MCP-Protocol-Version` header and are served without a session.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http::request::Parts;
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::model::{CacheScope, JsonObject, ListToolsResult, ProtocolVersion, ResultType};
+use serde_json::Value;
+
+use super::handler::{Gateway, Routers};
+use super::sessions::SessionRegistry;
+
+/// The first protocol version without sessions.
+pub const STATELESS_VERSION: &str = "2026-07-28";
+
+/// How long a 2026-07-28 client may cache `tools/list` (the list changes only with a new release).
+pub const TOOLS_LIST_TTL_MS: u64 = 300_000;
+
+/// The answer to a sessionless call that names no sandbox.
+pub const MISSING_SANDBOX_ID: &str = "sandbox_id is required: requests of MCP 2026-07-28 have no session, so there \
+     is no default sandbox. Pass the sandbox_id returned by create_sandbox (or one from list_sandboxes).";
+
+/// Server instructions for legacy (session) clients.
+pub const LEGACY_INSTRUCTIONS: &str = "Linux sandboxes for agents. Call create_sandbox first (it becomes this \
+     session's default sandbox), then run_command, write_file, read_file, list_files. Sandboxes you create are \
+     killed when this MCP session ends; use connect_sandbox to reuse an existing one.";
+
+/// Server instructions for 2026-07-28 clients (`server/discover`).
+pub const STATELESS_INSTRUCTIONS: &str = "Linux sandboxes for agents. Call create_sandbox first and pass its \
+     sandbox_id to every other tool (run_command, write_file, read_file, list_files, ...): there is no session \
+     and no default sandbox. A sandbox lives until its deadline (extended when you use it) or until kill_sandbox; \
+     it is not killed when you disconnect, so kill it when done. With the io.modelcontextprotocol/tasks \
+     extension, run_command and start_task run as MCP tasks (poll tasks/get, stop with tasks/cancel).";
+
+/// Whether a request is of the sessionless generation (2026-07-28 or later), from its headers.
+pub fn is_stateless_request(parts: &Parts) -> bool {
+    parts
+        .headers
+        .get("mcp-protocol-version")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| is_stateless_version(v.trim()))
+}
+
+/// ISO dates compare lexically as they do chronologically.
+pub fn is_stateless_version(version: &str) -> bool {
+    version.len() == 10 && version >= STATELESS_VERSION
+}
+
+/// Whether a negotiated protocol version belongs to the sessionless generation.
+pub fn is_stateless_protocol(version: Option<&ProtocolVersion>) -> bool {
+    version.is_some_and(|v| is_stateless_version(v.as_str()))
+}
+
+/// Descriptions 2026-07-28 clients read instead of the session-worded ones.
+fn stateless_description(tool: &str) -> Option<&'static str> {
+    Some(match tool {
+        "create_sandbox" => {
+            "Create a new Linux sandbox and return its sandbox_id: pass it to every other tool (there is no \
+             session and no default sandbox). It lives until its deadline (timeout; extended when run_command or \
+             the file tools use it) or until kill_sandbox: it is NOT killed when you disconnect, so kill it when \
+             done."
+        }
+        "connect_sandbox" => {
+            "Check that a sandbox of yours exists (resuming it if paused) and return its state and deadline. \
+             Pass its sandbox_id to the other tools."
+        }
+        "list_sandboxes" => "List your sandboxes (running or paused) with their deadlines and your metadata.",
+        "run_command" => {
+            "Run a shell command in a sandbox and wait for it (bash -l -c). sandbox_id is required. Returns \
+             exit_code, stdout and stderr (each capped at 64 KiB, with a truncation flag). A non-zero exit code is \
+             a normal result. Timeout 1-600 s (default 60). Runs as user 'user' unless user is 'root'. A client \
+             that declares the io.modelcontextprotocol/tasks extension gets an MCP task instead (a real \
+             background task in the sandbox, as start_task; user 'user' only): poll tasks/get for the same \
+             result, stop it with tasks/cancel."
+        }
+        "read_file" | "write_file" | "list_files" => return None,
+        "start_task" => {
+            "Start a long-running shell command in the background in a sandbox and return at once with a handle \
+             (sandbox_id, task_id). sandbox_id is required. The task keeps running after you disconnect or the \
+             server restarts; read its output and exit code with get_task (paged, up to 1 MiB per stream is \
+             saved), stop it with cancel_task, recover handles with list_tasks. Timeout 1-3600 s (default 300). \
+             The sandbox's own deadline still applies. A client that declares the io.modelcontextprotocol/tasks \
+             extension gets an MCP task instead (poll tasks/get, stop with tasks/cancel)."
+        }
+        "list_tasks" => {
+            "List every background task in a sandbox (task_id, state, times, exit code, first line of the \
+             command), oldest first. sandbox_id is required."
+        }
+        _ => return None,
+    })
+}
+
+/// Builds both generations' routers: portable schemas everywhere, sessionless wording for 2026-07-28.
+pub fn build_routers(base: ToolRouter<Gateway>) -> Routers {
+    let mut legacy = base;
+    for route in legacy.map.values_mut() {
+        route.attr.input_schema = Arc::new(portable_schema_object(&route.attr.input_schema));
+        if let Some(output) = &route.attr.output_schema {
+            route.attr.output_schema = Some(Arc::new(portable_schema_object(output)));
+        }
+    }
+    let mut modern = legacy.clone();
+    for route in modern.map.values_mut() {
+        let name = route.attr.name.to_string();
+        if let Some(text) = stateless_description(&name) {
+            route.attr.description = Some(text.into());
+        } else if let Some(text) = route.attr.description.as_ref() {
+            let reworded = text
+                .replace("Omit sandbox_id to use the session's default sandbox.", "sandbox_id is required.")
+                .replace("omit to use this session's default sandbox", "required (there is no session)");
+            route.attr.description = Some(reworded.into());
+        }
+        reword_sandbox_id_property(&mut route.attr.input_schema);
+    }
+    Routers { legacy, modern }
+}
+
+/// The `sandbox_id` property description in 2026-07-28 schemas (it is still optional in the schema so
+/// that one argument type serves both generations; the tool answers with `MISSING_SANDBOX_ID`).
+fn reword_sandbox_id_property(schema: &mut Arc<JsonObject>) {
+    let mut object = (**schema).clone();
+    if let Some(Value::Object(props)) = object.get_mut("properties")
+        && let Some(Value::Object(prop)) = props.get_mut("sandbox_id")
+        && let Some(Value::String(text)) = prop.get_mut("description")
+        && text.contains("default sandbox")
+    {
+        *text = "Sandbox to act on (required: the sandbox_id returned by create_sandbox).".into();
+    }
+    *schema = Arc::new(object);
+}
+
+/// The `tools/list` answer for a generation (2026-07-28 gets cache hints).
+pub fn list_tools(routers: &Routers, stateless: bool) -> ListToolsResult {
+    let router = if stateless { &routers.modern } else { &routers.legacy };
+    let mut result = ListToolsResult::with_all_items(router.list_all());
+    result.result_type = Some(ResultType::COMPLETE);
+    if stateless {
+        result.ttl_ms = Some(TOOLS_LIST_TTL_MS);
+        result.cache_scope = Some(CacheScope::Public);
+    }
+    result
+}
+
+/// JSON Schema formats every validator knows (others, such as schemars' `uint64`, draw warnings).
+const STANDARD_FORMATS: &[&str] = &[
+    "date-time",
+    "date",
+    "time",
+    "duration",
+    "email",
+    "idn-email",
+    "hostname",
+    "idn-hostname",
+    "ipv4",
+    "ipv6",
+    "uri",
+    "uri-reference",
+    "iri",
+    "iri-reference",
+    "uuid",
+    "uri-template",
+    "json-pointer",
+    "relative-json-pointer",
+    "regex",
+];
+
+/// Keywords that describe the value whatever its type (kept beside an `anyOf` of types).
+const ANNOTATIONS: &[&str] = &["description", "title", "default", "examples", "deprecated", "readOnly", "writeOnly"];
+
+/// Rewrites a schemars schema so strict validators (AJV strict mode, the MCP Inspector) accept it
+/// silently: non-standard `format`s are dropped, and `"type": [T, "null"]` becomes
+/// `anyOf: [{type: T, ...its keywords}, {type: "null"}]`, so each keyword sits beside its type.
+pub fn portable_schema_object(schema: &JsonObject) -> JsonObject {
+    match portable(Value::Object(schema.clone())) {
+        Value::Object(object) => object,
+        _ => schema.clone(),
+    }
+}
+
+fn portable(value: Value) -> Value {
+    match value {
+        Value::Object(object) => Value::Object(portable_object(object)),
+        Value::Array(items) => Value::Array(items.into_iter().map(portable).collect()),
+        other => other,
+    }
+}
+
+fn portable_object(object: JsonObject) -> JsonObject {
+    let mut out = JsonObject::new();
+    for (key, value) in object {
+        let value = match key.as_str() {
+            // Maps of schemas: rewrite each schema, keep the property names.
+            "properties" | "$defs" | "definitions" | "patternProperties" => match value {
+                Value::Object(map) => Value::Object(map.into_iter().map(|(k, v)| (k, portable(v))).collect()),
+                other => other,
+            },
+            "format" if value.as_str().is_some_and(|f| !STANDARD_FORMATS.contains(&f)) => continue,
+            _ => portable(value),
+        };
+        out.insert(key, value);
+    }
+    let Some(Value::Array(types)) = out.get("type").cloned() else { return out };
+    let names: Vec<String> = types.iter().filter_map(|t| t.as_str().map(str::to_string)).collect();
+    if names.len() == 1 {
+        out.insert("type".into(), Value::String(names[0].clone()));
+        return out;
+    }
+    out.remove("type");
+    let mut outer = JsonObject::new();
+    let mut inner = JsonObject::new();
+    for (key, value) in out {
+        if ANNOTATIONS.contains(&key.as_str()) {
+            outer.insert(key, value);
+        } else {
+            inner.insert(key, value);
+        }
+    }
+    let branches: Vec<Value> = names
+        .iter()
+        .map(|name| {
+            let mut branch = JsonObject::new();
+            branch.insert("type".into(), Value::String(name.clone()));
+            if name != "null" {
+                for (key, value) in &inner {
+                    if keyword_applies(key, name) {
+                        branch.insert(key.clone(), value.clone());
+                    }
+                }
+            }
+            Value::Object(branch)
+        })
+        .collect();
+    outer.insert("anyOf".into(), Value::Array(branches));
+    outer
+}
+
+/// Whether a validation keyword applies to values of a JSON type (so it may sit beside that type).
+fn keyword_applies(keyword: &str, type_name: &str) -> bool {
+    let numeric = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"];
+    let string = ["minLength", "maxLength", "pattern", "format"];
+    let array = ["items", "minItems", "maxItems", "uniqueItems", "prefixItems", "contains"];
+    let object = ["properties", "required", "additionalProperties", "patternProperties", "propertyNames"];
+    if numeric.contains(&keyword) {
+        return type_name == "integer" || type_name == "number";
+    }
+    if string.contains(&keyword) {
+        return type_name == "string";
+    }
+    if array.contains(&keyword) {
+        return type_name == "array";
+    }
+    if object.contains(&keyword) {
+        return type_name == "object";
+    }
+    true
+}
+
+/// Answers a legacy session `DELETE` as official clients expect: 204 when the session ended, 404 for
+/// an unknown or already-ended one (rmcp itself answers 202 in both cases).
+pub async fn session_delete(State(sessions): State<Arc<SessionRegistry>>, request: Request, next: Next) -> Response {
+    if request.method() != Method::DELETE {
+        return next.run(request).await;
+    }
+    let Some(id) = request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_string) else {
+        return next.run(request).await;
+    };
+    if !sessions.contains(&id) {
+        return (StatusCode::NOT_FOUND, "session not found\n").into_response();
+    }
+    let mut response = next.run(request).await;
+    if response.status() == StatusCode::ACCEPTED {
+        *response.status_mut() = StatusCode::NO_CONTENT;
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn obj(value: Value) -> JsonObject {
+        match value {
+            Value::Object(o) => o,
+            _ => JsonObject::new(),
+        }
+    }
+
+    #[test]
+    fn nullable_integers_become_any_of_without_custom_formats() {
+        let schema = obj(json!({
+            "type": "object",
+            "properties": {
+                "timeout": {"type": ["integer", "null"], "format": "uint64", "minimum": 0, "description": "d"},
+                "n": {"type": "integer", "format": "int64"},
+                "when": {"type": "string", "format": "date-time"},
+                "f": {"type": ["number", "null"], "format": "double"}
+            },
+            "required": ["n"]
+        }));
+        let out = Value::Object(portable_schema_object(&schema));
+        assert_eq!(
+            out["properties"]["timeout"],
+            json!({"description": "d", "anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}]})
+        );
+        assert_eq!(out["properties"]["n"], json!({"type": "integer"}));
+        assert_eq!(out["properties"]["when"], json!({"type": "string", "format": "date-time"}));
+        assert_eq!(out["properties"]["f"], json!({"anyOf": [{"type": "number"}, {"type": "null"}]}));
+        assert_eq!(out["required"], json!(["n"]));
+    }
+
+    #[test]
+    fn every_tool_schema_is_portable() {
+        let routers = Gateway::routers();
+        for router in [&routers.legacy, &routers.modern] {
+            for tool in router.list_all() {
+                let mut text = serde_json::to_string(&*tool.input_schema).unwrap_or_default();
+                if let Some(output) = &tool.output_schema {
+                    text.push_str(&serde_json::to_string(&**output).unwrap_or_default());
+                }
+                for bad in ["\"uint", "\"int64\"", "\"int32\"", "\"double\"", "\"float\"", "\"type\":["] {
+                    assert!(!text.contains(bad), "{}: {bad} in {text}", tool.name);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn stateless_descriptions_do_not_mention_sessions() {
+        let routers = Gateway::routers();
+        for tool in routers.modern.list_all() {
+            let text = tool.description.as_deref().unwrap_or_default().to_lowercase().replace("no session", "");
+            assert!(!text.contains("session"), "{}: {text}", tool.name);
+            assert!(!text.contains("default sandbox") || text.contains("no default sandbox"), "{}: {text}", tool.name);
+        }
+        let legacy = routers.legacy.get("create_sandbox").and_then(|t| t.description.clone()).unwrap_or_default();
+        assert!(legacy.contains("session"));
+    }
+
+    #[test]
+    fn versions_split_the_generations() {
+        assert!(is_stateless_version("2026-07-28"));
+        assert!(!is_stateless_version("2025-11-25"));
+        assert!(!is_stateless_version("2024-11-05"));
+        assert!(!is_stateless_version("garbage"));
+    }
+}

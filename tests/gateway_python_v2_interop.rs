@@ -1,0 +1,70 @@
+//! Interop with the official MCP Python SDK v2 (`mcp.Client`, pinned in
+//! tests/interop/requirements-mcp2.txt) in 2026-07-28 mode and in legacy
+//! (session) mode: runs tests/interop/mcp_v2_client.py against a real
+//! `serve` (embedded provider, bearer token). create -> run ->
+//! task-augmented run_command resolved through tasks/get -> tasks/cancel of
+//! a task-augmented start_task -> kill. Needs `$SANDBOX_MCP_PYTHON_V2` (a
+//! python with mcp 2.x; scripts/test.sh makes .venv-mcp2); skipped loudly
+//! when unset. Also checks that closing the legacy session logs no
+//! "Session termination failed" (DELETE answers 204).
+
+mod gateway_support;
+
+use gateway_support::*;
+use serde_json::Value;
+
+fn run_client(mode: &str) {
+    let Some(python) = std::env::var_os("SANDBOX_MCP_PYTHON_V2") else {
+        eprintln!("SKIPPED python v2 interop ({mode}): set SANDBOX_MCP_PYTHON_V2 to a python with mcp==2.3.0");
+        assert!(
+            std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
+            "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
+        );
+        return;
+    };
+    if !require_root("python_v2_interop") {
+        return;
+    }
+    let token = "interop-v2-token-0123456789";
+    let config = format!("[auth]\ntokens = [ {{ tenant = \"interop\", sha256 = \"{}\" }} ]\n", sha256_hex(token));
+    let gateway = GatewayProc::start(&config, &[]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/mcp_v2_client.py");
+    let output = std::process::Command::new(python)
+        .arg(script)
+        .arg(gateway.mcp_url())
+        .arg(token)
+        .arg(mode)
+        .output()
+        .expect("run python");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "python v2 ({mode}) failed:\n{stdout}\n{stderr}\nserve log:\n{}",
+        gateway.log_text()
+    );
+    assert!(!stderr.contains("Session termination failed"), "{stderr}");
+    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("summary line");
+    println!("{seen}");
+    assert_eq!(seen["run_stdout"], "hi\n", "{seen}");
+    assert_eq!(seen["cancelled_state"], "cancelled", "{seen}");
+    assert_eq!(seen["killed"], true, "{seen}");
+    if mode == "legacy" {
+        assert_eq!(seen["owned"], true, "{seen}");
+    } else {
+        assert_eq!(seen["owned"], false, "a sessionless sandbox is not owned: {seen}");
+        assert_eq!(seen["task_stdout"], "task\n", "{seen}");
+        assert_eq!(seen["task_exit_code"], 2, "{seen}");
+        assert_eq!(seen["cancel_ack"], "complete", "{seen}");
+    }
+}
+
+#[test]
+fn python_sdk_v2_stateless_mode_with_tasks() {
+    run_client("2026-07-28");
+}
+
+#[test]
+fn python_sdk_v2_legacy_mode() {
+    run_client("legacy");
+}
