@@ -9,6 +9,7 @@ pub mod file_tools;
 pub mod handler;
 pub mod masking;
 pub mod metrics;
+pub mod oauth;
 pub mod provider;
 pub mod sandbox_tools;
 pub mod server;

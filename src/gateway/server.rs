@@ -25,6 +25,7 @@ use super::drain::track_in_flight;
 use super::handler::{Gateway, GatewayCore, META_DEPLOYMENT};
 use super::masking::SecretMasker;
 use super::metrics;
+use super::oauth::{self, OAuth};
 use super::provider;
 use super::sessions::{SessionEndHook, SessionRegistry, TrackingSessionManager};
 use crate::config::Config;
@@ -48,7 +49,7 @@ pub fn check_auth_policy(config: &Config) -> anyhow::Result<()> {
         } else {
             anyhow::bail!(
                 "refusing to listen on {listen} without authentication: configure [auth] tokens \
-                 (or SANDBOX_MCP_TOKENS), listen on 127.0.0.1, or pass --insecure-no-auth"
+                 (or SANDBOX_MCP_TOKENS) or [auth.oauth], listen on 127.0.0.1, or pass --insecure-no-auth"
             );
         }
     }
@@ -111,7 +112,12 @@ pub async fn serve_on(
         manager,
         http_config,
     );
-    let auth = AuthState { tokens: TokenSet::new(&config.auth.tokens), sessions: Arc::clone(&sessions) };
+    let oauth = OAuth::from_config(&config.auth.oauth).map_err(|e| anyhow::anyhow!(e))?;
+    let auth = AuthState {
+        tokens: TokenSet::new(&config.auth.tokens),
+        sessions: Arc::clone(&sessions),
+        oauth: oauth.clone(),
+    };
     let mut mcp = Router::new().nest_service("/mcp", service);
     // ops (metrics): /metrics on the main listener, behind the same auth as /mcp, unless an admin listener is set.
     let metrics_stop = CancellationToken::new();
@@ -132,6 +138,11 @@ pub async fn serve_on(
         .route("/readyz", get(readyz))
         .with_state(Arc::clone(&core))
         .merge(mcp);
+    // OAuth protected resource metadata (RFC 9728): public, outside auth, behind the Host check.
+    let app = match &oauth {
+        Some(oauth) => app.merge(oauth::metadata::router(oauth, &config.server.allowed_hosts)),
+        None => app,
+    };
 
     let addr: SocketAddr = listener.local_addr().context("reading the listening address")?;
     tracing::info!(%addr, auth = config.has_auth(), provider = ?config.provider.kind, "sandbox-mcp gateway listening (MCP on /mcp)");
