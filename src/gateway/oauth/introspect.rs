@@ -23,8 +23,11 @@ pub(crate) struct Introspector {
     client_secret: String,
     http: reqwest::Client,
     cache_for: Duration,
-    cache: Mutex<HashMap<[u8; 32], (Instant, Map<String, Value>)>>,
+    cache: Mutex<HashMap<[u8; 32], CachedAnswer>>,
 }
+
+/// Valid until, claims.
+type CachedAnswer = (Instant, Map<String, Value>);
 
 impl Introspector {
     /// None when no introspection endpoint is configured.

@@ -196,10 +196,9 @@ impl OAuth {
                     quoted_safe(why)
                 ),
             ),
-            OAuthError::InsufficientScope(_) => (
-                StatusCode::FORBIDDEN,
-                format!("Bearer error=\"insufficient_scope\", scope=\"{scope}\", {metadata}"),
-            ),
+            OAuthError::InsufficientScope(_) => {
+                (StatusCode::FORBIDDEN, format!("Bearer error=\"insufficient_scope\", scope=\"{scope}\", {metadata}"))
+            }
             OAuthError::Unavailable(_) => {
                 let mut response = (StatusCode::SERVICE_UNAVAILABLE, format!("{error}\n")).into_response();
                 response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
