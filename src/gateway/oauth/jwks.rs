@@ -209,6 +209,53 @@ pub(crate) fn without_url(err: &reqwest::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A JWKS endpoint that counts its fetches (what a real IdP cannot report).
+    async fn counting_jwks() -> (String, Arc<AtomicUsize>) {
+        let hits = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&hits);
+        let app = axum::Router::new().route(
+            "/jwks",
+            axum::routing::get(move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+                std::future::ready(r#"{"keys":[]}"#)
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/jwks", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (url, hits)
+    }
+
+    fn cache(jwks_uri: &str) -> JwksCache {
+        let config = OAuthConfig {
+            issuer: "http://127.0.0.1:1".into(),
+            jwks_uri: jwks_uri.into(),
+            jwks_min_refresh_secs: 60,
+            ..OAuthConfig::default()
+        };
+        JwksCache::new(&config, reqwest::Client::new())
+    }
+
+    #[tokio::test]
+    async fn unknown_kids_cannot_hammer_the_idp() {
+        let (url, hits) = counting_jwks().await;
+        let cache = cache(&url);
+        for i in 0..20 {
+            let err = cache.key(&format!("kid-{i}")).await.err();
+            assert!(matches!(err, Some(OAuthError::Invalid(_))), "{err:?}");
+        }
+        assert_eq!(hits.load(Ordering::SeqCst), 1, "one fetch per jwks_min_refresh_secs");
+    }
+
+    #[tokio::test]
+    async fn unreachable_idp_is_unavailable_not_invalid() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let cache = cache(&format!("http://127.0.0.1:{port}/jwks"));
+        let err = cache.key("kid").await.err();
+        assert!(matches!(&err, Some(OAuthError::Unavailable(m)) if m.contains("unreachable")), "{err:?}");
+    }
 
     #[test]
     fn discovery_urls_follow_rfc8414_then_oidc() {
