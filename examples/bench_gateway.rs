@@ -7,7 +7,10 @@
 //!    command (`/bin/bash -l -c true`, same user) through the provider client directly
 //!    (target <= 1 ms);
 //! 2. tool calls per second with 32 concurrent MCP sessions;
-//! 3. gateway RSS growth with 1,000 idle sessions (target <= 64 KiB per session).
+//! 3. gateway RSS growth with 1,000 idle sessions (target <= 64 KiB per session);
+//! 4. OAuth: per-call cost of a JWT access token (RS256, keys cached) over a static token, as the
+//!    p50 difference of `tools/list` through one gateway with both (target <= 0.1 ms), and the
+//!    in-process validation time (key generated with the `openssl` CLI, JWKS served locally).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -373,6 +376,136 @@ async fn main() -> anyhow::Result<()> {
     let _ = client.cancel().await;
     let _ = direct.kill_sandbox(&sandbox_id).await;
     drop(gateway);
+    bench_jwt_auth(&bin, &provider_url, tmp.path()).await?;
     drop(provider);
+    Ok(())
+}
+
+const JWT_SAMPLES: usize = 2000;
+const STATIC_TOKEN: &str = "bench-static-token-0123456789";
+
+/// 4. JWT vs static token, through one gateway that accepts both.
+async fn bench_jwt_auth(bin: &std::path::Path, provider_url: &str, dir: &std::path::Path) -> anyhow::Result<()> {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header, jwk::Jwk};
+    // An RSA key (PKCS#1 DER) from the openssl CLI, and its JWKS served on loopback.
+    let pem = dir.join("bench-key.pem");
+    let der = dir.join("bench-key.der");
+    let status = Command::new("openssl").args(["genrsa", "-traditional", "-out"]).arg(&pem).arg("2048").output()?;
+    if !status.status.success() {
+        bail!("openssl genrsa failed: {}", String::from_utf8_lossy(&status.stderr));
+    }
+    let status = Command::new("openssl")
+        .args(["rsa", "-traditional", "-outform", "DER", "-in"])
+        .arg(&pem)
+        .arg("-out")
+        .arg(&der)
+        .output()?;
+    if !status.status.success() {
+        bail!("openssl rsa failed: {}", String::from_utf8_lossy(&status.stderr));
+    }
+    let key = EncodingKey::from_rsa_der(&std::fs::read(&der)?);
+    let mut jwk = Jwk::from_encoding_key(&key, Algorithm::RS256)?;
+    jwk.common.key_id = Some("bench".into());
+    let jwks = json!({ "keys": [jwk] }).to_string();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let issuer = format!("http://{}", listener.local_addr()?);
+    let app = axum::Router::new().route("/jwks", axum::routing::get(move || std::future::ready(jwks.clone())));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let port = free_port();
+    let audience = format!("http://127.0.0.1:{port}/mcp");
+    let config = dir.join("gateway-oauth.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[provider]\nkind = \"e2b\"\napi_url = \"{provider_url}\"\nsandbox_url = \"{provider_url}\"\n\
+             api_key_env = \"BENCH_KEY\"\n[auth]\ntokens = [ {{ tenant = \"bench\", sha256 = \"{hash}\" }} ]\n\
+             [auth.oauth]\nissuer = \"{issuer}\"\naudience = \"{audience}\"\njwks_uri = \"{issuer}/jwks\"\n\
+             required_scopes = [\"sandbox\"]\n",
+            hash = sandbox_mcp::gateway::auth::token_hash_hex(STATIC_TOKEN)
+        ),
+    )?;
+    let gateway = Proc(
+        Command::new(bin)
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--config"])
+            .arg(&config)
+            .env("BENCH_KEY", API_KEY)
+            .env("RUST_LOG", "warn")
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    let http = reqwest::Client::new();
+    for _ in 0..100 {
+        if http.get(format!("http://127.0.0.1:{port}/healthz")).send().await.is_ok_and(|r| r.status().is_success()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
+    let claims = json!({"iss": issuer, "aud": audience, "sub": "bench-user", "scope": "sandbox",
+        "iat": now, "exp": now + 3600});
+    let mut header = Header::new(Algorithm::RS256);
+    header.kid = Some("bench".into());
+    let jwt = jsonwebtoken::encode(&header, &claims, &key)?;
+
+    // In-process: the validation itself (cached key).
+    let mut oauth_config = sandbox_mcp::gateway::oauth::OAuthConfig {
+        issuer: issuer.clone(),
+        audience: audience.clone(),
+        jwks_uri: format!("{issuer}/jwks"),
+        required_scopes: vec!["sandbox".into()],
+        ..Default::default()
+    };
+    oauth_config.tenant_claim = "sub".into();
+    let oauth = sandbox_mcp::gateway::oauth::OAuth::from_config(&oauth_config)
+        .map_err(anyhow::Error::msg)?
+        .context("oauth enabled")?;
+    oauth.authenticate(&jwt).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let rounds = 5000;
+    let started = Instant::now();
+    for _ in 0..rounds {
+        oauth.authenticate(&jwt).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    let per_validation_us = started.elapsed().as_secs_f64() * 1e6 / rounds as f64;
+
+    // Through the gateway: tools/list (no provider round trip), interleaved, static vs JWT.
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let connect = |token: String| {
+        let url = url.clone();
+        async move {
+            let transport = StreamableHttpClientTransport::from_config(
+                StreamableHttpClientTransportConfig::with_uri(url).auth_header(token),
+            );
+            let info = ClientConfig::new(ClientCapabilities::default(), Implementation::new("bench", "0"))
+                .with_protocol_version(ProtocolVersion::V_2025_11_25);
+            info.serve(transport).await
+        }
+    };
+    let static_client = connect(STATIC_TOKEN.to_string()).await?;
+    let jwt_client = connect(jwt.clone()).await?;
+    for _ in 0..50 {
+        static_client.list_tools(None).await?;
+        jwt_client.list_tools(None).await?;
+    }
+    let (mut static_ms, mut jwt_ms) = (Vec::with_capacity(JWT_SAMPLES), Vec::with_capacity(JWT_SAMPLES));
+    for _ in 0..JWT_SAMPLES {
+        let t = Instant::now();
+        static_client.list_tools(None).await?;
+        static_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+        let t = Instant::now();
+        jwt_client.list_tools(None).await?;
+        jwt_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let (static_p50, jwt_p50) = (p50(&mut static_ms), p50(&mut jwt_ms));
+    let extra = jwt_p50 - static_p50;
+    println!("JWT validation in-process (RS256, cached key): {per_validation_us:.1} us per token");
+    println!(
+        "tools/list p50: static token {static_p50:.3} ms, JWT {jwt_p50:.3} ms: JWT auth overhead {extra:.3} ms \
+         (target <= 0.1 ms: {})",
+        if extra <= 0.1 { "met" } else { "NOT met" }
+    );
+    let _ = static_client.cancel().await;
+    let _ = jwt_client.cancel().await;
+    drop(gateway);
     Ok(())
 }

@@ -50,6 +50,14 @@ if [ "$(cat "$ts_dir/.version" 2>/dev/null)" != "$ts_client_version" ]; then
 fi
 export SANDBOX_MCP_TS_CLIENT_DIR="$ts_dir"
 
+step "test authorization server for the OAuth tests (oidc-provider, pinned in tests/oauth/package-lock.json)"
+# The wheel's bin/npm resolves its CLI relative to a lib/ it does not sit beside; run the CLI directly.
+if ! cmp -s tests/oauth/package-lock.json tests/oauth/node_modules/.installed-lock 2>/dev/null; then
+  (cd tests/oauth && PATH="$node_bin:$PATH" "$node_bin/node" "$node_bin/../lib/node_modules/npm/bin/npm-cli.js" \
+    ci --silent --no-audit --no-fund)
+  cp tests/oauth/package-lock.json tests/oauth/node_modules/.installed-lock
+fi
+
 step "system packages the tests use (nginx, openssl, e2fsprogs; nftables and iproute2 for sandbox networks)"
 if ! command -v nginx >/dev/null || ! command -v openssl >/dev/null || ! command -v nft >/dev/null || ! command -v ip >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive

@@ -119,6 +119,8 @@ impl Default for ServerConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct AuthConfig {
     pub tokens: Vec<TokenEntry>,
+    /// `[auth.oauth]`: OAuth 2.1 access tokens from an authorization server (beside the static tokens).
+    pub oauth: crate::gateway::oauth::OAuthConfig,
 }
 
 /// One bearer token: the tenant it maps to and the hex SHA-256 of the token.
@@ -341,6 +343,7 @@ impl Config {
         if !m.is_empty() && (m.len() != 64 || !m.bytes().all(|b| b.is_ascii_hexdigit())) {
             return invalid("metrics.token_sha256 must be 64 hex characters (the SHA-256 of the token)".into());
         }
+        self.auth.oauth.validate().map_err(ConfigError::Invalid)?;
         let s = &self.server;
         if s.max_body_bytes < 1024 {
             return invalid("server.max_body_bytes must be at least 1024".into());
@@ -382,9 +385,9 @@ impl Config {
         Ok(())
     }
 
-    /// True when at least one bearer token is configured.
+    /// True when at least one bearer token or an OAuth issuer is configured.
     pub fn has_auth(&self) -> bool {
-        !self.auth.tokens.is_empty()
+        !self.auth.tokens.is_empty() || self.auth.oauth.is_enabled()
     }
 }
 
@@ -527,5 +530,30 @@ mod tests {
         let cloud = Config::load_with_env(Some(&dir.join("e2b-cloud.toml")), &[]).unwrap();
         assert_eq!(cloud.provider.kind, ProviderKind::E2b);
         assert_eq!(cloud.provider.deployment, "prod");
+    }
+
+    #[test]
+    fn oauth_from_file_and_env() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "[auth.oauth]\nissuer = \"https://idp.example.com\"\naudience = \"https://mcp.example.com/mcp\"\n",
+        )
+        .unwrap();
+        let c = Config::load_with_env(
+            Some(&path),
+            &env(&[
+                ("SANDBOX_MCP_AUTH__OAUTH__REQUIRED_SCOPES", "[\"sandbox\"]"),
+                ("SANDBOX_MCP_AUTH__OAUTH__TENANT_CLAIM", "org"),
+            ]),
+        )
+        .unwrap();
+        assert!(c.has_auth());
+        assert_eq!(c.auth.oauth.required_scopes, vec!["sandbox"]);
+        assert_eq!(c.auth.oauth.tenant_claim, "org");
+        let err = Config::load_with_env(None, &env(&[("SANDBOX_MCP_AUTH__OAUTH__ISSUER", "https://idp.example.com")]))
+            .unwrap_err();
+        assert!(err.to_string().contains("auth.oauth.audience"), "{err}");
     }
 }

@@ -1,7 +1,8 @@
-//! Bearer-token authentication for `/mcp`: tokens map to tenants, are stored
-//! as SHA-256 hashes and compared in constant time. Also binds each new MCP
-//! session to the tenant that initialized it, and refuses a session id used
-//! by another tenant.
+//! Bearer-token authentication for `/mcp`: static tokens map to tenants, are
+//! stored as SHA-256 hashes and compared in constant time; other tokens go to
+//! the OAuth resource server (`oauth/`) when configured. Also binds each new
+//! MCP session to the tenant and principal that initialized it, and refuses a
+//! session id used by another tenant or principal.
 
 use std::sync::Arc;
 
@@ -12,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use super::oauth::{OAuth, OAuthError};
 use super::sessions::SessionRegistry;
 use crate::config::TokenEntry;
 
@@ -69,6 +71,8 @@ pub fn token_hash_hex(token: &str) -> String {
 pub struct AuthState {
     pub tokens: TokenSet,
     pub sessions: Arc<SessionRegistry>,
+    /// OAuth resource server (`[auth.oauth]`), if configured.
+    pub oauth: Option<Arc<OAuth>>,
 }
 
 fn unauthorized(error: Option<&str>, message: &'static str) -> Response {
@@ -91,23 +95,36 @@ fn bearer_token(value: &str) -> Option<&str> {
 
 /// Authenticates the request, then ties MCP sessions to tenants.
 pub async fn require_tenant(State(state): State<AuthState>, mut request: Request, next: Next) -> Response {
-    let tenant = if state.tokens.is_enabled() {
+    let (tenant, principal) = if state.tokens.is_enabled() || state.oauth.is_some() {
         let Some(value) = request.headers().get(header::AUTHORIZATION) else {
-            return unauthorized(None, "missing bearer token (Authorization: Bearer <token>)\n");
+            return match &state.oauth {
+                Some(oauth) => oauth.refusal(&OAuthError::Missing),
+                None => unauthorized(None, "missing bearer token (Authorization: Bearer <token>)\n"),
+            };
         };
         let token = value.to_str().ok().and_then(bearer_token);
-        match token.and_then(|t| state.tokens.tenant_for(t)) {
-            Some(tenant) => tenant,
-            None => return unauthorized(Some("invalid_token"), "invalid bearer token\n"),
+        match (token.and_then(|t| state.tokens.tenant_for(t)), token, &state.oauth) {
+            (Some(tenant), _, _) => (tenant.clone(), format!("token:{tenant}")),
+            (None, Some(token), Some(oauth)) if !token.is_empty() => match oauth.authenticate(token).await {
+                Ok(principal) => (principal.tenant, principal.id),
+                Err(err) => {
+                    tracing::info!(reason = %err, "bearer token refused"); // never the token itself
+                    return oauth.refusal(&err);
+                }
+            },
+            (None, _, Some(oauth)) => {
+                return oauth.refusal(&OAuthError::Invalid("expected Authorization: Bearer <token>".into()));
+            }
+            (None, _, None) => return unauthorized(Some("invalid_token"), "invalid bearer token\n"),
         }
     } else {
-        DEFAULT_TENANT.to_string()
+        (DEFAULT_TENANT.to_string(), format!("token:{DEFAULT_TENANT}"))
     };
 
     let session_id = request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_string);
     if let Some(id) = &session_id
-        && let Some(bound) = state.sessions.tenant_of(id)
-        && bound != tenant
+        && (state.sessions.tenant_of(id).is_some_and(|bound| bound != tenant)
+            || state.sessions.principal_of(id).is_some_and(|bound| bound != principal))
     {
         // Same answer as for an unknown session: do not reveal that it exists.
         return (StatusCode::NOT_FOUND, "session not found\n").into_response();
@@ -120,6 +137,7 @@ pub async fn require_tenant(State(state): State<AuthState>, mut request: Request
     {
         // `initialize` created a session: it belongs to this tenant from now on.
         let _ = state.sessions.bind_tenant(new_id, &tenant);
+        state.sessions.bind_principal(new_id, &principal);
     }
     response
 }

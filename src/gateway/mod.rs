@@ -12,6 +12,7 @@ pub mod masking;
 pub mod mcp_tasks;
 pub mod metrics;
 pub mod parse_guard;
+pub mod oauth;
 pub mod provider;
 pub mod quotas;
 pub mod sandbox_tools;

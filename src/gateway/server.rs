@@ -26,6 +26,7 @@ use super::handler::{Gateway, GatewayCore, META_DEPLOYMENT};
 use super::masking::SecretMasker;
 use super::mcp_tasks::TaskIdKey;
 use super::metrics;
+use super::oauth::{self, OAuth};
 use super::provider;
 use super::sessions::{SessionEndHook, SessionRegistry, TrackingSessionManager};
 use crate::config::Config;
@@ -49,7 +50,7 @@ pub fn check_auth_policy(config: &Config) -> anyhow::Result<()> {
         } else {
             anyhow::bail!(
                 "refusing to listen on {listen} without authentication: configure [auth] tokens \
-                 (or SANDBOX_MCP_TOKENS), listen on 127.0.0.1, or pass --insecure-no-auth"
+                 (or SANDBOX_MCP_TOKENS) or [auth.oauth], listen on 127.0.0.1, or pass --insecure-no-auth"
             );
         }
     }
@@ -116,7 +117,9 @@ pub async fn serve_on(
         manager,
         http_config,
     );
-    let auth = AuthState { tokens: TokenSet::new(&config.auth.tokens), sessions: Arc::clone(&sessions) };
+    let oauth = OAuth::from_config(&config.auth.oauth).map_err(|e| anyhow::anyhow!(e))?;
+    let auth =
+        AuthState { tokens: TokenSet::new(&config.auth.tokens), sessions: Arc::clone(&sessions), oauth: oauth.clone() };
     let mcp = Router::new()
         .nest_service("/mcp", service)
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&sessions), generation::session_delete));
@@ -161,6 +164,11 @@ pub async fn serve_on(
     if let Some(metrics_router) = main_metrics {
         app = app.merge(metrics_router);
     }
+    // OAuth protected resource metadata (RFC 9728): public, outside auth, behind the Host check.
+    let app = match &oauth {
+        Some(oauth) => app.merge(oauth::metadata::router(oauth, &config.server.allowed_hosts)),
+        None => app,
+    };
 
     let addr: SocketAddr = listener.local_addr().context("reading the listening address")?;
     tracing::info!(%addr, auth = config.has_auth(), provider = ?config.provider.kind, "sandbox-mcp gateway listening (MCP on /mcp)");
@@ -235,7 +243,7 @@ fn metrics_on_main_listener(config: &Config, metrics: Arc<metrics::GatewayMetric
         tenant: "metrics".into(),
         sha256: config.metrics.token_sha256.to_ascii_lowercase(),
     }]);
-    let auth = AuthState { tokens, sessions: SessionRegistry::new() };
+    let auth = AuthState { tokens, sessions: SessionRegistry::new(), oauth: None };
     Some(router.layer(axum::middleware::from_fn_with_state(auth, require_tenant)))
 }
 

@@ -22,6 +22,8 @@ use crate::e2b::wire;
 pub struct SessionState {
     /// Tenant bound at `initialize` (None until the HTTP layer has bound it).
     pub tenant: Option<String>,
+    /// Principal (static token's tenant, or OAuth issuer + subject) bound at `initialize`.
+    pub principal: Option<String>,
     /// The sandbox used when a tool omits `sandbox_id`.
     pub default_sandbox: Option<String>,
     /// Sandboxes this session created (killed when it ends, unless retained).
@@ -37,6 +39,7 @@ impl SessionState {
     fn new() -> Self {
         Self {
             tenant: None,
+            principal: None,
             default_sandbox: None,
             owned: BTreeSet::new(),
             retained: BTreeSet::new(),
@@ -146,6 +149,18 @@ impl SessionRegistry {
     /// Whether a session is live.
     pub fn contains(&self, session_id: &str) -> bool {
         self.lock().contains_key(session_id)
+    }
+
+    /// Binds a session to the principal that opened it (first binding wins).
+    pub fn bind_principal(&self, session_id: &str, principal: &str) {
+        if let Some(state) = self.lock().get_mut(session_id) {
+            state.principal.get_or_insert_with(|| principal.to_string());
+        }
+    }
+
+    /// The principal a session is bound to (None if unknown session or not bound yet).
+    pub fn principal_of(&self, session_id: &str) -> Option<String> {
+        self.lock().get(session_id).and_then(|s| s.principal.clone())
     }
 
     /// The tenant a session is bound to (None if unknown session or not bound yet).

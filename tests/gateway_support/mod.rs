@@ -168,10 +168,15 @@ pub fn e2b_config(provider: &ProviderProc, extra: &str) -> String {
 impl GatewayProc {
     /// Starts `serve --config <config_text> --listen 127.0.0.1:PORT` and waits for /healthz.
     pub fn start(config_text: &str, env: &[(&str, &str)]) -> Self {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        Self::start_on(addr, config_text, env)
+    }
+
+    /// Like [`GatewayProc::start`] on a given address (for configs that name their own URL).
+    pub fn start_on(addr: SocketAddr, config_text: &str, env: &[(&str, &str)]) -> Self {
         let tmp = tempfile::tempdir().expect("tempdir");
         let config_path = tmp.path().join("config.toml");
         std::fs::write(&config_path, config_text).expect("write config");
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let mut command = Command::new(BIN);
         command
             .args(["serve", "--config"])
