@@ -17,8 +17,9 @@
 #      embedded provider started on the host; `local` with exactly the
 #      privileges of the run line in deploy/README.md. For each: HEALTHCHECK
 #      turns healthy, /readyz answers 200, a full MCP session with the official
-#      Python client (deploy/image-test/mcp_session.py), SIGTERM stops it
-#      within the grace with exit status 0;
+#      Python client (deploy/image-test/mcp_session.py), then SIGTERM while
+#      that session is still open and owns a sandbox: the container exits 0
+#      within the grace and its shutdown has killed that sandbox;
 #   4. reports the image sizes and fails past the targets (e2b 40 MB, local 120 MB).
 #
 # Environment:
@@ -60,6 +61,7 @@ work=$(mktemp -d "/tmp/sandbox-mcp-$run_id.XXXXXX")
 containers=()
 volumes=()
 provider_pid=""
+session_pid=""
 cleanup() {
   local status=$?
   local c
@@ -68,9 +70,10 @@ cleanup() {
       log "--- last log lines of container $c"
       podman logs --tail 40 "$c" >&2 2>&1 || true
     fi
-    podman rm -f -t 0 "$c" >/dev/null 2>&1 || true
+    podman rm -f -v -t 0 "$c" >/dev/null 2>&1 || true
   done
   for c in "${volumes[@]}"; do podman volume rm -f "$c" >/dev/null 2>&1 || true; done
+  if [ -n "$session_pid" ]; then kill -TERM "$session_pid" 2>/dev/null || true; fi
   if [ -n "$provider_pid" ] && kill -0 "$provider_pid" 2>/dev/null; then
     kill -TERM "$provider_pid" 2>/dev/null || true
     for _ in $(seq 100); do kill -0 "$provider_pid" 2>/dev/null || break; sleep 0.1; done
@@ -317,10 +320,33 @@ check_readyz() { # $1: base url
   log "ok   /readyz 200"
 }
 
-run_session() { # $1: base url, $2: label
+# The session runs in the background and ends holding one more sandbox in an
+# open session, so that SIGTERM finds work to clean up.
+run_session() { # $1: base url, $2: label; sets held_sandbox
+  local hold="$work/hold-$2" out="$work/session-$2.out"
   log "MCP session against the $2 container"
-  SANDBOX_MCP_TEST_TOKEN="$token" "$python" "$here/image-test/mcp_session.py" "$1/mcp" \
-    || die "the MCP session against the $2 container failed"
+  SANDBOX_MCP_TEST_TOKEN="$token" SANDBOX_MCP_TEST_HOLD_FILE="$hold" \
+    "$python" "$here/image-test/mcp_session.py" "$1/mcp" >"$out" 2>&1 &
+  session_pid=$!
+  for _ in $(seq 900); do
+    [ -s "$hold" ] && break
+    kill -0 "$session_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [ ! -s "$hold" ]; then
+    wait "$session_pid" || true
+    session_pid=""
+    cat "$out" >&2
+    die "the MCP session against the $2 container failed"
+  fi
+  held_sandbox=$(head -n 1 "$hold")
+}
+end_session() { # $1: label; after the container stopped
+  local status=0
+  wait "$session_pid" || status=$?
+  session_pid=""
+  grep -v '^Session termination failed' "$work/session-$1.out" >&2 || true
+  [ "$status" = 0 ] || die "the MCP session against the $1 container failed"
 }
 
 stop_within_grace() { # $1: container
@@ -342,7 +368,7 @@ bin="$work/sandbox-mcp"
 podman create --name "extract-$run_id" "$local_image" >/dev/null 2>&1
 containers+=("extract-$run_id")
 podman cp "extract-$run_id:/usr/local/bin/sandbox-mcp" "$bin"
-podman rm "extract-$run_id" >/dev/null 2>&1
+podman rm -v "extract-$run_id" >/dev/null 2>&1
 "$bin" --version >/dev/null || die "the binary copied out of the local image does not run on this host"
 key="e2b_$(openssl rand -hex 20)"
 mkdir -p "$work/provider-state"
@@ -380,6 +406,16 @@ wait_healthy "$ctr"
 check_readyz "http://127.0.0.1:$port"
 run_session "http://127.0.0.1:$port" e2b
 stop_within_grace "$ctr"
+end_session e2b
+# The gateway's shutdown ended the open session and killed the sandbox it owned.
+left=""
+for _ in $(seq 50); do
+  left=$(curl -fsS -H "X-API-Key: $key" "http://$provider_addr/sandboxes") || die "the host provider does not list sandboxes"
+  [ "$left" = "[]" ] && break
+  sleep 0.1
+done
+[ "$left" = "[]" ] || die "sandboxes left on the provider after the e2b container stopped: $left"
+log "ok   the e2b gateway's shutdown killed the open session's sandbox $held_sandbox"
 kill -TERM "$provider_pid"
 wait "$provider_pid" 2>/dev/null || true
 provider_pid=""
@@ -397,6 +433,9 @@ privileges=()
 while read -r word; do
   case "$word" in
     --privileged) privileges+=("$word") ;;
+    # Docker's name for an unmasked /proc and /sys (needed to mount /proc in a
+    # user namespace) is podman's unmask=ALL.
+    --security-opt=systempaths=unconfined) privileges+=(--security-opt=unmask=ALL) ;;
     --cap-add=* | --cap-drop=* | --security-opt=* | --device=* | --sysctl=*) privileges+=("$word") ;;
   esac
 done < <(printf '%s\n' "$documented" | sed -e 's/#.*$//' -e 's/\\$//' \
@@ -418,6 +457,11 @@ wait_healthy "$ctr"
 check_readyz "http://127.0.0.1:$port"
 run_session "http://127.0.0.1:$port" local
 stop_within_grace "$ctr"
+end_session local
+podman logs "$ctr" >"$work/local.log" 2>&1 || true
+awk -v id="\"$held_sandbox\"" '/"sandbox removed"/ && index($0, id) { found = 1 } END { exit !found }' "$work/local.log" \
+  || die "the local container stopped without removing the open session's sandbox $held_sandbox"
+log "ok   the local gateway's shutdown removed the open session's sandbox $held_sandbox"
 log "local target ran in $(($(now) - t_run)) s"
 
 # --- sizes against the targets, and the tags deploy/k8s uses.

@@ -5,8 +5,11 @@ official Python `mcp` client. Run by deploy/image-test.sh for each image target.
 
 It initializes, lists the tools, creates a sandbox, runs a command in it,
 starts a task and reads it to its end (get_task with wait_seconds and offsets),
-then kills the sandbox, so the container leaves nothing behind. Prints one line
-per check and "N passed, M failed"; exits 1 on any failure.
+then kills the sandbox. Prints one line per check and "N passed, M failed".
+With SANDBOX_MCP_TEST_HOLD_FILE set, it then creates one more sandbox, writes
+its id to that file and keeps the session open until the server ends it (the
+caller stops the container meanwhile: graceful shutdown must kill it); it
+exits 1 on any failure.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class Checks:
     def __init__(self) -> None:
         self.passed = 0
         self.failed = 0
+        self.holding = False
 
     def check(self, name: str, ok: bool, detail: Any = "") -> bool:
         if ok:
@@ -126,6 +130,19 @@ async def session(url: str, token: str, checks: Checks) -> None:
             if sandbox_id:
                 is_err, sc = tool_payload(await mcp.call_tool("kill_sandbox", {"sandbox_id": sandbox_id}))
                 checks.check("kill_sandbox", not is_err, sc)
+        hold_file = os.environ.get("SANDBOX_MCP_TEST_HOLD_FILE")
+        if hold_file and checks.failed == 0:
+            is_err, sc = tool_payload(await mcp.call_tool("create_sandbox", {"timeout": 300}))
+            held = sc.get("sandbox_id")
+            if checks.check("create_sandbox (held open while the container is stopped)", not is_err and bool(held), sc):
+                checks.holding = True
+                with open(hold_file, "w", encoding="utf-8") as f:
+                    f.write(f"{held}\n")
+                # The server ends the session when it shuts down; then any request fails.
+                with contextlib.suppress(Exception):
+                    for _ in range(120):
+                        await asyncio.sleep(0.5)
+                        await mcp.send_ping()
 
 
 def main() -> int:
@@ -136,8 +153,10 @@ def main() -> int:
     checks = Checks()
     try:
         asyncio.run(session(sys.argv[1], token, checks))
-    except Exception as exc:  # noqa: BLE001 - any failure of the session is a test failure
-        checks.check("the session ran to its end", False, repr(exc))
+    except BaseException as exc:  # noqa: BLE001 - any failure of the session is a test failure
+        if isinstance(exc, KeyboardInterrupt) or not checks.holding:
+            checks.check("the session ran to its end", False, repr(exc))
+        # While holding, the server's shutdown ending the session is the expected end.
     print(f"{checks.passed} passed, {checks.failed} failed", flush=True)
     return 0 if checks.failed == 0 and checks.passed > 0 else 1
 
