@@ -119,6 +119,10 @@ pub fn spawn(spec: &SpawnSpec) -> Result<SpawnedChild, SpawnError> {
             crate::local::spawn::mark_inherited_fds_cloexec(3);
             // Commands get a raised OOM score (raising needs no privilege; lowering it back does),
             // so the OOM killer picks them, never envd (which also tries -1000 for itself).
+            // envd lost dumpability when it entered the sandbox's user namespace, which leaves
+            // /proc/self owned by an unmapped uid; the child is about to exec (which restores it)
+            // and must be able to write its own oom_score_adj first.
+            libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0);
             reset_oom_score(oom_path);
             if switch_user {
                 if libc::setgroups(groups.len(), groups.as_ptr()) != 0 {
