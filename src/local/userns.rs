@@ -151,12 +151,39 @@ pub fn idmapped_bind(source: &Path, target: &Path, userns: &OwnedFd) -> anyhow::
         )
     };
     if ret != 0 {
-        return Err(std::io::Error::last_os_error()).with_context(|| {
-            format!(
-                "idmapped mount of {} (needs Linux >= 5.12 and a filesystem that supports idmapped mounts)",
-                source.display()
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EINVAL) {
+            return Err(err).with_context(|| {
+                format!(
+                    "idmapped mount of {} (needs Linux >= 5.12 and a filesystem that supports idmapped mounts)",
+                    source.display()
+                )
+            });
+        }
+        // The filesystem cannot be idmapped (e.g. a container's own overlayfs root): fall back
+        // to a plain read-only view. The template's files then appear owned by `nobody` inside,
+        // so root in the sandbox can read and run them but not change them.
+        eprintln!(
+            "sandbox-mcp envd: {} cannot be idmapped ({err}); it is mounted read-only without an id map",
+            source.display()
+        );
+        let plain =
+            MountAttr { attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV, attr_clr: 0, propagation: 0, userns_fd: 0 };
+        // SAFETY: as above, without the idmap.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_mount_setattr,
+                tree.as_raw_fd(),
+                empty.as_ptr(),
+                libc::AT_EMPTY_PATH as libc::c_uint,
+                &plain as *const MountAttr,
+                std::mem::size_of::<MountAttr>(),
             )
-        });
+        };
+        if ret != 0 {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("read-only bind of {}", source.display()));
+        }
     }
     // SAFETY: move_mount of our detached tree onto a NUL-terminated target path.
     let ret = unsafe {
