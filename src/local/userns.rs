@@ -113,6 +113,23 @@ const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 const OPEN_TREE_CLONE: libc::c_uint = 1;
 const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
 
+/// `mount_setattr(2)` on a detached mount tree.
+fn set_mount_attr(tree: &OwnedFd, attr: &MountAttr) -> std::io::Result<()> {
+    // SAFETY: mount_setattr on a detached tree we own, with an empty NUL-terminated path and a
+    // correctly sized mount_attr.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH as libc::c_uint,
+            attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if ret != 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+}
+
 /// Mounts `source` read-only at `target` with its ids shifted by the user namespace `userns`
 /// (host root's files appear owned by root inside; nothing is changed on disk).
 pub fn idmapped_bind(source: &Path, target: &Path, userns: &OwnedFd) -> anyhow::Result<()> {
@@ -139,19 +156,7 @@ pub fn idmapped_bind(source: &Path, target: &Path, userns: &OwnedFd) -> anyhow::
         propagation: 0,
         userns_fd: userns.as_raw_fd() as u64,
     };
-    // SAFETY: mount_setattr on our detached tree with a correctly sized mount_attr.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            empty.as_ptr(),
-            libc::AT_EMPTY_PATH as libc::c_uint,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if ret != 0 {
-        let err = std::io::Error::last_os_error();
+    if let Err(err) = set_mount_attr(&tree, &attr) {
         if err.raw_os_error() != Some(libc::EINVAL) {
             return Err(err).with_context(|| {
                 format!(
@@ -169,21 +174,7 @@ pub fn idmapped_bind(source: &Path, target: &Path, userns: &OwnedFd) -> anyhow::
         );
         let plain =
             MountAttr { attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV, attr_clr: 0, propagation: 0, userns_fd: 0 };
-        // SAFETY: as above, without the idmap.
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_mount_setattr,
-                tree.as_raw_fd(),
-                empty.as_ptr(),
-                libc::AT_EMPTY_PATH as libc::c_uint,
-                &plain as *const MountAttr,
-                std::mem::size_of::<MountAttr>(),
-            )
-        };
-        if ret != 0 {
-            return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("read-only bind of {}", source.display()));
-        }
+        set_mount_attr(&tree, &plain).with_context(|| format!("read-only bind of {}", source.display()))?;
     }
     // SAFETY: move_mount of our detached tree onto a NUL-terminated target path.
     let ret = unsafe {

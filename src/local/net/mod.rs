@@ -152,10 +152,6 @@ impl NetPool {
         Arc::new(NetPool { cfg, ready: Mutex::new(Vec::new()), refilling: Mutex::new(false) })
     }
 
-    pub fn config(&self) -> &NetConfig {
-        &self.cfg
-    }
-
     /// A prepared namespace: from the pool, or made now if the pool is empty. Triggers a refill.
     pub async fn take(self: &Arc<Self>) -> std::io::Result<PreparedNetns> {
         let pooled = self.ready.lock().unwrap_or_else(|p| p.into_inner()).pop();
