@@ -6,6 +6,7 @@ pub mod config;
 pub mod connect_rpc;
 pub mod e2b;
 pub mod gateway;
+pub mod guarded_body;
 pub mod healthcheck;
 pub mod listen;
 pub mod local;

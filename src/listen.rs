@@ -1,25 +1,22 @@
 //! Hardened HTTP/1 serving shared by every listener (the gateway's main and
 //! admin listeners, the local provider): a header-read timeout (slowloris), an
 //! idle timeout for connections with no request in flight, a cap on
-//! concurrent connections that evicts the longest-idle connection instead of
-//! refusing new ones (so a flood of idle or trickling connections cannot lock
-//! out a real client, and a request in flight is never cut), and accept errors
+//! concurrent connections that evicts an idle connection instead of refusing
+//! new ones (silent ones before ones that have been served, so a flood of idle
+//! or trickling connections cannot lock out or reset a real client, and a
+//! request in flight is never cut), and accept errors
 //! (EMFILE…) that back off, evict an idle connection and never spin.
 //! Graceful shutdown: stop accepting, let in-flight requests finish.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
-use bytes::Bytes;
-use http_body::Frame;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
@@ -87,6 +84,9 @@ struct ConnState {
     busy: AtomicUsize,
     /// Milliseconds since the listener started, when the connection last became idle.
     idle_since_ms: AtomicU64,
+    /// Whether a response has been completed on it: a client that has been served (a gateway's
+    /// pooled keep-alive connection) is evicted only after every connection that never was.
+    served: AtomicBool,
     close: CancellationToken,
 }
 
@@ -100,13 +100,16 @@ impl Registry {
         self.started.elapsed().as_millis() as u64
     }
 
-    /// Closes the connection idle for the longest time; false if every connection is busy.
+    /// Closes an idle connection to make room: first the longest-idle one that never completed a
+    /// request (a flood of silent or slowloris connections cannot push out a client that is
+    /// being served, whose keep-alive connection would otherwise be reset under its next
+    /// request), then the longest-idle of the rest. False if every connection is busy.
     fn evict_longest_idle(&self) -> bool {
         let conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
         let victim = conns
             .values()
             .filter(|c| c.busy.load(Ordering::SeqCst) == 0 && !c.close.is_cancelled())
-            .min_by_key(|c| c.idle_since_ms.load(Ordering::SeqCst));
+            .min_by_key(|c| (c.served.load(Ordering::SeqCst), c.idle_since_ms.load(Ordering::SeqCst)));
         match victim {
             Some(conn) => {
                 conn.close.cancel();
@@ -133,30 +136,8 @@ impl BusyGuard {
 impl Drop for BusyGuard {
     fn drop(&mut self) {
         self.conn.idle_since_ms.store(self.registry.now_ms(), Ordering::SeqCst);
+        self.conn.served.store(true, Ordering::SeqCst);
         self.conn.busy.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// A response body that keeps its connection marked busy until it is finished or dropped.
-struct GuardedBody {
-    inner: Body,
-    _guard: BusyGuard,
-}
-
-impl http_body::Body for GuardedBody {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
     }
 }
 
@@ -237,6 +218,7 @@ pub async fn serve(
         let conn = Arc::new(ConnState {
             busy: AtomicUsize::new(0),
             idle_since_ms: AtomicU64::new(registry.now_ms()),
+            served: AtomicBool::new(false),
             close: CancellationToken::new(),
         });
         registry.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(id, Arc::clone(&conn));
@@ -277,7 +259,7 @@ async fn serve_connection(
                 Ok(response) => response,
                 Err(never) => match never {},
             };
-            Ok::<_, Infallible>(response.map(|inner| Body::new(GuardedBody { inner, _guard: guard })))
+            Ok::<_, Infallible>(crate::guarded_body::guard_response(response, guard))
         }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
@@ -318,5 +300,35 @@ mod tests {
         assert_eq!(limits.effective_max_connections(1024), 256);
         assert_eq!(limits.effective_max_connections(1 << 20), 10_000);
         assert_eq!(ListenLimits { max_connections: 0, ..limits }.effective_max_connections(1024), 1);
+    }
+
+    fn conn(idle_since_ms: u64, served: bool, busy: usize) -> Arc<ConnState> {
+        Arc::new(ConnState {
+            busy: AtomicUsize::new(busy),
+            idle_since_ms: AtomicU64::new(idle_since_ms),
+            served: AtomicBool::new(served),
+            close: CancellationToken::new(),
+        })
+    }
+
+    #[test]
+    fn eviction_spares_served_connections_until_no_silent_one_is_left() {
+        let registry = Registry { started: Instant::now(), conns: Mutex::new(HashMap::new()) };
+        let served_oldest = conn(1, true, 0);
+        let silent_new = conn(50, false, 0);
+        let silent_old = conn(10, false, 0);
+        let busy = conn(0, false, 1);
+        for (id, c) in [&served_oldest, &silent_new, &silent_old, &busy].into_iter().enumerate() {
+            registry.conns.lock().unwrap().insert(id as u64, Arc::clone(c));
+        }
+        let cancelled = || [&silent_old, &silent_new, &served_oldest].map(|c| c.close.is_cancelled());
+        assert!(registry.evict_longest_idle());
+        assert_eq!(cancelled(), [true, false, false], "the longest-idle silent connection goes first");
+        assert!(registry.evict_longest_idle());
+        assert_eq!(cancelled(), [true, true, false], "then the other silent one, though served is older");
+        assert!(registry.evict_longest_idle());
+        assert_eq!(cancelled(), [true, true, true], "served connections go last, not never");
+        assert!(!busy.close.is_cancelled(), "a busy connection is never evicted");
+        assert!(!registry.evict_longest_idle(), "only a busy connection is left");
     }
 }

@@ -242,6 +242,9 @@ async fn edge_cases_scheme_parse_error_masking_and_metrics() {
         .await
         .unwrap();
     assert_eq!(response.status().as_u16(), 200, "auth schemes are case-insensitive");
+    let session = response.headers()["mcp-session-id"].to_str().unwrap().to_string();
+    drop(response);
+    reused_request_id_gets_an_error_not_a_hang(&http, &gateway.mcp_url(), &session).await;
 
     let response = http
         .post(gateway.mcp_url())
@@ -276,6 +279,54 @@ async fn edge_cases_scheme_parse_error_masking_and_metrics() {
     ok(&a, "kill_sandbox", json!({"sandbox_id": sandbox})).await;
     close(a).await;
     assert!(!gateway.log_text().contains(SECRET), "a secret reached the log");
+}
+
+/// Two requests of one session with the same JSON-RPC id, the second sent while the first runs:
+/// the second gets 400 / -32600 at once, the first still gets its own result, and once it is
+/// answered the id may be used again.
+async fn reused_request_id_gets_an_error_not_a_hang(http: &reqwest::Client, url: &str, session: &str) {
+    let post = |body: serde_json::Value| {
+        http.post(url)
+            .header("Authorization", format!("Bearer {TOKEN_A}"))
+            .header("Accept", "application/json, text/event-stream")
+            .header("Mcp-Session-Id", session)
+            .header("MCP-Protocol-Version", "2025-06-18")
+            .json(&body)
+            .send()
+    };
+    post(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await.unwrap();
+    let call = |id: u64, command: &str| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "run_command", "arguments": {"command": command}}})
+    };
+    let create = json!({"jsonrpc": "2.0", "id": 6, "method": "tools/call",
+        "params": {"name": "create_sandbox", "arguments": {}}});
+    let created = post(create).await.unwrap().text().await.unwrap();
+    let sandbox = created.split("\\\"sandbox_id\\\":\\\"").nth(1).and_then(|rest| rest.split('\\').next());
+    let sandbox = sandbox.unwrap_or_else(|| panic!("no sandbox id in {created}")).to_string();
+    let first = tokio::spawn(post(call(7, "sleep 2; echo first")).await.unwrap().text());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    let second = tokio::time::timeout(Duration::from_secs(10), post(call(7, "echo second")))
+        .await
+        .expect("a reused request id must not hang")
+        .unwrap();
+    assert_eq!(second.status().as_u16(), 400);
+    assert!(started.elapsed() < Duration::from_secs(1), "refused at once, not after the first call");
+    let body: serde_json::Value = second.json().await.unwrap();
+    assert_eq!(body["error"]["code"], -32600, "{body}");
+    assert_eq!(body["id"], 7, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("already used"), "{body}");
+    let first =
+        tokio::time::timeout(Duration::from_secs(20), first).await.expect("first call answered").unwrap().unwrap();
+    assert!(first.contains("first\\n") && first.contains("\"id\":7"), "{first}");
+    // Answered: the id is free again.
+    let again = post(call(7, "echo again")).await.unwrap().text().await.unwrap();
+    assert!(again.contains("again\\n"), "{again}");
+    let kill = json!({"jsonrpc": "2.0", "id": 8, "method": "tools/call",
+        "params": {"name": "kill_sandbox", "arguments": {"sandbox_id": sandbox}}});
+    let killed = post(kill).await.unwrap().text().await.unwrap();
+    assert!(killed.contains("\"isError\":false"), "{killed}");
 }
 
 /// Processes whose command line names `--sandbox-dir <sandboxes_dir>/…` (this provider's agents).

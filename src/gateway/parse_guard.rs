@@ -1,7 +1,12 @@
-//! Rejects a `POST /mcp` whose body is not JSON with 400 and the JSON-RPC
-//! parse error (-32700), before the MCP transport sees it (which would answer
-//! 415). Bodies over the configured limit pass through untouched so the
-//! transport's own size error applies.
+//! Checks a `POST /mcp` body before the MCP transport sees it: a body that is
+//! not JSON gets 400 with the JSON-RPC parse error (-32700) (the transport
+//! would answer 415), one over `server.max_body_bytes` gets 413, and a request
+//! reusing the id of a request still in progress in the same legacy session
+//! gets 400 with -32600 (the transport would route both answers to one stream
+//! and leave the other caller waiting forever).
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -12,31 +17,92 @@ use axum::response::{IntoResponse, Response};
 /// JSON-RPC 2.0 "Parse error".
 pub const PARSE_ERROR: i64 = -32700;
 
-/// Middleware state: the body limit (`server.max_body_bytes`).
-#[derive(Clone, Copy)]
-pub struct BodyLimit(pub usize);
+/// JSON-RPC 2.0 "Invalid Request".
+pub const INVALID_REQUEST: i64 = -32600;
+
+/// Middleware state.
+#[derive(Clone)]
+pub struct RequestGuard {
+    /// `server.max_body_bytes`.
+    pub body_limit: usize,
+    /// (session id, request id as JSON text) of every request whose response is still open.
+    in_flight: Arc<Mutex<HashSet<(String, String)>>>,
+}
+
+impl RequestGuard {
+    /// A guard with `body_limit` and no request in flight.
+    pub fn new(body_limit: usize) -> Self {
+        RequestGuard { body_limit, in_flight: Arc::default() }
+    }
+
+    /// Records `key` as in flight; `None` when it already is.
+    fn enter(&self, key: (String, String)) -> Option<InFlightId> {
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        in_flight.insert(key.clone()).then(|| InFlightId { in_flight: Arc::clone(&self.in_flight), key })
+    }
+}
+
+/// Removes its request id from the in-flight set when the response body ends or is dropped.
+struct InFlightId {
+    in_flight: Arc<Mutex<HashSet<(String, String)>>>,
+    key: (String, String),
+}
+
+impl Drop for InFlightId {
+    fn drop(&mut self) {
+        self.in_flight.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.key);
+    }
+}
+
+/// The id of a JSON-RPC request (an object with `method` and `id`), as JSON text.
+fn request_id(message: &serde_json::Value) -> Option<String> {
+    let object = message.as_object()?;
+    object.get("method")?;
+    Some(object.get("id")?.to_string())
+}
 
 /// The middleware (see the module docs).
-pub async fn reject_malformed_json(State(limit): State<BodyLimit>, request: Request, next: Next) -> Response {
+pub async fn check_request(State(guard): State<RequestGuard>, request: Request, next: Next) -> Response {
     if request.method() != Method::POST {
         return next.run(request).await;
     }
     let (parts, body) = request.into_parts();
-    let bytes: Bytes = match axum::body::to_bytes(body, limit.0).await {
+    let bytes: Bytes = match axum::body::to_bytes(body, guard.body_limit).await {
         Ok(bytes) => bytes,
         Err(_) => {
-            return (StatusCode::PAYLOAD_TOO_LARGE, format!("request body larger than {} bytes\n", limit.0))
+            return (StatusCode::PAYLOAD_TOO_LARGE, format!("request body larger than {} bytes\n", guard.body_limit))
                 .into_response();
         }
     };
-    if let Err(err) = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
-        let body = serde_json::json!({
-            "jsonrpc": "2.0",
-            "id": null,
-            "error": { "code": PARSE_ERROR, "message": format!("Parse error: the body is not valid JSON ({err})") },
-        });
-        return (StatusCode::BAD_REQUEST, [(header::CONTENT_TYPE, "application/json")], body.to_string())
-            .into_response();
+    let parsed = match serde_json::from_slice::<serde_json::Value>(&bytes) {
+        Ok(parsed) => parsed,
+        Err(err) => {
+            let message = format!("Parse error: the body is not valid JSON ({err})");
+            return json_rpc_error(serde_json::Value::Null, PARSE_ERROR, message);
+        }
+    };
+    let session = parts.headers.get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let in_flight = match (session, request_id(&parsed)) {
+        (Some(session), Some(id)) => match guard.enter((session, id.clone())) {
+            Some(in_flight) => Some(in_flight),
+            None => {
+                let message = format!(
+                    "Invalid Request: id {id} is already used by a request still in progress in this session; \
+                     give every request its own id"
+                );
+                return json_rpc_error(parsed["id"].clone(), INVALID_REQUEST, message);
+            }
+        },
+        _ => None,
+    };
+    let response = next.run(Request::from_parts(parts, Body::from(bytes))).await;
+    match in_flight {
+        Some(in_flight) => crate::guarded_body::guard_response(response, in_flight),
+        None => response,
     }
-    next.run(Request::from_parts(parts, Body::from(bytes))).await
+}
+
+fn json_rpc_error(id: serde_json::Value, code: i64, message: String) -> Response {
+    let body = serde_json::json!({ "jsonrpc": "2.0", "id": id, "error": { "code": code, "message": message } });
+    (StatusCode::BAD_REQUEST, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }

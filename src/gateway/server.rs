@@ -144,9 +144,9 @@ pub async fn serve_on(
             );
         }
     }
-    let body_limit = super::parse_guard::BodyLimit(config.server.max_body_bytes);
+    let request_guard = super::parse_guard::RequestGuard::new(config.server.max_body_bytes);
     let mcp = mcp
-        .layer(axum::middleware::from_fn_with_state(body_limit, super::parse_guard::reject_malformed_json))
+        .layer(axum::middleware::from_fn_with_state(request_guard, super::parse_guard::check_request))
         .layer(axum::middleware::from_fn_with_state(
             super::quotas::SessionLimit {
                 sessions: Arc::clone(&sessions),
