@@ -3,13 +3,18 @@
 //! bounded in time and count.
 //!
 //! Since every sandbox has its own network namespace, code inside a sandbox
-//! cannot reach the host's loopback (gateway or provider ports). The
-//! connection floods and slowloris connections are therefore driven from this
-//! test process on the host, which is the stronger position; what has to be
+//! cannot reach the gateway or provider ports (checked from inside a sandbox,
+//! on the loopback and on the host's addresses). The connection floods and
+//! slowloris connections are therefore driven from this test process on the
+//! host, as against an exposed public port; the flood a sandbox *can* make
+//! (outbound connections through the provider's egress relays) is driven from
+//! inside sandboxes against the provider-wide egress budget; what has to be
 //! inside a sandbox (descriptor inheritance, the `/dev/shm` filler, the memory
 //! hog and envd's OOM score) runs inside real sandboxes.
 
 mod gateway_support;
+#[path = "network_support/testnet.rs"]
+mod testnet;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -42,6 +47,17 @@ fn embedded_provider_addr(gateway: &GatewayProc) -> SocketAddr {
 
 fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+}
+
+/// The host's non-loopback IPv4 addresses (`ip -4 -o addr`).
+fn host_ipv4_addresses() -> Vec<std::net::IpAddr> {
+    let out = std::process::Command::new("ip").args(["-4", "-o", "addr"]).output().expect("ip addr");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().skip_while(|w| *w != "inet").nth(1))
+        .filter_map(|cidr| cidr.split('/').next()?.parse::<std::net::IpAddr>().ok())
+        .filter(|ip| !ip.is_loopback())
+        .collect()
 }
 
 /// Opens `count` idle connections and `slow` slowloris connections (a header byte every 300 ms)
@@ -83,8 +99,9 @@ fn p99(mut samples: Vec<Duration>) -> Duration {
     samples[((samples.len() * 99).div_ceil(100)).saturating_sub(1)]
 }
 
-/// Tenant A floods the gateway's public port and the embedded provider's port with idle and
-/// slowloris connections (far more than the cap); tenant B's calls, on fresh connections, keep
+/// From inside a sandbox neither port can be reached at all. From the host side (as an exposed
+/// public port would be), tenant A floods the gateway's port and the embedded provider's port with
+/// idle and slowloris connections (far more than the cap); tenant B's calls, on fresh connections, keep
 /// succeeding within 1 s p99, the slowloris connections are cut by the header-read timeout, and
 /// the gateway's descriptor count stays bounded by the caps.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -104,6 +121,41 @@ async fn connection_flood_and_slowloris_do_not_starve_another_tenant() {
     let sandbox = ok(&b, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_string();
     let fds_before = open_fds(gateway_pid);
 
+    // From inside tenant A's sandbox, the flood cannot even start: no connection to the gateway or the
+    // provider opens, on the loopback (the sandbox's own) or on the host's addresses (issue 9).
+    let a = connect(&gateway.mcp_url(), Some(TOKEN_A)).await;
+    let inside = ok(&a, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_string();
+    let mut targets = vec![gateway.addr, provider_addr];
+    for host_ip in host_ipv4_addresses() {
+        targets.push(SocketAddr::new(host_ip, gateway.addr.port()));
+        targets.push(SocketAddr::new(host_ip, provider_addr.port()));
+    }
+    let targets: Vec<String> = targets.iter().map(|t| format!("('{}', {})", t.ip(), t.port())).collect();
+    // A connection counts if it is answered: the egress relay accepts every outbound connection and
+    // resets the denied ones before anything is read.
+    let script = r#"
+import socket
+answered = 0
+for host, port in [TARGETS]:
+    for _ in range(50):
+        s = socket.socket()
+        s.settimeout(1)
+        try:
+            s.connect((host, port))
+            s.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+            answered += 1 if s.recv(64) else 0
+        except OSError:
+            pass
+print("answered", answered)
+"#
+    .replace("TARGETS", &targets.join(", "));
+    let command = format!("python3 - <<'EOF'\n{script}\nEOF");
+    let out = ok(&a, "run_command", json!({"sandbox_id": inside, "command": command})).await;
+    assert_eq!(out["stdout"], "answered 0\n", "a sandbox reached the gateway or the provider: {out}");
+    ok(&a, "kill_sandbox", json!({"sandbox_id": inside})).await;
+    close(a).await;
+
+    // From the host side (an exposed public port), the caps and timeouts hold.
     let floods = [flood(gateway.addr, 600, 30), flood(provider_addr, 600, 30)];
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut latencies = Vec::new();
@@ -143,6 +195,95 @@ async fn connection_flood_and_slowloris_do_not_starve_another_tenant() {
     let read = tokio::time::timeout(Duration::from_secs(10), tokio::io::AsyncReadExt::read(&mut idle, &mut buf)).await;
     assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "an idle connection must be closed: {read:?}");
     ok(&b, "kill_sandbox", json!({"sandbox_id": sandbox})).await;
+    close(b).await;
+    assert!(!gateway.log_text().contains("Too many open files"), "fd exhaustion in the gateway log");
+}
+
+/// Accepts connections on ADDR:PORT and holds them open without reading.
+const HOLDING_SERVER: &str = r#"
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(4096)
+held = []
+while True:
+    c, _ = s.accept()
+    held.append(c)
+"#;
+
+/// Connections established to `port` inside the test network's namespace.
+fn established_in(net: &testnet::TestNet, port: u16) -> usize {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &net.name, "ss", "-Htn", "state", "established", &format!("( sport = :{port} )")])
+        .output()
+        .expect("ss");
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+/// Tenant A's sandboxes open far more outbound connections (to an allowed "internet" host) than
+/// the provider-wide egress budget (an eighth of the descriptor limit): the relays stop at the
+/// budget, the gateway (which embeds the provider) never runs out of descriptors, and tenant B
+/// keeps creating sandboxes and running commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbound_connection_flood_from_sandboxes_cannot_exhaust_the_gateway() {
+    if !require_root("outbound_connection_flood_from_sandboxes_cannot_exhaust_the_gateway") {
+        return;
+    }
+    let mut net = testnet::TestNet::new();
+    let port = 18_000 + (std::process::id() % 1000) as u16;
+    net.spawn_python(HOLDING_SERVER, &[net.internet_addr.to_string(), port.to_string()]);
+    let gateway = GatewayProc::start(&two_tenants(""), &[]);
+    let gateway_pid = gateway.child.as_ref().unwrap().id();
+    let fd_limit = 2048;
+    let limited = std::process::Command::new("prlimit")
+        .args(["--pid", &gateway_pid.to_string(), &format!("--nofile={fd_limit}:{fd_limit}")])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(limited, "prlimit on the gateway");
+    let budget = fd_limit / 8;
+
+    let a = connect(&gateway.mcp_url(), Some(TOKEN_A)).await;
+    let script = format!(
+        "python3 - <<'EOF'\nimport socket, time\nheld = []\nfor _ in range(700):\n    s = socket.socket()\n    \
+         s.settimeout(2)\n    try:\n        s.connect(('{}', {port}))\n        held.append(s)\n    \
+         except OSError:\n        pass\ntime.sleep(60)\nEOF",
+        net.internet_addr
+    );
+    let mut sandboxes = Vec::new();
+    for _ in 0..2 {
+        let id = ok(&a, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_string();
+        ok(&a, "start_task", json!({"sandbox_id": id, "command": script})).await;
+        sandboxes.push(id);
+    }
+    let b = connect(&gateway.mcp_url(), Some(TOKEN_B)).await;
+    let b_sandbox = ok(&b, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_string();
+    let started = Instant::now();
+    let mut peak_established = 0;
+    let mut latencies = Vec::new();
+    while started.elapsed() < Duration::from_secs(10) {
+        let t = Instant::now();
+        let out = ok(&b, "run_command", json!({"sandbox_id": b_sandbox, "command": "echo ok"})).await;
+        assert_eq!(out["stdout"], "ok\n", "{out}");
+        latencies.push(t.elapsed());
+        peak_established = peak_established.max(established_in(&net, port));
+        let fds = open_fds(gateway_pid);
+        assert!(fds < fd_limit as usize - 64, "the gateway is running out of descriptors: {fds} of {fd_limit}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(peak_established > 0, "egress to an allowed host must work");
+    assert!(peak_established <= budget as usize, "{peak_established} relays open, over the budget of {budget}");
+    // Spawning still has descriptors: tenant B creates and uses another sandbox mid-flood.
+    let second = ok(&b, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_string();
+    let out = ok(&b, "run_command", json!({"sandbox_id": second, "command": "echo fine"})).await;
+    assert_eq!(out["stdout"], "fine\n", "{out}");
+    let worst = p99(latencies.clone());
+    assert!(worst < Duration::from_secs(1), "p99 {worst:?} over {} calls during the flood", latencies.len());
+    for id in &sandboxes {
+        ok(&a, "kill_sandbox", json!({"sandbox_id": id})).await;
+    }
+    for id in [&b_sandbox, &second] {
+        ok(&b, "kill_sandbox", json!({"sandbox_id": id})).await;
+    }
+    close(a).await;
     close(b).await;
     assert!(!gateway.log_text().contains("Too many open files"), "fd exhaustion in the gateway log");
 }

@@ -72,11 +72,65 @@ pub fn is_host_address(addr: IpAddr) -> bool {
     }
 }
 
+/// Descriptors held open by egress relays (a spliced TCP connection holds two, a UDP flow one),
+/// across every sandbox of the provider. Capped at an eighth of the process's descriptor limit,
+/// read at each new connection, so that sandboxes opening many connections can exhaust neither the
+/// provider's nor (when embedded) the gateway's descriptors: the listeners' caps take at most a
+/// quarter each, and this leaves the rest for sandbox spawns, namespaces and provider calls.
+#[derive(Default)]
+pub struct EgressBudget {
+    in_use: std::sync::atomic::AtomicUsize,
+}
+
+/// One unit of [`EgressBudget`]; returned on drop.
+pub struct EgressPermit {
+    budget: Arc<EgressBudget>,
+}
+
+impl EgressBudget {
+    /// The cap for a descriptor limit.
+    pub fn cap_for(fd_limit: u64) -> usize {
+        usize::try_from(fd_limit / 8).unwrap_or(usize::MAX).max(16)
+    }
+
+    /// A permit for one more relay, or `None` when the provider-wide cap is reached.
+    pub fn try_acquire(self: &Arc<Self>) -> Option<EgressPermit> {
+        use std::sync::atomic::Ordering;
+        let fd_limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .map(|(soft, _)| soft)
+            .unwrap_or(1024);
+        let cap = Self::cap_for(fd_limit);
+        let mut in_use = self.in_use.load(Ordering::SeqCst);
+        loop {
+            if in_use >= cap {
+                return None;
+            }
+            match self.in_use.compare_exchange(in_use, in_use + 1, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => return Some(EgressPermit { budget: Arc::clone(self) }),
+                Err(now) => in_use = now,
+            }
+        }
+    }
+
+    /// Relays open now.
+    pub fn in_use(&self) -> usize {
+        self.in_use.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for EgressPermit {
+    fn drop(&mut self) {
+        self.budget.in_use.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// What the egress paths of one sandbox share.
 pub struct SandboxNetShared {
     pub sandbox_id: String,
     policy: RwLock<EgressPolicy>,
     dns_servers: Vec<IpAddr>,
+    /// The provider-wide egress budget.
+    pub budget: Arc<EgressBudget>,
     /// Cancelled when the sandbox's network is torn down.
     pub stop: CancellationToken,
 }
@@ -127,12 +181,14 @@ fn start(
     listener: std::net::TcpListener,
     policy: EgressPolicy,
     cfg: &NetConfig,
+    budget: &Arc<EgressBudget>,
 ) -> std::io::Result<SandboxNet> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
     let shared = Arc::new(SandboxNetShared {
         sandbox_id: sandbox_id.to_owned(),
         policy: RwLock::new(policy),
         dns_servers: cfg.dns_servers.clone(),
+        budget: Arc::clone(budget),
         stop: CancellationToken::new(),
     });
     tokio::spawn(tcp_egress::serve(listener, shared.clone()));
@@ -143,13 +199,14 @@ fn start(
 /// Prepared namespaces for the next creates, refilled in the background.
 pub struct NetPool {
     cfg: NetConfig,
+    budget: Arc<EgressBudget>,
     ready: Mutex<Vec<PreparedNetns>>,
     refilling: Mutex<bool>,
 }
 
 impl NetPool {
     pub fn new(cfg: NetConfig) -> Arc<NetPool> {
-        Arc::new(NetPool { cfg, ready: Mutex::new(Vec::new()), refilling: Mutex::new(false) })
+        Arc::new(NetPool { cfg, budget: Arc::default(), ready: Mutex::new(Vec::new()), refilling: Mutex::new(false) })
     }
 
     /// A prepared namespace: from the pool, or made now if the pool is empty. Triggers a refill.
@@ -196,7 +253,12 @@ impl NetPool {
         prepared: PreparedNetns,
         policy: EgressPolicy,
     ) -> std::io::Result<SandboxNet> {
-        start(sandbox_id, prepared.netns, prepared.tun, prepared.listener, policy, &self.cfg)
+        start(sandbox_id, prepared.netns, prepared.tun, prepared.listener, policy, &self.cfg, &self.budget)
+    }
+
+    /// Egress relays open now across every sandbox (for metrics and tests).
+    pub fn egress_in_use(&self) -> usize {
+        self.budget.in_use()
     }
 
     /// Serves the namespace of a sandbox that survived a provider restart.
@@ -208,6 +270,26 @@ impl NetPool {
         })
         .await
         .map_err(std::io::Error::other)??;
-        start(sandbox_id, netns, tun, listener, policy, &self.cfg)
+        start(sandbox_id, netns, tun, listener, policy, &self.cfg, &self.budget)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_egress_budget_is_an_eighth_of_the_descriptor_limit_and_is_returned() {
+        assert_eq!(EgressBudget::cap_for(1024), 128);
+        assert_eq!(EgressBudget::cap_for(20), 16, "a floor for tiny limits");
+        let budget = Arc::new(EgressBudget::default());
+        let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+        let cap = EgressBudget::cap_for(soft);
+        let permits: Vec<EgressPermit> = (0..cap).map_while(|_| budget.try_acquire()).collect();
+        assert_eq!(permits.len(), cap);
+        assert!(budget.try_acquire().is_none(), "no permit past the cap");
+        drop(permits);
+        assert_eq!(budget.in_use(), 0);
+        assert!(budget.try_acquire().is_some(), "permits come back on drop");
     }
 }

@@ -36,7 +36,14 @@ pub async fn serve(listener: TcpListener, shared: Arc<SandboxNetShared>) {
                 continue;
             }
         };
+        // Per sandbox, then provider-wide (see `EgressBudget`): over either, the sandbox's
+        // connection is reset at once and holds nothing.
         let Ok(permit) = limit.clone().try_acquire_owned() else {
+            reset(stream);
+            continue;
+        };
+        let Some(budget_permit) = shared.budget.try_acquire() else {
+            tracing::debug!(sandbox = %shared.sandbox_id, "egress budget exhausted; connection reset");
             reset(stream);
             continue;
         };
@@ -47,7 +54,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<SandboxNetShared>) {
                 _ = stop.cancelled() => {}
                 _ = relay(stream, &shared) => {}
             }
-            drop(permit);
+            drop((permit, budget_permit));
         });
     }
 }

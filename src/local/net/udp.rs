@@ -198,6 +198,7 @@ async fn open_flow(
     if flows.lock().unwrap_or_else(|p| p.into_inner()).len() >= MAX_FLOWS {
         return None;
     }
+    let budget_permit = shared.budget.try_acquire()?;
     let bind: SocketAddr = if target.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().ok()?;
     let socket = UdpSocket::bind(bind).await.ok()?;
     socket.connect(target).await.ok()?;
@@ -222,6 +223,7 @@ async fn open_flow(
             }
         }
         flows.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+        drop(budget_permit);
     });
     Some(socket)
 }
