@@ -22,8 +22,9 @@ pub const ENV_TOKENS: &str = "SANDBOX_MCP_TOKENS";
 /// Configuration errors (bad file, bad value).
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The file or the environment does not fit the schema (one plain line per problem).
     #[error("cannot read config: {0}")]
-    Load(#[from] Box<figment::Error>),
+    Load(String),
     #[error("invalid config: {0}")]
     Invalid(String),
 }
@@ -303,7 +304,7 @@ impl Config {
             .collect();
         let env_provider = Env::prefixed(ENV_PREFIX).split("__");
         figment = figment.merge(EnvPairs { env: env_provider, pairs: env_pairs });
-        let mut config: Config = figment.extract().map_err(|e| ConfigError::Load(Box::new(e)))?;
+        let mut config: Config = figment.extract().map_err(|e| ConfigError::Load(describe_load_error(e)))?;
         if let Some((_, value)) = env.iter().find(|(k, _)| k == ENV_TOKENS) {
             config.auth.tokens.extend(parse_token_list(value)?);
         }
@@ -417,6 +418,41 @@ struct EnvPairs {
     pairs: Vec<(String, String)>,
 }
 
+/// One plain line per problem: where (the file, or the environment variable), the key path as
+/// written (`server.listn`, without figment's profile prefix), and what is wrong, with the valid
+/// keys for an unknown one.
+fn describe_load_error(err: figment::Error) -> String {
+    use figment::error::Kind;
+    let lines: Vec<String> = err
+        .into_iter()
+        .map(|e| {
+            let key = e.path.join(".");
+            let source = match e.metadata.as_ref().and_then(|m| m.source.as_ref()) {
+                Some(figment::Source::File(path)) => format!("in {}", path.display()),
+                Some(_) | None if e.metadata.as_ref().is_some_and(|m| m.name.contains("environment")) => {
+                    format!("in the environment (SANDBOX_MCP_{})", key.to_uppercase().replace('.', "__"))
+                }
+                _ => String::new(),
+            };
+            let what = match &e.kind {
+                Kind::UnknownField(field, expected) => {
+                    format!("unknown key \"{field}\"; valid keys here: {}", expected.join(", "))
+                }
+                Kind::MissingField(field) => format!("missing key \"{field}\""),
+                Kind::InvalidType(actual, expected) => format!("expected {expected}, found {actual}"),
+                Kind::InvalidValue(actual, expected) => format!("invalid value {actual}, expected {expected}"),
+                Kind::UnknownVariant(variant, expected) => {
+                    format!("unknown value \"{variant}\"; valid values: {}", expected.join(", "))
+                }
+                other => other.to_string(),
+            };
+            let key = if key.is_empty() { String::new() } else { format!("key \"{key}\" ") };
+            format!("{key}{source}: {what}").trim_start().to_owned()
+        })
+        .collect();
+    lines.join("; ")
+}
+
 impl figment::Provider for EnvPairs {
     fn metadata(&self) -> figment::Metadata {
         self.env.metadata()
@@ -463,6 +499,20 @@ mod tests {
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn a_typo_is_reported_once_plainly_with_the_file_the_key_and_the_valid_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("typo.toml");
+        std::fs::write(&path, "[server]\nlistn = \"127.0.0.1:1\"\n").unwrap();
+        let message = Config::load_with_env(Some(&path), &[]).unwrap_err().to_string();
+        assert_eq!(message.matches("listn").count(), 2, "once as the key path, once as the key: {message}");
+        assert!(message.contains(&format!("key \"server.listn\" in {}", path.display())), "{message}");
+        assert!(message.contains("valid keys here: listen, allowed_hosts"), "{message}");
+        assert!(!message.contains("default.") && !message.contains('`'), "{message}");
+        let message = Config::load_with_env(None, &env(&[("SANDBOX_MCP_SERVER__LISTN", "x")])).unwrap_err().to_string();
+        assert!(message.contains("in the environment (SANDBOX_MCP_SERVER__LISTN)"), "{message}");
     }
 
     #[test]

@@ -1,9 +1,13 @@
 //! Process-wide `tracing` set-up: human-readable lines on a terminal, JSON
-//! lines otherwise (production), filtered by `RUST_LOG` (default `info`).
+//! lines otherwise (production), filtered by `RUST_LOG` (default [`DEFAULT_FILTER`]).
 
 use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
+
+/// `info`, but rmcp's own per-session INFO lines (four per session) only from `warn`: the gateway
+/// logs one line per session and per tool call itself.
+pub const DEFAULT_FILTER: &str = "info,rmcp=warn";
 
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize, clap::ValueEnum)]
@@ -18,7 +22,7 @@ pub enum LogFormat {
 
 /// Installs the global subscriber. Safe to call more than once (later calls are ignored).
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let json = match format {
         LogFormat::Json => true,
         LogFormat::Text => false,

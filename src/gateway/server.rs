@@ -61,7 +61,7 @@ pub fn check_auth_policy(config: &Config) -> anyhow::Result<()> {
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.server.listen)
         .await
-        .with_context(|| format!("cannot listen on {}", config.server.listen))?;
+        .with_context(|| format!("cannot listen on {} (server.listen, or --listen)", config.server.listen))?;
     let stop = CancellationToken::new();
     let signal_stop = stop.clone();
     tokio::spawn(async move {

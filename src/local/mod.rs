@@ -224,7 +224,7 @@ pub fn run_provider(args: ProviderArgs) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
-            .with_context(|| format!("cannot listen on {}", args.listen))?;
+            .with_context(|| format!("cannot listen on {} (--listen)", args.listen))?;
         let running = start_provider(cfg, listener).await?;
         println!("sandbox-mcp provider listening on http://{}", running.addr);
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

@@ -125,10 +125,12 @@ pub fn parse_reply(exit_code: i32, stdout: &[u8], stderr: &[u8]) -> Reply {
     if let Some(line) = last_line
         && let Ok(serde_json::Value::Object(obj)) = serde_json::from_slice::<serde_json::Value>(line)
     {
-        if obj.contains_key("error") && obj.contains_key("code") && !obj.contains_key("state") {
-            if let Ok(refusal) = serde_json::from_value::<Refusal>(serde_json::Value::Object(obj.clone())) {
-                return Reply::Refused(refusal);
-            }
+        if obj.contains_key("error")
+            && obj.contains_key("code")
+            && !obj.contains_key("state")
+            && let Ok(refusal) = serde_json::from_value::<Refusal>(serde_json::Value::Object(obj.clone()))
+        {
+            return Reply::Refused(refusal);
         }
         if exit_code == 0 {
             return Reply::Ok(obj);
