@@ -352,6 +352,16 @@ impl Config {
         if s.session_idle_timeout_secs == 0 {
             return invalid("server.session_idle_timeout_secs must be at least 1".into());
         }
+        // Upper bounds: these become deadlines (`Instant + Duration`), which overflow into a panic.
+        if s.shutdown_grace_secs > 3600 {
+            return invalid(format!("server.shutdown_grace_secs must be at most 3600 (got {})", s.shutdown_grace_secs));
+        }
+        if self.sandbox.renew_on_use_secs > 86_400 {
+            return invalid(format!(
+                "sandbox.renew_on_use_secs must be at most 86400, a day (got {}); 0 turns renewal off",
+                self.sandbox.renew_on_use_secs
+            ));
+        }
         if s.max_connections == 0 || s.header_read_timeout_secs == 0 || s.idle_timeout_secs == 0 {
             return invalid(
                 "server.max_connections, server.header_read_timeout_secs and server.idle_timeout_secs must be at least 1"
@@ -513,6 +523,17 @@ mod tests {
         assert!(!message.contains("default.") && !message.contains('`'), "{message}");
         let message = Config::load_with_env(None, &env(&[("SANDBOX_MCP_SERVER__LISTN", "x")])).unwrap_err().to_string();
         assert!(message.contains("in the environment (SANDBOX_MCP_SERVER__LISTN)"), "{message}");
+    }
+
+    #[test]
+    fn deadlines_that_would_overflow_are_refused() {
+        for (key, value) in [
+            ("SANDBOX_MCP_SERVER__SHUTDOWN_GRACE_SECS", "18446744073709551615"),
+            ("SANDBOX_MCP_SANDBOX__RENEW_ON_USE_SECS", "18446744073709551615"),
+        ] {
+            let message = Config::load_with_env(None, &env(&[(key, value)])).unwrap_err().to_string();
+            assert!(message.contains("must be at most"), "{key}: {message}");
+        }
     }
 
     #[test]

@@ -24,11 +24,13 @@ pub async fn run_as_user<T: Send + 'static>(
 ) -> Result<T, ConnectError> {
     let user = user.clone();
     tokio::task::spawn_blocking(move || {
-        let _identity = FsIdentity::switch_to(&user);
-        op()
+        let _identity = FsIdentity::switch_to(&user).map_err(|err| {
+            ConnectError::new(Code::Internal, format!("cannot take the file identity of user {}: {err}", user.uid))
+        })?;
+        Ok(op())
     })
     .await
-    .map_err(|err| ConnectError::new(Code::Internal, format!("file operation failed: {err}")))
+    .map_err(|err| ConnectError::new(Code::Internal, format!("file operation failed: {err}")))?
 }
 
 /// The current thread's filesystem identity, restored on drop.
@@ -37,21 +39,44 @@ struct FsIdentity {
 }
 
 impl FsIdentity {
-    fn switch_to(user: &UserAccount) -> FsIdentity {
+    /// Switches the calling thread's filesystem identity to `user`, checking every step: an
+    /// operation must never run with root's rights because a switch silently failed.
+    fn switch_to(user: &UserAccount) -> io::Result<FsIdentity> {
+        /// An invalid id: `setfs[ug]id` with it changes nothing and returns the current id.
+        const QUERY: u32 = u32::MAX;
         // Only root can switch; as non-root (tests on a host) operations run with our own rights.
-        // SAFETY: plain syscalls affecting only the calling thread.
+        // SAFETY: plain syscalls affecting only the calling thread; `groups` outlives the calls
+        // that read or write it.
         unsafe {
             if libc::geteuid() != 0 || user.uid == 0 {
-                return FsIdentity { saved: None };
+                return Ok(FsIdentity { saved: None });
             }
             let count = libc::getgroups(0, std::ptr::null_mut());
-            let mut groups = vec![0 as libc::gid_t; count.max(0) as usize];
+            if count < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let mut groups = vec![0 as libc::gid_t; count as usize];
             let count = libc::getgroups(groups.len() as libc::c_int, groups.as_mut_ptr());
-            groups.truncate(count.max(0) as usize);
-            libc::syscall(libc::SYS_setgroups, user.groups.len(), user.groups.as_ptr());
-            let old_gid = libc::setfsgid(user.gid) as u32;
-            let old_uid = libc::setfsuid(user.uid) as u32;
-            FsIdentity { saved: Some((old_uid, old_gid, groups)) }
+            if count < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            groups.truncate(count as usize);
+            let old_uid = libc::setfsuid(QUERY) as u32;
+            let old_gid = libc::setfsgid(QUERY) as u32;
+            // From here on, dropping `identity` (an early return) restores all three.
+            let identity = FsIdentity { saved: Some((old_uid, old_gid, groups)) };
+            if libc::syscall(libc::SYS_setgroups, user.groups.len(), user.groups.as_ptr()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            libc::setfsgid(user.gid);
+            if libc::setfsgid(QUERY) as u32 != user.gid {
+                return Err(io::Error::other(format!("setfsgid({}) did not take effect", user.gid)));
+            }
+            libc::setfsuid(user.uid);
+            if libc::setfsuid(QUERY) as u32 != user.uid {
+                return Err(io::Error::other(format!("setfsuid({}) did not take effect", user.uid)));
+            }
+            Ok(identity)
         }
     }
 }
