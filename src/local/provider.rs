@@ -542,13 +542,16 @@ impl Provider {
         let network = NetworkConfig { allow_out, deny_out, ..current.network.clone() };
         let internet = allow_internet_access.unwrap_or(true);
         let policy = EgressPolicy::new(&network, internet).map_err(|e| ProviderError::BadRequest(e.to_string()))?;
+        // Applied first: if the namespace refuses them, the stored rules stay those in force.
+        if let Some(net) = entry.net.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            net.set_policy(policy).map_err(|err| {
+                ProviderError::Internal(format!("cannot apply the network rules in the sandbox's namespace: {err}"))
+            })?;
+        }
         entry.update(|rec| {
             rec.network = network;
             rec.allow_internet_access = internet;
         })?;
-        if let Some(net) = entry.net.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-            net.set_policy(policy);
-        }
         Ok(())
     }
 

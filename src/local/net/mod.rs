@@ -161,9 +161,13 @@ pub struct SandboxNet {
 }
 
 impl SandboxNet {
-    /// Replaces the sandbox's rules (already validated); new connections and flows use them.
-    pub fn set_policy(&self, policy: EgressPolicy) {
+    /// Replaces the sandbox's rules (already validated); new connections and flows use them. The
+    /// kernel guard is updated first: if that fails, nothing changes and the error is returned.
+    pub fn set_policy(&self, policy: EgressPolicy) -> std::io::Result<()> {
+        let (allow, deny) = policy.kernel_sets();
+        netns::set_guard(&self.netns, &allow, &deny)?;
         *self.shared.policy.write().unwrap_or_else(|p| p.into_inner()) = policy;
+        Ok(())
     }
 }
 
@@ -184,6 +188,12 @@ fn start(
     budget: &Arc<EgressBudget>,
 ) -> std::io::Result<SandboxNet> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
+    // Prepared namespaces carry the default sets; a sandbox with rules gets its own (a re-adopted
+    // one has them already, setting them again is harmless).
+    let (allow, deny) = policy.kernel_sets();
+    if (allow.clone(), deny.clone()) != EgressPolicy::default_kernel_sets() {
+        netns::set_guard(&netns, &allow, &deny)?;
+    }
     let shared = Arc::new(SandboxNetShared {
         sandbox_id: sandbox_id.to_owned(),
         policy: RwLock::new(policy),

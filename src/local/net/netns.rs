@@ -1,7 +1,8 @@
 //! Network namespaces seen from the provider: making a fresh one, preparing it
 //! for a sandbox (loopback, the TUN device `eth0` with its address and default
-//! route, the nftables rule that sends every outbound TCP connection to the
-//! provider's egress listener), and running code inside one. The provider
+//! route, the nftables rules that refuse denied destinations and send every
+//! other outbound TCP connection to the provider's egress listener), and
+//! running code inside one. The provider
 //! never enters a namespace with its own threads: each operation runs on a
 //! short-lived thread that `setns`es, works, and exits.
 
@@ -19,15 +20,49 @@ pub const EGRESS_PORT: u16 = 1;
 /// Name of the TUN device inside every sandbox.
 const TUN_NAME: &[u8] = b"eth0";
 
-/// The static nftables ruleset of every sandbox namespace: outbound TCP not on `lo` is redirected
-/// to the egress listener, where the provider judges its original destination.
-const RULESET: &str = "table ip sandbox_mcp {\n\
-  chain egress {\n\
-    type nat hook output priority -100; policy accept;\n\
-    oifname \"lo\" return\n\
-    meta l4proto tcp redirect to :1\n\
-  }\n\
-}\n";
+/// The nftables ruleset of every sandbox namespace, with the default rules in its sets:
+/// - `guard` (before address translation) refuses at once, in the kernel, what the sandbox's rules
+///   deny by address (a TCP reset, or ICMP port unreachable): `connect()` fails the way it would
+///   against a firewall, instead of being accepted by the egress relay and then reset. Its sets
+///   follow [`EgressPolicy::kernel_sets`](super::policy::EgressPolicy::kernel_sets).
+/// - `egress` sends every remaining outbound TCP connection to the egress listener, where the
+///   provider judges it again with the whole policy (the host's own addresses, which change,
+///   are judged only there) and relays it.
+fn ruleset() -> String {
+    let (_, deny) = super::policy::EgressPolicy::default_kernel_sets();
+    format!(
+        "table ip sandbox_mcp {{\n\
+           set allow {{ type ipv4_addr; flags interval; auto-merge; }}\n\
+           set deny {{ type ipv4_addr; flags interval; auto-merge; elements = {{ {} }} }}\n\
+           chain guard {{\n\
+             type filter hook output priority -150; policy accept;\n\
+             oifname \"lo\" return\n\
+             ip daddr {GATEWAY_ADDR} udp dport 53 return\n\
+             ip daddr @allow return\n\
+             ip daddr @deny meta l4proto tcp reject with tcp reset\n\
+             ip daddr @deny reject\n\
+           }}\n\
+           chain egress {{\n\
+             type nat hook output priority -100; policy accept;\n\
+             oifname \"lo\" return\n\
+             meta l4proto tcp redirect to :{EGRESS_PORT}\n\
+           }}\n\
+         }}\n",
+        deny.join(", ")
+    )
+}
+
+/// Replaces the guard's sets of `netns` (see [`ruleset`]) in one nftables transaction.
+pub fn set_guard(netns: &OwnedFd, allow: &[String], deny: &[String]) -> io::Result<()> {
+    let mut script = String::from("flush set ip sandbox_mcp allow\nflush set ip sandbox_mcp deny\n");
+    if !deny.is_empty() {
+        script.push_str(&format!("add element ip sandbox_mcp deny {{ {} }}\n", deny.join(", ")));
+    }
+    if !allow.is_empty() {
+        script.push_str(&format!("add element ip sandbox_mcp allow {{ {} }}\n", allow.join(", ")));
+    }
+    in_netns(netns, || run_in_current_netns("nft", &["-f", "-"], &script))
+}
 
 /// `ip -batch` commands that configure the namespace's links and routes.
 const IP_BATCH: &str = "link set lo up\n\
@@ -81,7 +116,7 @@ pub fn prepare() -> io::Result<PreparedNetns> {
     let (tun, listener) = in_netns(&netns, || {
         let tun = open_tun(true)?;
         run_in_current_netns("ip", &["-batch", "-"], IP_BATCH)?;
-        run_in_current_netns("nft", &["-f", "-"], RULESET)?;
+        run_in_current_netns("nft", &["-f", "-"], &ruleset())?;
         let listener = bind_egress_listener()?;
         Ok((tun, listener))
     })?;

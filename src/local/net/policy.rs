@@ -141,6 +141,29 @@ impl EgressPolicy {
         Ok(EgressPolicy { allow_out, deny_out, internet: allow_internet_access })
     }
 
+    /// The IPv4 sets of the namespace's kernel guard (`allow`, `deny`, CIDR text): what `decide`
+    /// denies by address alone, so that the kernel refuses it at `connect()`. `allowOut` is checked
+    /// first (the relay then judges it fully, host addresses included); then `denyOut`, every
+    /// address when the internet is off, and the reserved ranges are refused.
+    pub fn kernel_sets(&self) -> (Vec<String>, Vec<String>) {
+        let v4 = |nets: &[IpNet]| -> Vec<String> {
+            nets.iter().filter(|n| matches!(n, IpNet::V4(_))).map(|n| n.to_string()).collect()
+        };
+        let allow = v4(&self.allow_out);
+        let mut deny = v4(&self.deny_out);
+        if self.internet {
+            deny.extend(BLOCKED_V4.iter().map(|(net, len)| format!("{net}/{len}")));
+        } else {
+            deny.push("0.0.0.0/0".to_owned());
+        }
+        (allow, deny)
+    }
+
+    /// The kernel sets of a sandbox with no rules (baked into every prepared namespace).
+    pub fn default_kernel_sets() -> (Vec<String>, Vec<String>) {
+        EgressPolicy { internet: true, ..Default::default() }.kernel_sets()
+    }
+
     /// Whether the sandbox may use the provider's DNS forwarder: not when it may reach nothing.
     pub fn dns_allowed(&self) -> bool {
         self.internet || !self.allow_out.is_empty()
@@ -293,6 +316,25 @@ mod tests {
         "::ffff:198.18.0.1",
         "64:ff9b::808:808",
     ];
+
+    #[test]
+    fn kernel_sets_refuse_what_decide_denies_by_address() {
+        let (allow, deny) = EgressPolicy::default_kernel_sets();
+        assert!(allow.is_empty());
+        assert_eq!(deny.len(), BLOCKED_V4.len());
+        assert!(deny.contains(&"10.0.0.0/8".to_owned()) && deny.contains(&"169.254.0.0/16".to_owned()));
+        let (allow, deny) = policy(&["10.1.2.3", "2001:db8::1"], &["8.8.8.0/24"], true).kernel_sets();
+        assert_eq!(allow, ["10.1.2.3/32"], "IPv4 only: sandboxes have no IPv6 route");
+        assert!(deny.contains(&"8.8.8.0/24".to_owned()) && deny.contains(&"10.0.0.0/8".to_owned()));
+        let (_, deny) = policy(&[], &[], false).kernel_sets();
+        assert_eq!(deny, ["0.0.0.0/0"], "internet off: everything not allowed");
+        // Every address the sets refuse, decide refuses too (the guard never blocks an allowed one).
+        let p = policy(&["10.1.2.3"], &["8.8.8.0/24"], true);
+        for dst in ["10.1.2.4", "8.8.8.8", "169.254.169.254", "192.168.1.1"] {
+            assert!(matches!(p.decide(ip(dst), |_| false), Verdict::Deny(_)), "{dst}");
+        }
+        assert_eq!(p.decide(ip("10.1.2.3"), |_| false), Verdict::Allow);
+    }
 
     #[test]
     fn default_policy_blocks_every_reserved_range_and_allows_public_addresses() {
