@@ -3,7 +3,7 @@
 //! and files ([`EnvdClient`]), process streams ([`ProcessStream`]).
 //!
 //! It speaks the dialect of the official SDK (python `e2b` 2.63.0), see
-//! `spec/e2b/CONTRACT.md`. Timeouts: every unary call is bounded by
+//! `docs/provider-contract.md`. Timeouts: every unary call is bounded by
 //! [`CallOptions::timeout`] or, when that is `None`, by
 //! [`ProviderEndpoint::request_timeout`]. Process streams (`start`,
 //! `connect_process`, `run`) are bounded by `CallOptions::timeout` or, when

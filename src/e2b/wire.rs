@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-/// envd version we advertise (CONTRACT.md §6: unlocks every SDK feature).
+/// envd version we advertise (`docs/provider-contract.md#versions-advertised`: unlocks every SDK feature).
 pub const ENVD_VERSION: &str = "0.6.13";
 /// Port the SDK puts in `E2b-Sandbox-Port`.
 pub const ENVD_PORT: u16 = 49983;

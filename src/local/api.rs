@@ -1,4 +1,5 @@
-//! The E2B-compatible control plane over HTTP (CONTRACT.md §3): routes, API
+//! The E2B-compatible control plane over HTTP
+//! (`docs/provider-contract.md#control-plane`): routes, API
 //! key check, JSON bodies with size limits, `{code, message}` errors, and the
 //! switch that sends `E2b-Sandbox-Id` traffic to the data-plane proxy.
 

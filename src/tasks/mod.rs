@@ -1,4 +1,4 @@
-//! Host side of reconnectable tasks (DESIGN.md §4): task ids, launch
+//! Host side of reconnectable tasks (`docs/architecture.md#reconnectable-tasks`): task ids, launch
 //! encoding and validation, the supervisor's CLI protocol, get_task's direct
 //! read path, paging with the gateway's own secret masking, and
 //! [`service::TaskService`], which runs the supervisor inside a sandbox

@@ -92,7 +92,7 @@ pub enum TaskError {
 const VERSION_TIMEOUT: Duration = Duration::from_secs(20);
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 const CALL_TIMEOUT: Duration = Duration::from_secs(20);
-/// Seconds cancel waits for a confirmed end (DESIGN.md §4).
+/// Seconds cancel waits for a confirmed end (`docs/architecture.md#reconnectable-tasks`).
 const CANCEL_WAIT_SECONDS: u64 = 3;
 /// Bound on the install cache (sandbox ids); cleared when reached.
 const MAX_CACHED_SANDBOXES: usize = 100_000;

@@ -1,4 +1,5 @@
-//! The in-sandbox envd agent: serves the envd data plane (CONTRACT.md §4–5)
+//! The in-sandbox envd agent: serves the envd data plane
+//! (`docs/provider-contract.md#envd-files-api` and `#envd-connect-rpc`)
 //! as plain HTTP/1.1 on a Unix socket. The local provider reverse-proxies
 //! every envd request of one sandbox to this socket after checking routing
 //! and auth itself, so nothing here looks at `X-Access-Token`.
