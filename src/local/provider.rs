@@ -277,7 +277,7 @@ impl Provider {
         for sub in ["", "upper", "work", "root"] {
             std::fs::create_dir_all(dir.join(sub)).map_err(|e| internal("cannot create the sandbox directory", &e))?;
         }
-        let mut disk_image = None;
+        let (mut disk_image, mut disk_mount) = (None, None);
         if let Some(pool) = self.disks.clone() {
             let image = dir.join("disk.img");
             let dest = image.clone();
@@ -289,7 +289,7 @@ impl Provider {
             })
             .await;
             match taken {
-                Ok(Ok(())) => disk_image = Some(image),
+                Ok(Ok(mount)) => (disk_image, disk_mount) = (Some(image), mount),
                 Ok(Err(e)) => {
                     remove_sandbox_dir(&dir);
                     return Err(internal("cannot prepare the sandbox's disk", &e));
@@ -330,8 +330,11 @@ impl Provider {
             &dir,
             &dir.join(LOG_FILE),
             std::os::fd::AsFd::as_fd(&prepared.netns),
+            disk_mount.as_ref().map(std::os::fd::AsFd::as_fd),
             |pid| cgroups::attach(&cgroup_dirs, pid),
         );
+        // The agent has its own copy of the disk's mount descriptor now (or failed to start).
+        drop(disk_mount);
         let agent = match spawned {
             Ok(agent) => agent,
             Err(e) => {

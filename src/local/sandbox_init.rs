@@ -39,8 +39,9 @@ fn shield_from_oom_killer() {
     }
 }
 
-/// Builds the sandbox around the calling process and returns the bound agent socket.
-pub fn enter_sandbox(sandbox_dir: &Path, spec: &SandboxSpec) -> anyhow::Result<UnixListener> {
+/// Builds the sandbox around the calling process and returns the bound agent socket. `disk` is the
+/// sandbox's disk mounted ahead of time by the provider (see `disk`), if it could be.
+pub fn enter_sandbox(sandbox_dir: &Path, spec: &SandboxSpec, disk: Option<OwnedFd>) -> anyhow::Result<UnixListener> {
     shield_from_oom_killer();
     let root = sandbox_dir.join("root");
     let ids = spec.id_map;
@@ -56,14 +57,20 @@ pub fn enter_sandbox(sandbox_dir: &Path, spec: &SandboxSpec) -> anyhow::Result<U
     umount2(&own_proc, MntFlags::MNT_DETACH).context("unmounting the procfs")?;
 
     // Everything the sandbox writes lands in `data`: its own disk image when limited.
-    let data = match &spec.disk_image {
-        Some(image) => {
+    let data = match (disk, &spec.disk_image) {
+        (Some(mount), _) => {
+            let disk = sandbox_dir.join("disk");
+            std::fs::create_dir_all(&disk).context("creating the disk mount point")?;
+            super::disk::attach_detached(mount, &disk).context("moving the prepared disk into the sandbox")?;
+            disk
+        }
+        (None, Some(image)) => {
             let disk = sandbox_dir.join("disk");
             std::fs::create_dir_all(&disk).context("creating the disk mount point")?;
             super::disk::mount_image(image, &disk)?;
             disk
         }
-        None => sandbox_dir.to_owned(),
+        (None, None) => sandbox_dir.to_owned(),
     };
     mount_layers(sandbox_dir, &data, &root, spec, &userns)?;
 

@@ -15,6 +15,8 @@ use std::path::Path;
 
 /// File descriptor on which envd reports readiness (`ok`) or its set-up error.
 pub const READY_FD: i32 = 3;
+/// File descriptor of the sandbox's prepared disk (a detached mount), when it has one.
+pub const DISK_FD: i32 = 4;
 
 /// Errors of spawning an agent.
 #[derive(Debug, thiserror::Error)]
@@ -66,18 +68,20 @@ fn sandbox_clone_flags() -> libc::c_int {
 }
 
 /// Clones `sandbox-mcp envd --sandbox-dir DIR` into new namespaces and the network namespace
-/// `netns`. `attach` is called with the child's pid before the child may exec (to place it into
-/// its cgroups).
+/// `netns`, handing it the detached mount of its disk (`disk`, at [`DISK_FD`]) when there is one.
+/// `attach` is called with the child's pid before the child may exec (to place it into its
+/// cgroups).
 pub fn spawn_agent(
     agent_binary: &Path,
     sandbox_dir: &Path,
     log_file: &Path,
     netns: BorrowedFd<'_>,
+    disk: Option<BorrowedFd<'_>>,
     attach: impl FnOnce(i32),
 ) -> Result<SpawnedAgent, SpawnError> {
     let exe = CString::new(agent_binary.as_os_str().as_bytes()).map_err(|_| SpawnError::Nul)?;
     let dir = CString::new(sandbox_dir.as_os_str().as_bytes()).map_err(|_| SpawnError::Nul)?;
-    let argv_owned = [
+    let mut argv_owned = vec![
         CString::new("sandbox-mcp").map_err(|_| SpawnError::Nul)?,
         CString::new("envd").map_err(|_| SpawnError::Nul)?,
         CString::new("--sandbox-dir").map_err(|_| SpawnError::Nul)?,
@@ -85,6 +89,10 @@ pub fn spawn_agent(
         CString::new("--ready-fd").map_err(|_| SpawnError::Nul)?,
         CString::new(READY_FD.to_string()).map_err(|_| SpawnError::Nul)?,
     ];
+    if disk.is_some() {
+        argv_owned.push(CString::new("--disk-fd").map_err(|_| SpawnError::Nul)?);
+        argv_owned.push(CString::new(DISK_FD.to_string()).map_err(|_| SpawnError::Nul)?);
+    }
     // A minimal environment: the provider's own (which may hold its API key) never leaks in.
     let mut env_owned = vec![CString::new(format!("PATH={}", super::envd::DEFAULT_PATH)).map_err(|_| SpawnError::Nul)?];
     if let Ok(filter) = std::env::var("RUST_LOG") {
@@ -107,6 +115,7 @@ pub fn spawn_agent(
     let (log_fd, null_fd) = (log.as_raw_fd(), devnull.as_raw_fd());
     let (sync_r_fd, sync_w_fd, ready_w_fd) = (sync_r.as_raw_fd(), sync_w.as_raw_fd(), ready_w.as_raw_fd());
     let netns_fd = netns.as_raw_fd();
+    let disk_fd = disk.map(|fd| fd.as_raw_fd());
 
     let pid =
         raw_clone(sandbox_clone_flags()).map_err(sys("clone(CLONE_NEWPID|CLONE_NEWNS|CLONE_NEWUTS|CLONE_NEWIPC)"))?;
@@ -128,12 +137,18 @@ pub fn spawn_agent(
             libc::dup2(null_fd, 0);
             libc::dup2(log_fd, 1);
             libc::dup2(log_fd, 2);
-            if ready_w_fd == READY_FD {
-                libc::fcntl(READY_FD, libc::F_SETFD, 0);
-            } else {
-                libc::dup2(ready_w_fd, READY_FD);
+            // Copies above the target numbers first, so neither dup2 can clobber the other's source.
+            let ready_hi = libc::fcntl(ready_w_fd, libc::F_DUPFD_CLOEXEC, 16);
+            let disk_hi = disk_fd.map(|fd| libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 16));
+            if ready_hi < 0 || libc::dup2(ready_hi, READY_FD) != READY_FD {
+                libc::_exit(123);
             }
-            mark_inherited_fds_cloexec(READY_FD + 1);
+            if let Some(disk_hi) = disk_hi
+                && (disk_hi < 0 || libc::dup2(disk_hi, DISK_FD) != DISK_FD)
+            {
+                libc::_exit(124);
+            }
+            mark_inherited_fds_cloexec(if disk_fd.is_some() { DISK_FD + 1 } else { READY_FD + 1 });
             libc::execve(exe.as_ptr(), argv.as_ptr(), envp.as_ptr());
             libc::_exit(127);
         }
