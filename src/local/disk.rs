@@ -31,6 +31,8 @@ pub enum DiskError {
     Io { what: &'static str, path: PathBuf, source: std::io::Error },
     #[error("mkfs.ext4 failed for {path}: {detail}")]
     Mkfs { path: PathBuf, detail: String },
+    #[error("preparing a disk failed: {0}")]
+    Task(String),
     #[error("cannot mount the disk image {path} ({what}): {source}")]
     Mount { what: &'static str, path: PathBuf, source: std::io::Error },
 }
@@ -138,17 +140,31 @@ impl DiskPool {
         }
     }
 
-    /// Moves a ready disk's image to `dest` (preparing one on the spot if the pool is empty) and
-    /// returns its detached mount, if any.
+    /// Moves a ready disk's image to `dest` and returns its detached mount, if any; `None` when the
+    /// pool is empty. Quick (a rename): fine on an async thread.
+    pub fn take_ready(&self, dest: &Path) -> Option<Result<Option<OwnedFd>, DiskError>> {
+        let disk = self.ready.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
+        Some(Self::place(disk, dest))
+    }
+
+    /// Like [`take_ready`](Self::take_ready), preparing a disk on the spot if the pool is empty
+    /// (slow: `mkfs.ext4`; call from a blocking thread).
     pub fn take(&self, dest: &Path) -> Result<Option<OwnedFd>, DiskError> {
-        let ready = self.ready.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let disk = match ready {
-            Some(disk) => disk,
-            None => self.prepare_one()?,
-        };
+        match self.take_ready(dest) {
+            Some(taken) => taken,
+            None => Self::place(self.prepare_one()?, dest),
+        }
+    }
+
+    fn place(disk: PreparedDisk, dest: &Path) -> Result<Option<OwnedFd>, DiskError> {
         // The loop device holds the image open: renaming it does not disturb the mount.
         std::fs::rename(&disk.image, dest).map_err(io("cannot move", &disk.image))?;
         Ok(disk.mount)
+    }
+
+    /// Whether a refill is running.
+    pub fn refilling(&self) -> bool {
+        self.refilling.load(Ordering::Acquire)
     }
 
     /// Tops the pool up to its size (one refill at a time; call from a thread of its own, which
