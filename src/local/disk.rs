@@ -313,7 +313,12 @@ fn owned_fd(ret: libc::c_long) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(ret as i32) })
 }
 
-fn fsconfig(fs: &OwnedFd, cmd: libc::c_uint, key: Option<&std::ffi::CStr>, value: Option<&std::ffi::CStr>) -> std::io::Result<()> {
+fn fsconfig(
+    fs: &OwnedFd,
+    cmd: libc::c_uint,
+    key: Option<&std::ffi::CStr>,
+    value: Option<&std::ffi::CStr>,
+) -> std::io::Result<()> {
     let ptr = |s: Option<&std::ffi::CStr>| s.map_or(std::ptr::null(), |s| s.as_ptr());
     // SAFETY: fsconfig on our filesystem context with NUL-terminated strings (or nulls).
     let ret = unsafe { libc::syscall(libc::SYS_fsconfig, fs.as_raw_fd(), cmd, ptr(key), ptr(value), 0) };
