@@ -326,10 +326,8 @@ async fn network_survives_a_provider_sigkill_and_kill_leaves_nothing() {
         names
     };
     let host_rules = || {
-        String::from_utf8_lossy(
-            &std::process::Command::new("nft").args(["-s", "list", "ruleset"]).output().unwrap().stdout,
-        )
-        .into_owned()
+        String::from_utf8_lossy(&std::process::Command::new("nft").args(["list", "ruleset"]).output().unwrap().stdout)
+            .into_owned()
     };
     let (links_before, rules_before) = (host_links(), host_rules());
 
