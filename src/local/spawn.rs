@@ -1,8 +1,10 @@
 //! Host side of sandbox creation: clones the in-sandbox agent (`sandbox-mcp
 //! envd`) into new PID, mount, UTS and IPC namespaces, moves it into the
-//! network namespace the provider prepared for it (see `local::net`), puts it
-//! into its cgroups before it runs, and detaches it into its own session so it
-//! outlives the provider.
+//! network namespace the provider prepared for it (see `local::net`), hands it
+//! the disk and user namespace prepared for it (see `disk` and `userns`), and
+//! detaches it into its own session so it outlives the provider. (The provider
+//! moves it into its cgroups while it sets the sandbox up, before anything of
+//! the sandbox's own runs.)
 //! Also the start-up probe that checks namespaces and overlayfs are permitted.
 //!
 //! The child of `clone` lives in a copy of a multi-threaded process, so it only
