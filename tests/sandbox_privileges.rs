@@ -340,3 +340,57 @@ async fn writes_past_the_disk_limit_fail_with_enospc_inside_and_spare_the_host()
 fn rand_suffix() -> String {
     format!("{:x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos())
 }
+
+/// The user namespace of a host pid (`user:[inode]`).
+fn userns_of(pid: i32) -> String {
+    std::fs::read_link(format!("/proc/{pid}/ns/user")).map(|l| l.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn prepared_disks_and_user_namespaces_are_per_sandbox_and_die_with_the_provider() {
+    if !is_root() {
+        return;
+    }
+    let mut p = Provider::start(&["--disk-limit-mb", "64"]);
+    let pool = p.state.join("disk-pool");
+    let secs = std::time::Duration::from_secs;
+    // The pool fills in the background: its images are formatted and attached ahead of time.
+    assert!(wait_until(secs(20), || loop_devices_under(&pool).len() >= 2), "no disk prepared ahead of time");
+    let (a, b) = (p.create(json!({"templateID": "base"})).await, p.create(json!({"templateID": "base"})).await);
+    let dirs: Vec<PathBuf> = [&a, &b].iter().map(|s| p.state.join("sandboxes").join(id_of(s))).collect();
+    for dir in &dirs {
+        assert_eq!(loop_devices_under(dir).len(), 1, "{}: one disk of its own", dir.display());
+    }
+    // Each sandbox has a user namespace of its own, neither the host's nor the other's.
+    let pids: Vec<i32> = [&a, &b].iter().map(|s| p.record(&id_of(s))["envd_pid"].as_i64().unwrap() as i32).collect();
+    let (ns_a, ns_b, host) = (userns_of(pids[0]), userns_of(pids[1]), userns_of(std::process::id() as i32));
+    assert!(ns_a.starts_with("user:") && ns_a != ns_b && ns_a != host && ns_b != host, "{ns_a} {ns_b} {host}");
+    let (code, out) = p.run(&a, "echo one > /tmp/f && cat /proc/self/uid_map", Some("root")).await;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out.split_whitespace().collect::<Vec<_>>(), vec!["0", &HOST_BASE.to_string(), "65536"], "{out}");
+
+    // A crashed provider's prepared disks are unmounted and their loop devices freed by the kernel
+    // (nothing but its descriptors held them); the running sandboxes keep theirs.
+    p.crash();
+    assert!(wait_until(secs(10), || loop_devices_under(&pool).is_empty()), "{:?}", loop_devices_under(&pool));
+    for dir in &dirs {
+        assert_eq!(loop_devices_under(dir).len(), 1, "{}", dir.display());
+    }
+    // Restarted, it re-adopts them and prepares disks again from the images left in the pool.
+    p.launch();
+    let (code, out) = p.run(&a, "cat /tmp/f", None).await;
+    assert_eq!((code, out.as_str()), (0, "one\n"));
+    assert!(wait_until(secs(20), || !loop_devices_under(&pool).is_empty()), "pool not prepared again");
+    for sbx in [&a, &b] {
+        let id = id_of(sbx);
+        let rec = p.record(&id);
+        let (status, _) = p.call(reqwest::Method::DELETE, &format!("/sandboxes/{id}"), None).await;
+        assert_eq!(status, StatusCode::NO_CONTENT);
+        assert_nothing_left(&p, &id, rec["envd_pid"].as_i64().unwrap() as i32, &cgroups_of(&rec));
+    }
+    // A clean stop releases everything too.
+    let mut child = p.child.take().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    child.wait().unwrap();
+    assert!(wait_until(secs(10), || loop_devices_under(&p.state).is_empty()), "{:?}", loop_devices_under(&p.state));
+}

@@ -1,20 +1,28 @@
 //! Per-sandbox disk limit (`local.disk_limit_mb`): every sandbox writes (its
 //! overlay upper layers, `/tmp`, `/home`, `/root`) into its own sparse ext4
-//! image of that size, loop-mounted inside the sandbox's mount namespace, so
-//! writes past the limit fail with `ENOSPC` inside while the host's free space
-//! only shrinks by what was really written. The host side keeps a small pool
-//! of formatted images (`STATE/disk-pool`) so creating a sandbox does not wait
-//! for `mkfs`; the sandbox side attaches the image to a free loop device with
-//! auto-clear, so the device goes away with the sandbox's mount namespace.
+//! image of that size, so writes past the limit fail with `ENOSPC` inside while
+//! the host's free space only shrinks by what was really written.
+//!
+//! The host side keeps a small pool of images (`STATE/disk-pool`) that are
+//! formatted, attached to a loop device (auto-clear) and mounted as *detached*
+//! mounts (`fsmount`: in no mount namespace, held only by a descriptor of the
+//! provider), so creating a sandbox waits neither for `mkfs` nor for the loop
+//! device and the ext4 mount: the sandbox's agent receives the descriptor and
+//! moves the mount into its own mount namespace. Nothing of a pooled disk
+//! outlives the provider process: its descriptors close on exit (crash
+//! included), which unmounts the filesystem and frees the loop device; the
+//! unused image files stay and are mounted again on the next start. Where the
+//! kernel refuses detached mounts, the sandbox attaches and mounts its image
+//! itself (slower).
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-/// Formatted images kept ready.
-const POOL_SIZE: usize = 8;
+/// Disks kept ready. A burst of creates beyond it makes the rest on the spot.
+pub const POOL_SIZE: usize = 8;
 
 /// Errors of making or attaching an image.
 #[derive(Debug, thiserror::Error)]
@@ -23,39 +31,67 @@ pub enum DiskError {
     Io { what: &'static str, path: PathBuf, source: std::io::Error },
     #[error("mkfs.ext4 failed for {path}: {detail}")]
     Mkfs { path: PathBuf, detail: String },
+    #[error("preparing a disk failed: {0}")]
+    Task(String),
+    #[error("cannot mount the disk image {path} ({what}): {source}")]
+    Mount { what: &'static str, path: PathBuf, source: std::io::Error },
 }
 
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> DiskError + 'a {
     move |source| DiskError::Io { what, path: path.to_owned(), source }
 }
 
-/// The provider's pool of ready images of one size, owned by one host uid (the sandboxes' root).
+/// A disk for a new sandbox: its image file and, unless the kernel refused, its ext4 filesystem
+/// mounted as a detached mount (dropping the descriptor unmounts it and frees the loop device).
+pub struct PreparedDisk {
+    pub image: PathBuf,
+    pub mount: Option<OwnedFd>,
+}
+
+/// The provider's pool of ready disks of one size, owned by one host uid (the sandboxes' root).
 pub struct DiskPool {
     dir: PathBuf,
     size_mb: u64,
     root_owner: u32,
+    /// False once the kernel refused a detached mount: sandboxes then mount their image.
+    premount: AtomicBool,
     refilling: AtomicBool,
-    taken: Mutex<u64>,
+    ready: Mutex<Vec<PreparedDisk>>,
+    /// Formatted images found in the pool directory at start (left by a previous run).
+    leftover: Mutex<Vec<PathBuf>>,
+    serial: AtomicU64,
 }
 
 impl DiskPool {
-    /// Prepares the pool directory (dropping images of another size or owner) and makes one image,
-    /// which proves `mkfs.ext4` works here.
+    /// Prepares the pool directory (dropping images of another size or owner and unfinished ones)
+    /// and prepares one disk, which proves `mkfs.ext4` and loop devices work here.
     pub fn new(state_dir: &Path, size_mb: u64, root_owner: u32) -> Result<DiskPool, DiskError> {
         let dir = state_dir.join("disk-pool");
         std::fs::create_dir_all(&dir).map_err(io("cannot create", &dir))?;
-        let pool = DiskPool { dir, size_mb, root_owner, refilling: AtomicBool::new(false), taken: Mutex::new(0) };
+        let pool = DiskPool {
+            dir,
+            size_mb,
+            root_owner,
+            premount: AtomicBool::new(true),
+            refilling: AtomicBool::new(false),
+            ready: Mutex::new(Vec::new()),
+            leftover: Mutex::new(Vec::new()),
+            serial: AtomicU64::new(0),
+        };
+        let mut leftover = Vec::new();
         if let Ok(entries) = std::fs::read_dir(&pool.dir) {
             for entry in entries.flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();
-                if !name.starts_with(&pool.prefix()) || !name.ends_with(".img") {
+                if name.starts_with(&pool.prefix()) && name.ends_with(".img") {
+                    leftover.push(entry.path());
+                } else {
                     let _ = std::fs::remove_file(entry.path());
                 }
             }
         }
-        if pool.ready().is_empty() {
-            pool.make_one()?;
-        }
+        *pool.leftover.lock().unwrap_or_else(|p| p.into_inner()) = leftover;
+        let first = pool.prepare_one()?;
+        pool.ready.lock().unwrap_or_else(|p| p.into_inner()).push(first);
         Ok(pool)
     }
 
@@ -68,26 +104,17 @@ impl DiskPool {
         self.size_mb * 1024 * 1024
     }
 
-    fn ready(&self) -> Vec<PathBuf> {
-        let prefix = self.prefix();
-        std::fs::read_dir(&self.dir)
-            .map(|entries| {
-                entries
-                    .flatten()
-                    .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-                    .filter(|e| e.file_name().to_string_lossy().ends_with(".img"))
-                    .map(|e| e.path())
-                    .collect()
-            })
-            .unwrap_or_default()
+    /// Disks ready now.
+    pub fn ready_count(&self) -> usize {
+        self.ready.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
-    fn make_one(&self) -> Result<PathBuf, DiskError> {
-        let n = {
-            let mut taken = self.taken.lock().unwrap_or_else(|p| p.into_inner());
-            *taken += 1;
-            *taken
-        };
+    /// A formatted image in the pool directory: a leftover one, or a new one.
+    fn image(&self) -> Result<PathBuf, DiskError> {
+        if let Some(image) = self.leftover.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            return Ok(image);
+        }
+        let n = self.serial.fetch_add(1, Ordering::Relaxed);
         let name = format!("{}{}-{n}", self.prefix(), std::process::id());
         let tmp = self.dir.join(format!(".{name}.tmp"));
         make_image(&tmp, self.size_mb, self.root_owner)?;
@@ -96,26 +123,66 @@ impl DiskPool {
         Ok(done)
     }
 
-    /// Moves a ready image to `dest` (making one on the spot if the pool is empty).
-    pub fn take(&self, dest: &Path) -> Result<(), DiskError> {
-        for image in self.ready() {
-            if std::fs::rename(&image, dest).is_ok() {
-                return Ok(());
+    /// A formatted image, mounted detached when the kernel allows it.
+    fn prepare_one(&self) -> Result<PreparedDisk, DiskError> {
+        let image = self.image()?;
+        if !self.premount.load(Ordering::Acquire) {
+            return Ok(PreparedDisk { image, mount: None });
+        }
+        match mount_detached(&image) {
+            Ok(mount) => Ok(PreparedDisk { image, mount: Some(mount) }),
+            Err(err) => {
+                // Sandboxes then attach and mount their image themselves (on the create path).
+                tracing::warn!(%err, "disk images cannot be mounted ahead of time; sandboxes mount their own (slower)");
+                self.premount.store(false, Ordering::Release);
+                Ok(PreparedDisk { image, mount: None })
             }
         }
-        let image = self.make_one()?;
-        std::fs::rename(&image, dest).map_err(io("cannot move", &image))
     }
 
-    /// Tops the pool up to its size (one refill at a time; call from a blocking thread).
+    /// Moves a ready disk's image to `dest` and returns its detached mount, if any; `None` when the
+    /// pool is empty. Quick (a rename): fine on an async thread.
+    pub fn take_ready(&self, dest: &Path) -> Option<Result<Option<OwnedFd>, DiskError>> {
+        let disk = self.ready.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
+        Some(Self::place(disk, dest))
+    }
+
+    /// Like [`take_ready`](Self::take_ready), preparing a disk on the spot if the pool is empty
+    /// (slow: `mkfs.ext4`; call from a blocking thread).
+    pub fn take(&self, dest: &Path) -> Result<Option<OwnedFd>, DiskError> {
+        match self.take_ready(dest) {
+            Some(taken) => taken,
+            None => Self::place(self.prepare_one()?, dest),
+        }
+    }
+
+    fn place(disk: PreparedDisk, dest: &Path) -> Result<Option<OwnedFd>, DiskError> {
+        // The loop device holds the image open: renaming it does not disturb the mount.
+        std::fs::rename(&disk.image, dest).map_err(io("cannot move", &disk.image))?;
+        Ok(disk.mount)
+    }
+
+    /// Whether a refill is running.
+    pub fn refilling(&self) -> bool {
+        self.refilling.load(Ordering::Acquire)
+    }
+
+    /// Tops the pool up to its size (one refill at a time; call from a thread of its own, which
+    /// runs at a lower priority so that creates keep the CPU).
     pub fn refill(&self) {
         if self.refilling.swap(true, Ordering::AcqRel) {
             return;
         }
-        while self.ready().len() < POOL_SIZE {
-            if let Err(err) = self.make_one() {
-                tracing::warn!(%err, "cannot refill the sandbox disk image pool");
-                break;
+        // SAFETY: setpriority on the calling thread (nice values are per thread on Linux), which
+        // the `mkfs.ext4` it starts inherits.
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10) };
+        while self.ready_count() < POOL_SIZE {
+            match self.prepare_one() {
+                Ok(disk) => self.ready.lock().unwrap_or_else(|p| p.into_inner()).push(disk),
+                Err(err) => {
+                    tracing::warn!(%err, "cannot refill the sandbox disk pool");
+                    break;
+                }
             }
         }
         self.refilling.store(false, Ordering::Release);
@@ -168,26 +235,16 @@ struct LoopConfig {
     reserved: [u64; 8],
 }
 
-/// Attaches `image` to a free loop device (auto-clear: it is released when unmounted) and mounts
-/// it at `target` in the caller's mount namespace.
-pub fn mount_image(image: &Path, target: &Path) -> anyhow::Result<()> {
-    use anyhow::Context;
-    let backing = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(image)
-        .with_context(|| format!("opening the disk image {}", image.display()))?;
-    let control = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/loop-control")
-        .context("opening /dev/loop-control (the disk limit needs loop devices; or set local.disk_limit_mb = 0)")?;
+/// Attaches the open `backing` image to a free loop device with auto-clear (the device is released
+/// when its last user, the mounted filesystem, lets go of it) and returns the device, open.
+fn attach_loop(backing: &std::fs::File) -> std::io::Result<(String, std::fs::File)> {
+    let control = std::fs::OpenOptions::new().read(true).write(true).open("/dev/loop-control")?;
     let mut last_err = None;
     for _ in 0..16 {
         // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns a device number or -1.
         let n = unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE as _) };
         if n < 0 {
-            return Err(std::io::Error::last_os_error()).context("LOOP_CTL_GET_FREE");
+            return Err(std::io::Error::last_os_error());
         }
         let dev_path = format!("/dev/loop{n}");
         let dev = match std::fs::OpenOptions::new().read(true).write(true).open(&dev_path) {
@@ -204,22 +261,112 @@ pub fn mount_image(image: &Path, target: &Path) -> anyhow::Result<()> {
         // SAFETY: LOOP_CONFIGURE reads a loop_config we own.
         let ret = unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_CONFIGURE as _, &config as *const LoopConfig) };
         if ret != 0 {
-            // Another sandbox took this device between GET_FREE and CONFIGURE: try the next.
+            // Another process took this device between GET_FREE and CONFIGURE: try the next.
             last_err = Some(std::io::Error::last_os_error());
             continue;
         }
-        let mounted = nix::mount::mount(
-            Some(dev_path.as_str()),
-            target,
-            Some("ext4"),
-            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
-            None::<&str>,
-        );
-        // The mount holds the device; closing our descriptor lets auto-clear free it on unmount.
-        drop(dev);
-        return mounted.with_context(|| format!("mounting the disk image on {dev_path}"));
+        return Ok((dev_path, dev));
     }
-    Err(last_err.unwrap_or_else(|| std::io::Error::other("no free loop device"))).context("attaching the disk image")
+    Err(last_err.unwrap_or_else(|| std::io::Error::other("no free loop device")))
+}
+
+/// Attaches `image` to a free loop device (auto-clear: it is released when unmounted) and mounts
+/// it at `target` in the caller's mount namespace (used when the disk could not be mounted ahead
+/// of time, see [`mount_detached`]).
+pub fn mount_image(image: &Path, target: &Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let backing = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(image)
+        .with_context(|| format!("opening the disk image {}", image.display()))?;
+    let (dev_path, dev) = attach_loop(&backing).context(
+        "attaching the disk image to a loop device (the disk limit needs loop devices; or set local.disk_limit_mb = 0)",
+    )?;
+    let mounted = nix::mount::mount(
+        Some(dev_path.as_str()),
+        target,
+        Some("ext4"),
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        Some("noinit_itable"),
+    );
+    // The mount holds the device; closing our descriptor lets auto-clear free it on unmount.
+    drop(dev);
+    mounted.with_context(|| format!("mounting the disk image on {dev_path}"))
+}
+
+const FSOPEN_CLOEXEC: libc::c_uint = 1;
+const FSCONFIG_SET_FLAG: libc::c_uint = 0;
+const FSCONFIG_SET_STRING: libc::c_uint = 1;
+const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+const MOUNT_ATTR_NOSUID: libc::c_uint = 0x2;
+const MOUNT_ATTR_NODEV: libc::c_uint = 0x4;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+
+/// A descriptor returned by a system call, or its error.
+fn owned_fd(ret: libc::c_long) -> std::io::Result<OwnedFd> {
+    if ret < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the call returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(ret as i32) })
+}
+
+fn fsconfig(
+    fs: &OwnedFd,
+    cmd: libc::c_uint,
+    key: Option<&std::ffi::CStr>,
+    value: Option<&std::ffi::CStr>,
+) -> std::io::Result<()> {
+    let ptr = |s: Option<&std::ffi::CStr>| s.map_or(std::ptr::null(), |s| s.as_ptr());
+    // SAFETY: fsconfig on our filesystem context with NUL-terminated strings (or nulls).
+    let ret = unsafe { libc::syscall(libc::SYS_fsconfig, fs.as_raw_fd(), cmd, ptr(key), ptr(value), 0) };
+    if ret != 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+}
+
+/// Attaches `image` to a loop device and mounts its ext4 filesystem (nosuid, nodev) as a detached
+/// mount: in no mount namespace, alive as long as the returned descriptor (or the mount namespace
+/// it is moved into with [`attach_detached`]). Dropping the descriptor unmounts it and frees the
+/// loop device.
+pub fn mount_detached(image: &Path) -> Result<OwnedFd, DiskError> {
+    let fail = |what: &'static str| move |source| DiskError::Mount { what, path: image.to_owned(), source };
+    let backing = std::fs::OpenOptions::new().read(true).write(true).open(image).map_err(io("cannot open", image))?;
+    let (dev_path, dev) = attach_loop(&backing).map_err(fail("attaching a loop device"))?;
+    drop(backing);
+    // SAFETY: fsopen with a NUL-terminated filesystem name.
+    let fs = owned_fd(unsafe { libc::syscall(libc::SYS_fsopen, c"ext4".as_ptr(), FSOPEN_CLOEXEC) })
+        .map_err(fail("fsopen(ext4)"))?;
+    let source = std::ffi::CString::new(dev_path).map_err(|e| fail("device path")(std::io::Error::other(e)))?;
+    fsconfig(&fs, FSCONFIG_SET_STRING, Some(c"source"), Some(&source)).map_err(fail("fsconfig(source)"))?;
+    // A fresh sparse image reads as zeros: no background zeroing of its inode tables.
+    fsconfig(&fs, FSCONFIG_SET_FLAG, Some(c"noinit_itable"), None).map_err(fail("fsconfig(noinit_itable)"))?;
+    fsconfig(&fs, FSCONFIG_CMD_CREATE, None, None).map_err(fail("fsconfig(create)"))?;
+    // SAFETY: fsmount on our configured filesystem context.
+    let mount = owned_fd(unsafe {
+        libc::syscall(libc::SYS_fsmount, fs.as_raw_fd(), FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
+    })
+    .map_err(fail("fsmount"))?;
+    // The superblock holds the device; closing ours lets auto-clear free it once unmounted.
+    drop(dev);
+    Ok(mount)
+}
+
+/// Moves a detached mount made by [`mount_detached`] onto `target` in the caller's mount namespace.
+pub fn attach_detached(mount: OwnedFd, target: &Path) -> std::io::Result<()> {
+    let dst = std::ffi::CString::new(target.as_os_str().as_encoded_bytes()).map_err(std::io::Error::other)?;
+    // SAFETY: move_mount of a detached mount we own onto a NUL-terminated target path.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            mount.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            dst.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if ret != 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
 }
 
 /// Used/total bytes of the filesystem at `path` (statvfs).

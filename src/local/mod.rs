@@ -102,6 +102,12 @@ pub struct EnvdArgs {
     /// Descriptor on which to report readiness (`ok`) or the set-up error.
     #[arg(long)]
     pub ready_fd: Option<i32>,
+    /// Descriptor of the sandbox's disk, mounted ahead of time by the provider (a detached mount).
+    #[arg(long)]
+    pub disk_fd: Option<i32>,
+    /// Descriptor of the sandbox's user namespace, made ahead of time by the provider.
+    #[arg(long)]
+    pub userns_fd: Option<i32>,
 }
 
 /// A provider serving in the background.
@@ -245,9 +251,13 @@ pub fn run_envd(args: EnvdArgs) -> anyhow::Result<()> {
     unsafe { libc::prctl(libc::PR_SET_NAME, c"envd".as_ptr()) };
     // SAFETY: the provider passes a pipe write end at this descriptor and nothing else owns it.
     let mut ready = args.ready_fd.map(|fd| unsafe { std::fs::File::from_raw_fd(fd) });
-    let setup = || -> anyhow::Result<(std::os::unix::net::UnixListener, record::SandboxSpec)> {
+    // SAFETY: the provider passes its detached disk mount at this descriptor and nothing else owns it.
+    let disk = args.disk_fd.map(|fd| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
+    // SAFETY: the provider passes the sandbox's user namespace at this descriptor and nothing else owns it.
+    let userns = args.userns_fd.map(|fd| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
+    let setup = move || -> anyhow::Result<(std::os::unix::net::UnixListener, record::SandboxSpec)> {
         let spec: record::SandboxSpec = record::read_json(&args.sandbox_dir.join(record::SPEC_FILE))?;
-        let listener = sandbox_init::enter_sandbox(&args.sandbox_dir, &spec)?;
+        let listener = sandbox_init::enter_sandbox(&args.sandbox_dir, &spec, disk, userns)?;
         listener.set_nonblocking(true).context("non-blocking socket")?;
         Ok((listener, spec))
     };

@@ -113,6 +113,8 @@ pub struct Provider {
     sandboxes_dir: PathBuf,
     cgroups: CgroupLayout,
     net: Arc<NetPool>,
+    /// User namespaces made ahead of time.
+    userns: Arc<super::userns::UsernsPool>,
     table: Mutex<HashMap<String, Arc<SandboxEntry>>>,
     /// Creates in flight (counted against `max_sandboxes`).
     pending: Mutex<usize>,
@@ -179,6 +181,7 @@ impl Provider {
         let cgroups = CgroupLayout::detect();
         tracing::info!(?cgroups, state_dir = %cfg.state_dir.display(), "local provider state");
         let net = NetPool::new(cfg.network.clone());
+        let userns = super::userns::UsernsPool::new(cfg.id_map);
         Ok(Provider {
             cfg,
             base,
@@ -186,6 +189,7 @@ impl Provider {
             sandboxes_dir,
             cgroups,
             net,
+            userns,
             table: Mutex::new(HashMap::new()),
             pending: Mutex::new(0),
             cleanups: Arc::new(Mutex::new(0)),
@@ -272,28 +276,29 @@ impl Provider {
         policy: EgressPolicy,
         id: String,
     ) -> Result<SandboxRecord, ProviderError> {
+        let started = std::time::Instant::now();
         let dir = self.sandboxes_dir.join(&id);
         let internal = |what: &str, e: &dyn std::fmt::Display| ProviderError::Internal(format!("{what}: {e}"));
         for sub in ["", "upper", "work", "root"] {
             std::fs::create_dir_all(dir.join(sub)).map_err(|e| internal("cannot create the sandbox directory", &e))?;
         }
-        let mut disk_image = None;
+        let (mut disk_image, mut disk_mount) = (None, None);
         if let Some(pool) = self.disks.clone() {
             let image = dir.join("disk.img");
-            let dest = image.clone();
-            let taken = tokio::task::spawn_blocking(move || {
-                let taken = pool.take(&dest);
-                let refill = pool.clone();
-                std::thread::spawn(move || refill.refill());
-                taken
-            })
-            .await;
-            match taken {
-                Ok(Ok(())) => disk_image = Some(image),
-                Ok(Err(e)) => {
-                    remove_sandbox_dir(&dir);
-                    return Err(internal("cannot prepare the sandbox's disk", &e));
+            let taken = match pool.take_ready(&image) {
+                Some(taken) => taken,
+                None => {
+                    let (dest, pool) = (image.clone(), pool.clone());
+                    tokio::task::spawn_blocking(move || pool.take(&dest))
+                        .await
+                        .unwrap_or_else(|e| Err(super::disk::DiskError::Task(e.to_string())))
                 }
+            };
+            if !pool.refilling() {
+                std::thread::spawn(move || pool.refill());
+            }
+            match taken {
+                Ok(mount) => (disk_image, disk_mount) = (Some(image), mount),
                 Err(e) => {
                     remove_sandbox_dir(&dir);
                     return Err(internal("cannot prepare the sandbox's disk", &e));
@@ -323,6 +328,13 @@ impl Provider {
                 return Err(internal("cannot prepare the sandbox's network", &e));
             }
         };
+        let userns = match self.userns.take().await {
+            Ok(userns) => userns,
+            Err(e) => {
+                remove_sandbox_dir(&dir);
+                return Err(internal("cannot prepare the sandbox's user namespace", &format!("{e:#}")));
+            }
+        };
         let limits = Limits { memory_limit_mb: self.cfg.memory_limit_mb, pids_limit: self.cfg.pids_limit };
         let cgroup_dirs = self.cgroups.create(&id, limits);
         let spawned = super::spawn::spawn_agent(
@@ -330,8 +342,14 @@ impl Provider {
             &dir,
             &dir.join(LOG_FILE),
             std::os::fd::AsFd::as_fd(&prepared.netns),
-            |pid| cgroups::attach(&cgroup_dirs, pid),
+            super::spawn::Prepared {
+                disk: disk_mount.as_ref().map(std::os::fd::AsFd::as_fd),
+                userns: Some(std::os::fd::AsFd::as_fd(&userns)),
+            },
         );
+        // The agent has its own copies of these descriptors now (or failed to start).
+        drop((disk_mount, userns));
+        let spawned_ms = started.elapsed().as_secs_f64() * 1000.0;
         let agent = match spawned {
             Ok(agent) => agent,
             Err(e) => {
@@ -342,7 +360,16 @@ impl Provider {
         };
         let pid = agent.pid;
         let start_time = process_start_time(pid).unwrap_or(0);
-        if let Err(message) = wait_ready(agent.ready).await {
+        // Into its cgroups while it sets the sandbox up: moving a process between cgroups can wait
+        // for an RCU grace period (tens of milliseconds on a busy machine). Nothing of the
+        // sandbox's own runs before the create is answered, which waits for both.
+        let attach_dirs = cgroup_dirs.clone();
+        let attached = tokio::task::spawn_blocking(move || cgroups::attach(&attach_dirs, pid));
+        let ready = wait_ready(agent.ready).await;
+        if let Err(err) = attached.await {
+            tracing::warn!(sandbox = %id, %err, "moving the sandbox agent into its cgroups failed");
+        }
+        if let Err(message) = ready {
             tracing::warn!(sandbox = %id, error = %message, "sandbox agent failed to start");
             process::kill_and_wait(pid, start_time, KILL_TIMEOUT).await;
             cgroups::remove(&cgroup_dirs).await;
@@ -384,7 +411,8 @@ impl Provider {
         }
         let entry = Arc::new(SandboxEntry::new(dir, rec.clone(), Some(net)));
         self.table().insert(id.clone(), entry);
-        tracing::info!(sandbox = %id, pid, "sandbox created");
+        let ms = started.elapsed().as_secs_f64() * 1000.0;
+        tracing::info!(sandbox = %id, pid, ms, spawned_ms, "sandbox created");
         Ok(rec)
     }
 
@@ -555,9 +583,10 @@ impl Provider {
         Ok(())
     }
 
-    /// Starts filling the pool of prepared network namespaces.
+    /// Starts filling the pools of prepared network and user namespaces.
     pub fn warm_network_pool(&self) {
         self.net.refill();
+        self.userns.refill();
     }
 
     /// Re-adopts sandboxes left by a previous run; cleans up those whose agent is gone.

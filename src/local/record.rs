@@ -91,7 +91,12 @@ pub enum RecordError {
     Parse { path: PathBuf, source: serde_json::Error },
 }
 
-/// Writes `value` as JSON to `path` atomically (temp file, fsync, rename, fsync dir).
+/// Writes `value` as JSON to `path` atomically (temp file, rename): a reader (the agent, a restarted
+/// provider) sees the old content or the new one, never a mix. Deliberately no `fsync`: these files
+/// describe live sandboxes, which a provider crash leaves running with the page cache intact, and
+/// which a machine crash ends anyway (a record torn by one is treated as "died mid-create" and
+/// cleaned up); syncing cost every create a journal commit (milliseconds to tens of them on a busy
+/// disk) and bought nothing.
 pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<(), RecordError> {
     let err = |source| RecordError::Write { path: path.to_owned(), source };
     let bytes = serde_json::to_vec_pretty(value).map_err(|e| err(std::io::Error::other(e)))?;
@@ -105,15 +110,8 @@ pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<(), Rec
         .open(&tmp)
         .map_err(err)?;
         file.write_all(&bytes).map_err(err)?;
-        file.sync_all().map_err(err)?;
     }
-    std::fs::rename(&tmp, path).map_err(err)?;
-    if let Some(dir) = path.parent()
-        && let Ok(dir) = std::fs::File::open(dir)
-    {
-        let _ = dir.sync_all();
-    }
-    Ok(())
+    std::fs::rename(&tmp, path).map_err(err)
 }
 
 /// Reads a JSON file written by [`write_json_atomic`].

@@ -39,31 +39,51 @@ fn shield_from_oom_killer() {
     }
 }
 
-/// Builds the sandbox around the calling process and returns the bound agent socket.
-pub fn enter_sandbox(sandbox_dir: &Path, spec: &SandboxSpec) -> anyhow::Result<UnixListener> {
+/// Builds the sandbox around the calling process and returns the bound agent socket. `disk` and
+/// `userns` are the sandbox's disk (mounted) and user namespace made ahead of time by the
+/// provider (see `disk` and `userns`); without them the agent makes its own.
+pub fn enter_sandbox(
+    sandbox_dir: &Path,
+    spec: &SandboxSpec,
+    disk: Option<OwnedFd>,
+    userns: Option<OwnedFd>,
+) -> anyhow::Result<UnixListener> {
     shield_from_oom_killer();
     let root = sandbox_dir.join("root");
     let ids = spec.id_map;
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
         .context("making / private in the sandbox's mount namespace")?;
 
-    // The host's /proc shows host pids: a procfs of this PID namespace finds the helper child.
-    let own_proc = sandbox_dir.join("lower/proc");
-    std::fs::create_dir_all(&own_proc).context("creating a procfs mount point")?;
     let nosuid_nodev_noexec = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    mount(Some("proc"), &own_proc, Some("proc"), nosuid_nodev_noexec, None::<&str>).context("mounting a procfs")?;
-    let userns = userns::create(&ids, &own_proc).context("creating the sandbox's user namespace")?;
-    umount2(&own_proc, MntFlags::MNT_DETACH).context("unmounting the procfs")?;
+    let userns = match userns {
+        Some(userns) => userns,
+        None => {
+            // The host's /proc shows host pids: a procfs of this PID namespace finds the helper child.
+            let own_proc = sandbox_dir.join("lower/proc");
+            std::fs::create_dir_all(&own_proc).context("creating a procfs mount point")?;
+            mount(Some("proc"), &own_proc, Some("proc"), nosuid_nodev_noexec, None::<&str>)
+                .context("mounting a procfs")?;
+            let userns = userns::create(&ids, &own_proc).context("creating the sandbox's user namespace")?;
+            umount2(&own_proc, MntFlags::MNT_DETACH).context("unmounting the procfs")?;
+            userns
+        }
+    };
 
     // Everything the sandbox writes lands in `data`: its own disk image when limited.
-    let data = match &spec.disk_image {
-        Some(image) => {
+    let data = match (disk, &spec.disk_image) {
+        (Some(mount), _) => {
+            let disk = sandbox_dir.join("disk");
+            std::fs::create_dir_all(&disk).context("creating the disk mount point")?;
+            super::disk::attach_detached(mount, &disk).context("moving the prepared disk into the sandbox")?;
+            disk
+        }
+        (None, Some(image)) => {
             let disk = sandbox_dir.join("disk");
             std::fs::create_dir_all(&disk).context("creating the disk mount point")?;
             super::disk::mount_image(image, &disk)?;
             disk
         }
-        None => sandbox_dir.to_owned(),
+        (None, None) => sandbox_dir.to_owned(),
     };
     mount_layers(sandbox_dir, &data, &root, spec, &userns)?;
 

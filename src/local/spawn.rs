@@ -1,8 +1,10 @@
 //! Host side of sandbox creation: clones the in-sandbox agent (`sandbox-mcp
 //! envd`) into new PID, mount, UTS and IPC namespaces, moves it into the
-//! network namespace the provider prepared for it (see `local::net`), puts it
-//! into its cgroups before it runs, and detaches it into its own session so it
-//! outlives the provider.
+//! network namespace the provider prepared for it (see `local::net`), hands it
+//! the disk and user namespace prepared for it (see `disk` and `userns`), and
+//! detaches it into its own session so it outlives the provider. (The provider
+//! moves it into its cgroups while it sets the sandbox up, before anything of
+//! the sandbox's own runs.)
 //! Also the start-up probe that checks namespaces and overlayfs are permitted.
 //!
 //! The child of `clone` lives in a copy of a multi-threaded process, so it only
@@ -15,6 +17,19 @@ use std::path::Path;
 
 /// File descriptor on which envd reports readiness (`ok`) or its set-up error.
 pub const READY_FD: i32 = 3;
+/// File descriptor of the sandbox's prepared disk (a detached mount), when it has one.
+pub const DISK_FD: i32 = 4;
+/// File descriptor of the sandbox's prepared user namespace, when the provider made one.
+pub const USERNS_FD: i32 = 5;
+
+/// Descriptors the provider made ahead of time for a new sandbox (see `disk` and `userns`).
+#[derive(Clone, Copy, Default)]
+pub struct Prepared<'a> {
+    /// The sandbox's disk, mounted as a detached mount.
+    pub disk: Option<BorrowedFd<'a>>,
+    /// The sandbox's user namespace.
+    pub userns: Option<BorrowedFd<'a>>,
+}
 
 /// Errors of spawning an agent.
 #[derive(Debug, thiserror::Error)]
@@ -66,18 +81,18 @@ fn sandbox_clone_flags() -> libc::c_int {
 }
 
 /// Clones `sandbox-mcp envd --sandbox-dir DIR` into new namespaces and the network namespace
-/// `netns`. `attach` is called with the child's pid before the child may exec (to place it into
-/// its cgroups).
+/// `netns`, handing it what the provider prepared for it (its disk at [`DISK_FD`], its user
+/// namespace at [`USERNS_FD`]). The caller puts the agent into its cgroups while it sets the sandbox up (see `Provider::create`).
 pub fn spawn_agent(
     agent_binary: &Path,
     sandbox_dir: &Path,
     log_file: &Path,
     netns: BorrowedFd<'_>,
-    attach: impl FnOnce(i32),
+    prepared: Prepared<'_>,
 ) -> Result<SpawnedAgent, SpawnError> {
     let exe = CString::new(agent_binary.as_os_str().as_bytes()).map_err(|_| SpawnError::Nul)?;
     let dir = CString::new(sandbox_dir.as_os_str().as_bytes()).map_err(|_| SpawnError::Nul)?;
-    let argv_owned = [
+    let mut argv_owned = vec![
         CString::new("sandbox-mcp").map_err(|_| SpawnError::Nul)?,
         CString::new("envd").map_err(|_| SpawnError::Nul)?,
         CString::new("--sandbox-dir").map_err(|_| SpawnError::Nul)?,
@@ -85,6 +100,15 @@ pub fn spawn_agent(
         CString::new("--ready-fd").map_err(|_| SpawnError::Nul)?,
         CString::new(READY_FD.to_string()).map_err(|_| SpawnError::Nul)?,
     ];
+    // (descriptor in the provider, its number in the agent), one per prepared resource.
+    let mut passed = [(-1, READY_FD), (-1, DISK_FD), (-1, USERNS_FD)];
+    for (slot, fd, flag) in [(1, prepared.disk, "--disk-fd"), (2, prepared.userns, "--userns-fd")] {
+        if let Some(fd) = fd {
+            passed[slot].0 = fd.as_raw_fd();
+            argv_owned.push(CString::new(flag).map_err(|_| SpawnError::Nul)?);
+            argv_owned.push(CString::new(passed[slot].1.to_string()).map_err(|_| SpawnError::Nul)?);
+        }
+    }
     // A minimal environment: the provider's own (which may hold its API key) never leaks in.
     let mut env_owned = vec![CString::new(format!("PATH={}", super::envd::DEFAULT_PATH)).map_err(|_| SpawnError::Nul)?];
     if let Ok(filter) = std::env::var("RUST_LOG") {
@@ -107,6 +131,7 @@ pub fn spawn_agent(
     let (log_fd, null_fd) = (log.as_raw_fd(), devnull.as_raw_fd());
     let (sync_r_fd, sync_w_fd, ready_w_fd) = (sync_r.as_raw_fd(), sync_w.as_raw_fd(), ready_w.as_raw_fd());
     let netns_fd = netns.as_raw_fd();
+    passed[0].0 = ready_w_fd;
 
     let pid =
         raw_clone(sandbox_clone_flags()).map_err(sys("clone(CLONE_NEWPID|CLONE_NEWNS|CLONE_NEWUTS|CLONE_NEWIPC)"))?;
@@ -128,18 +153,34 @@ pub fn spawn_agent(
             libc::dup2(null_fd, 0);
             libc::dup2(log_fd, 1);
             libc::dup2(log_fd, 2);
-            if ready_w_fd == READY_FD {
-                libc::fcntl(READY_FD, libc::F_SETFD, 0);
-            } else {
-                libc::dup2(ready_w_fd, READY_FD);
+            // Copies above the target numbers first, so no dup2 can clobber another's source.
+            let mut high = [-1; 3];
+            for (i, (fd, _)) in passed.iter().enumerate() {
+                if *fd >= 0 {
+                    high[i] = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 16);
+                    if high[i] < 0 {
+                        libc::_exit(123);
+                    }
+                }
             }
+            for (i, (_, target)) in passed.iter().enumerate() {
+                if high[i] >= 0 && libc::dup2(high[i], *target) != *target {
+                    libc::_exit(124);
+                }
+            }
+            // Nothing else crosses into the sandbox: everything past READY_FD is close-on-exec
+            // except what was passed on purpose.
             mark_inherited_fds_cloexec(READY_FD + 1);
+            for (i, (_, target)) in passed.iter().enumerate() {
+                if high[i] >= 0 {
+                    libc::fcntl(*target, libc::F_SETFD, 0);
+                }
+            }
             libc::execve(exe.as_ptr(), argv.as_ptr(), envp.as_ptr());
             libc::_exit(127);
         }
     }
     drop((sync_r, ready_w, log, devnull));
-    attach(pid);
     // SAFETY: sync_w is an open pipe end we own; File takes it over and closes it.
     let mut go = unsafe { std::fs::File::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(sync_w)) };
     if let Err(source) = std::io::Write::write_all(&mut go, b"g") {

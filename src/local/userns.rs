@@ -8,11 +8,19 @@
 //! The user namespace is entered after the mounts and `pivot_root`, so the
 //! sandbox's mount, PID, UTS, IPC and network namespaces stay owned by the
 //! host's initial user namespace: root inside has no capability over them.
+//!
+//! Each sandbox gets a user namespace of its own. The provider makes them
+//! ahead of time in a small pool ([`UsernsPool`]) and hands one to each new
+//! sandbox's agent as a descriptor, so a create does not wait for the helper
+//! process a new user namespace needs; a namespace nobody took dies with the
+//! provider's descriptor.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
@@ -70,7 +78,7 @@ impl IdMap {
 /// Creates a user namespace with `map` and returns a descriptor of it. A throw-away child is
 /// cloned into the new namespace so that this (privileged, host-root) process can write its maps;
 /// `proc_dir` is a procfs of the caller's PID namespace (where the child's pid means the child).
-/// Must be called while the process is single-threaded.
+/// The child only makes async-signal-safe calls, so the caller may be multi-threaded.
 pub fn create(map: &IdMap, proc_dir: &Path) -> anyhow::Result<OwnedFd> {
     let (hold_r, hold_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe2")?;
     let (hold_fd, hold_w_fd) = (hold_r.as_raw_fd(), hold_w.as_raw_fd());
@@ -96,6 +104,58 @@ pub fn create(map: &IdMap, proc_dir: &Path) -> anyhow::Result<OwnedFd> {
     drop(hold_w);
     let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
     result
+}
+
+/// User namespaces kept ready.
+const POOL_SIZE: usize = 8;
+
+/// User namespaces with the sandboxes' id map, made ahead of time on a blocking thread.
+pub struct UsernsPool {
+    map: IdMap,
+    ready: Mutex<Vec<OwnedFd>>,
+    refilling: AtomicBool,
+}
+
+impl UsernsPool {
+    pub fn new(map: IdMap) -> Arc<UsernsPool> {
+        Arc::new(UsernsPool { map, ready: Mutex::new(Vec::new()), refilling: AtomicBool::new(false) })
+    }
+
+    /// A user namespace for a new sandbox: from the pool, or made now if it is empty. Triggers a
+    /// refill.
+    pub async fn take(self: &Arc<Self>) -> anyhow::Result<OwnedFd> {
+        let pooled = self.ready.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        self.refill();
+        match pooled {
+            Some(userns) => Ok(userns),
+            None => {
+                let map = self.map;
+                tokio::task::spawn_blocking(move || create(&map, Path::new("/proc"))).await.context("userns task")?
+            }
+        }
+    }
+
+    /// Fills the pool up to its size on a blocking thread (one refill at a time).
+    pub fn refill(self: &Arc<Self>) {
+        if self.ready.lock().unwrap_or_else(|p| p.into_inner()).len() >= POOL_SIZE
+            || self.refilling.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let pool = self.clone();
+        tokio::task::spawn_blocking(move || {
+            while pool.ready.lock().unwrap_or_else(|p| p.into_inner()).len() < POOL_SIZE {
+                match create(&pool.map, Path::new("/proc")) {
+                    Ok(userns) => pool.ready.lock().unwrap_or_else(|p| p.into_inner()).push(userns),
+                    Err(err) => {
+                        tracing::warn!(err = format!("{err:#}"), "cannot prepare a sandbox user namespace");
+                        break;
+                    }
+                }
+            }
+            pool.refilling.store(false, Ordering::Release);
+        });
+    }
 }
 
 /// `struct mount_attr` of `mount_setattr(2)`.
