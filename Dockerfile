@@ -47,24 +47,25 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
 # task supervisor needs it), procps, CA certificates, e2fsprogs (each sandbox's
 # disk image), and iproute2 + nftables, with which the provider sets up each
 # sandbox's own network namespace. Then, in the same layer, what nothing runs:
-# byte-code (kept only for the modules the task supervisor imports, compiled
-# here, so its start-up stays fast; other modules compile on first use),
-# python's test and pydoc data, and the package management (apt, dpkg, debconf,
-# perl-base, gnutls, account tools); /var/lib/dpkg/status stays, listing what
-# is installed, for image scanners. To add programs for the sandboxes, add them
+# python's test package and pydoc data, the byte-code of rarely imported
+# modules (the rest is kept: the sandbox user cannot write byte-code to /usr,
+# so every import of a module without it compiles it again), and the package
+# management (apt, dpkg, debconf, perl-base, gnutls, account tools);
+# /var/lib/dpkg/status stays, listing what is installed, for image scanners. To add programs for the sandboxes, add them
 # to the apt-get line and rebuild: the image has no package manager.
 FROM debian:${DEBIAN_RELEASE}-slim AS local-root
-COPY supervisor/supervisor.py /tmp/supervisor.py
 # Versions are not pinned: this stage must pick up Debian security updates on rebuild.
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates python3 procps iproute2 nftables \
     && rm -rf /var/lib/apt/lists/* \
-    && find /usr/lib/python3* -depth -name __pycache__ -type d -exec rm -rf {} + \
     && rm -rf /usr/lib/python3.*/test /usr/lib/python3.*/pydoc_data /usr/lib/python3.*/lib-dynload/_test*.so \
        /usr/lib/python3.*/lib-dynload/_ctypes_test*.so /usr/lib/python3.*/lib-dynload/_xxtestfuzz*.so \
-    && python3 -I -S -c 'import ast, importlib, sys; [importlib.import_module(a.name) for n in ast.walk(ast.parse(open(sys.argv[1]).read())) if isinstance(n, ast.Import) for a in n.names]' /tmp/supervisor.py \
-    && rm /tmp/supervisor.py \
+       /usr/lib/python3.*/xmlrpc/__pycache__ \
+    && find /usr/lib/python3.*/__pycache__ -regextype posix-extended \
+       -regex '.*/(_pydecimal|_pyio|pydoc|turtle|mailbox)\.cpython-[^/]*\.pyc' -delete \
+    && find /usr/lib/python3.*/encodings/__pycache__ -name '*.pyc' -regextype posix-extended \
+       ! -regex '.*/(__init__|aliases|utf_8|ascii|latin_1|idna|punycode)\.cpython-[^/]*\.pyc' -delete \
     && dpkg --purge --force-depends --force-remove-essential apt libapt-pkg6.0 gpgv debian-archive-keyring \
        adduser login passwd libsemanage2 libsemanage-common libsepol2 \
        libgnutls30 libhogweed6 libnettle8 libp11-kit0 libtasn1-6 \
