@@ -325,13 +325,9 @@ async fn network_survives_a_provider_sigkill_and_kill_leaves_nothing() {
         names.sort();
         names
     };
-    // Stateless (`-s`): the rules without their counters, which other programs' traffic through
-    // the host's own rules (e.g. podman's netavark NAT chains) changes meanwhile.
     let host_rules = || {
-        String::from_utf8_lossy(
-            &std::process::Command::new("nft").args(["-s", "list", "ruleset"]).output().unwrap().stdout,
-        )
-        .into_owned()
+        String::from_utf8_lossy(&std::process::Command::new("nft").args(["list", "ruleset"]).output().unwrap().stdout)
+            .into_owned()
     };
     let (links_before, rules_before) = (host_links(), host_rules());
 
