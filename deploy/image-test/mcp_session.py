@@ -4,10 +4,11 @@ official Python `mcp` client. Run by deploy/image-test.sh for each image target.
   python mcp_session.py http://127.0.0.1:PORT/mcp     (token in SANDBOX_MCP_TEST_TOKEN)
 
 It initializes, lists the tools, creates a sandbox, runs a command in it,
-starts a task and reads it to its end (get_task with wait_seconds and offsets),
-then kills the sandbox. Prints one line per check and "N passed, M failed".
-With SANDBOX_MCP_TEST_HOLD_FILE set, it then creates one more sandbox, writes
-its id to that file and keeps the session open until the server ends it (the
+imports a share of python3's standard library in it, starts a task and reads
+it to its end (get_task with wait_seconds and offsets), then kills the
+sandbox. Prints one line per check and "N passed, M failed". With
+SANDBOX_MCP_TEST_HOLD_FILE set, it then creates one more sandbox, writes its id
+to that file and keeps the session open until the server ends it (the
 caller stops the container meanwhile: graceful shutdown must kill it); it
 exits 1 on any failure.
 """
@@ -28,6 +29,10 @@ from mcp import ClientSession
 httpx = getattr(mcp_http, "httpx2", None) or getattr(mcp_http, "httpx")
 
 EXPECTED_TOOLS = {"create_sandbox", "kill_sandbox", "run_command", "start_task", "get_task"}
+STDLIB_CHECK = (
+    "python3 -I -c 'import asyncio, ctypes, json, sqlite3, ssl, urllib.request, zoneinfo; "
+    'zoneinfo.ZoneInfo("Europe/Paris"); print("stdlib-ok")\''
+)
 
 
 class Checks:
@@ -88,6 +93,16 @@ async def session(url: str, token: str, checks: Checks) -> None:
             checks.check(
                 "run_command in the sandbox",
                 not is_err and sc.get("exit_code") == 0 and "hello-from-image" in str(sc.get("stdout")),
+                sc,
+            )
+
+            # The local image prunes python (byte-code, tests): its standard library must still import.
+            is_err, sc = tool_payload(
+                await mcp.call_tool("run_command", {"sandbox_id": sandbox_id, "command": STDLIB_CHECK})
+            )
+            checks.check(
+                "python3 with its standard library in the sandbox",
+                not is_err and sc.get("exit_code") == 0 and "stdlib-ok" in str(sc.get("stdout")),
                 sc,
             )
 
