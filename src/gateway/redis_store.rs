@@ -257,8 +257,11 @@ impl RedisStore {
         let found: Option<(Vec<String>, Vec<String>, Vec<String>)> =
             self.bounded(invocation.invoke_async(&mut conn)).await?;
         Ok(found.map(|(fields, owned, retained)| {
-            let mut record =
-                Record { owned: owned.into_iter().collect(), retained: retained.into_iter().collect(), ..Record::default() };
+            let mut record = Record {
+                owned: owned.into_iter().collect(),
+                retained: retained.into_iter().collect(),
+                ..Record::default()
+            };
             for pair in fields.chunks_exact(2) {
                 let value = Some(pair[1].clone());
                 match pair[0].as_str() {

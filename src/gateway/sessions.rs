@@ -143,7 +143,8 @@ impl SessionState {
         self.default_sandbox = record.default_sandbox;
         self.owned = record.owned;
         self.retained = record.retained;
-        let known: BTreeSet<String> = self.owned.iter().chain(&self.retained).chain(&self.default_sandbox).cloned().collect();
+        let known: BTreeSet<String> =
+            self.owned.iter().chain(&self.retained).chain(&self.default_sandbox).cloned().collect();
         self.verified.retain(|id, _| known.contains(id));
     }
 }
@@ -204,13 +205,24 @@ impl SessionRegistry {
         Ok(result)
     }
 
-    /// Binds a session just created by `initialize` to its tenant and principal (and writes it to Redis).
+    /// Binds a session just created by `initialize` to its tenant and principal (and writes it to Redis;
+    /// always, even if something bound it locally first: `HSETNX` keeps the first binding).
     pub async fn bind_new(&self, session_id: &str, tenant: &str, principal: &str) -> Result<(), SessionError> {
-        let principal = principal.to_string();
-        self.update(session_id, tenant, move |state| {
-            state.principal.get_or_insert(principal);
-        })
-        .await
+        self.with_session(session_id, tenant, |state| {
+            state.principal.get_or_insert_with(|| principal.to_string());
+        })?;
+        if let Some(store) = &self.store {
+            let diff = RecordDiff {
+                bind_tenant: Some(tenant.to_string()),
+                bind_principal: Some(principal.to_string()),
+                ..RecordDiff::default()
+            };
+            if !store.apply(session_id, &diff).await? {
+                self.take(session_id);
+                return Err(SessionError::Unknown);
+            }
+        }
+        Ok(())
     }
 
     /// Replaces (or adds) a session's cached state with the record read from Redis.
