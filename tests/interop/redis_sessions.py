@@ -128,7 +128,7 @@ async def main():
 
             task = structured(
                 await session.call_tool(
-                    "start_task", {"command": "sleep 3; echo task-done", "sandbox_id": task_sandbox}
+                    "start_task", {"command": "sleep 3; exit 7", "sandbox_id": task_sandbox}
                 )
             )
             balancer.move_to(r1)
@@ -148,8 +148,8 @@ async def main():
             checks.check(
                 "get_task stream cut on replica 1 resumes on replica 2 (Last-Event-ID) with the result",
                 not waited.isError
-                and view.get("state") == "succeeded"
-                and "task-done" in view.get("stdout", "")
+                and view.get("state") == "failed"
+                and view.get("exit_code") == 7
                 and time.monotonic() - started > 1.0,
                 waited.content,
             )
