@@ -13,7 +13,10 @@
 //! 3. gateway RSS growth with 1,000 idle sessions (target <= 64 KiB per session);
 //! 4. OAuth: per-call cost of a JWT access token (RS256, keys cached) over a static token, as the
 //!    p50 difference of `tools/list` through one gateway with both (target <= 0.1 ms), and the
-//!    in-process validation time (key generated with the `openssl` CLI, JWKS served locally).
+//!    in-process validation time (key generated with the `openssl` CLI, JWKS served locally);
+//! 5. sessions in Redis (`[sessions] store`, a local `redis-server`): p50 of `run_command "true"` and
+//!    MCP session creations per second with the Redis store beside the memory store (target: <= 0.5 ms
+//!    added p50). `BENCH_ONLY=redis` runs only this part.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -242,6 +245,12 @@ async fn main() -> anyhow::Result<()> {
     let provider_url =
         line.trim().rsplit("http://").next().map(|a| format!("http://{a}")).context("provider address")?;
 
+    if std::env::var("BENCH_ONLY").is_ok_and(|v| v == "redis") {
+        bench_redis_store(&bin, &provider_url, tmp.path()).await?;
+        drop(provider);
+        return Ok(());
+    }
+
     // The gateway, pointed at it (the E2B code path).
     let config = tmp.path().join("gateway.toml");
     std::fs::write(
@@ -447,7 +456,109 @@ async fn main() -> anyhow::Result<()> {
     let _ = direct.kill_sandbox(&sandbox_id).await;
     drop(gateway);
     bench_jwt_auth(&bin, &provider_url, tmp.path()).await?;
+    bench_redis_store(&bin, &provider_url, tmp.path()).await?;
     drop(provider);
+    Ok(())
+}
+
+const REDIS_SAMPLES: usize = 300;
+const REDIS_SESSIONS: usize = 200;
+
+/// A `serve` with `extra` config against the provider; waits for /healthz.
+async fn start_gateway(
+    bin: &std::path::Path,
+    provider_url: &str,
+    config: &std::path::Path,
+    extra: &str,
+) -> anyhow::Result<(Proc, String)> {
+    std::fs::write(
+        config,
+        format!(
+            "[provider]\nkind = \"e2b\"\napi_url = \"{provider_url}\"\nsandbox_url = \"{provider_url}\"\n\
+             api_key_env = \"BENCH_KEY\"\n[server]\nlog_format = \"json\"\n{extra}"
+        ),
+    )?;
+    let port = free_port();
+    let gateway = Proc(
+        Command::new(bin)
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--config"])
+            .arg(config)
+            .env("BENCH_KEY", API_KEY)
+            .env("RUST_LOG", "warn")
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    for _ in 0..100 {
+        if http.get(format!("{base}/readyz")).send().await.is_ok_and(|r| r.status().is_success()) {
+            return Ok((gateway, format!("{base}/mcp")));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bail!("gateway with {extra:?} did not become ready")
+}
+
+/// 5. The Redis session store beside the memory store: per-call p50 and session creations per second.
+async fn bench_redis_store(bin: &std::path::Path, provider_url: &str, dir: &std::path::Path) -> anyhow::Result<()> {
+    let redis_port = free_port();
+    let redis_dir = dir.join("redis");
+    std::fs::create_dir_all(&redis_dir)?;
+    let redis = match Command::new("redis-server")
+        .args(["--bind", "127.0.0.1", "--port", &redis_port.to_string(), "--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(&redis_dir)
+        .stdout(Stdio::null())
+        .spawn()
+    {
+        Ok(child) => Proc(child),
+        Err(err) => {
+            println!("sessions in Redis: skipped (redis-server: {err})");
+            return Ok(());
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (memory_gateway, memory_url) = start_gateway(bin, provider_url, &dir.join("gateway-memory.toml"), "").await?;
+    let redis_extra = format!("[sessions]\nstore = \"redis://127.0.0.1:{redis_port}\"\n");
+    let (redis_gateway, redis_url) =
+        start_gateway(bin, provider_url, &dir.join("gateway-redis.toml"), &redis_extra).await?;
+
+    let memory = mcp_client(&memory_url).await?;
+    let shared = mcp_client(&redis_url).await?;
+    tool(&memory, "create_sandbox", json!({})).await?;
+    tool(&shared, "create_sandbox", json!({})).await?;
+    for _ in 0..20 {
+        tool(&memory, "run_command", json!({ "command": "true" })).await?;
+        tool(&shared, "run_command", json!({ "command": "true" })).await?;
+    }
+    let (mut on_memory, mut on_redis) = (Vec::new(), Vec::new());
+    for _ in 0..REDIS_SAMPLES {
+        let start = Instant::now();
+        tool(&memory, "run_command", json!({ "command": "true" })).await?;
+        on_memory.push(start.elapsed().as_secs_f64() * 1000.0);
+        let start = Instant::now();
+        tool(&shared, "run_command", json!({ "command": "true" })).await?;
+        on_redis.push(start.elapsed().as_secs_f64() * 1000.0);
+    }
+    let (memory_p50, redis_p50) = (p50(&mut on_memory), p50(&mut on_redis));
+    let added = redis_p50 - memory_p50;
+    println!(
+        "sessions in Redis: run_command p50 {redis_p50:.3} ms with the Redis store vs {memory_p50:.3} ms in memory \
+         = {added:+.3} ms added (target <= 0.5 ms: {})",
+        if added <= 0.5 { "met" } else { "NOT met" }
+    );
+    for (name, url) in [("memory", &memory_url), ("Redis", &redis_url)] {
+        let start = Instant::now();
+        for _ in 0..REDIS_SESSIONS {
+            let client = mcp_client(url).await?;
+            let _ = client.cancel().await;
+        }
+        let rate = REDIS_SESSIONS as f64 / start.elapsed().as_secs_f64();
+        println!("sessions in Redis: {rate:.0} MCP sessions created per second with the {name} store (sequential)");
+    }
+    let _ = memory.cancel().await;
+    let _ = shared.cancel().await;
+    drop((memory_gateway, redis_gateway, redis));
     Ok(())
 }
 

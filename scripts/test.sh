@@ -71,6 +71,11 @@ if ! cmp -s tests/oauth/package-lock.json tests/oauth/node_modules/.installed-lo
   cp tests/oauth/package-lock.json tests/oauth/node_modules/.installed-lock
 fi
 
+step "redis-server (legacy MCP sessions in Redis: tests/gateway_redis_sessions.rs)"
+if ! command -v redis-server >/dev/null; then
+  apt-get update -qq
+  apt-get install -y -qq redis-server >/dev/null
+fi
 step "system packages the tests use (nginx, openssl, e2fsprogs; nftables and iproute2 for sandbox networks; podman, runc, slirp4netns, mmdebstrap for the images)"
 if ! command -v nginx >/dev/null || ! command -v openssl >/dev/null || ! command -v nft >/dev/null || ! command -v ip >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive

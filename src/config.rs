@@ -41,6 +41,49 @@ pub struct Config {
     pub metrics: MetricsConfig,
     pub tasks: TasksConfig,
     pub limits: LimitsConfig,
+    pub sessions: SessionsConfig,
+}
+
+/// `[sessions]`: where legacy MCP sessions (protocol <= 2025-11-25) live.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SessionsConfig {
+    /// `"memory"` (one process; sessions end with it) or `"redis://host:port/db"` / `"rediss://…"` (TLS):
+    /// shared by every replica, so sessions survive restarts and move between replicas.
+    pub store: String,
+    /// Environment variable holding the Redis password (used when the URL has none).
+    pub password_env: String,
+    /// Prefix of every Redis key (one per deployment sharing a Redis).
+    pub key_prefix: String,
+    /// Bound on every Redis call, in milliseconds.
+    pub timeout_ms: u64,
+    /// Redis connections (multiplexed) per gateway.
+    pub pool_size: usize,
+    /// How long a replica may hold a session's cleanup before another one takes it over.
+    pub cleanup_lease_secs: u64,
+    /// How often each replica looks for expired sessions to clean up.
+    pub sweep_interval_secs: u64,
+}
+
+impl Default for SessionsConfig {
+    fn default() -> Self {
+        Self {
+            store: "memory".into(),
+            password_env: "SANDBOX_MCP_REDIS_PASSWORD".into(),
+            key_prefix: "sandbox-mcp".into(),
+            timeout_ms: 1000,
+            pool_size: 4,
+            cleanup_lease_secs: 30,
+            sweep_interval_secs: 5,
+        }
+    }
+}
+
+impl SessionsConfig {
+    /// The Redis URL when sessions live in Redis.
+    pub fn redis_url(&self) -> Option<&str> {
+        (self.store != "memory").then_some(self.store.as_str())
+    }
 }
 
 /// `[limits]`: per-tenant limits (0: no limit). The global sandbox limit is `local.max_sandboxes`
@@ -345,6 +388,23 @@ impl Config {
             return invalid("metrics.token_sha256 must be 64 hex characters (the SHA-256 of the token)".into());
         }
         self.auth.oauth.validate().map_err(ConfigError::Invalid)?;
+        let sessions = &self.sessions;
+        if sessions.store != "memory"
+            && !(sessions.store.starts_with("redis://") || sessions.store.starts_with("rediss://"))
+        {
+            return invalid(format!(
+                "sessions.store must be \"memory\", \"redis://host:port[/db]\" or \"rediss://…\" (TLS), got {:?}",
+                sessions.store.split('@').next_back().unwrap_or_default()
+            ));
+        }
+        if sessions.timeout_ms == 0 || sessions.pool_size == 0 || sessions.cleanup_lease_secs == 0 {
+            return invalid(
+                "sessions.timeout_ms, sessions.pool_size and sessions.cleanup_lease_secs must be at least 1".into(),
+            );
+        }
+        if sessions.sweep_interval_secs == 0 || sessions.key_prefix.is_empty() {
+            return invalid("sessions.sweep_interval_secs must be at least 1 and sessions.key_prefix non-empty".into());
+        }
         let s = &self.server;
         if s.max_body_bytes < 1024 {
             return invalid("server.max_body_bytes must be at least 1024".into());

@@ -136,8 +136,16 @@ pub async fn require_tenant(State(state): State<AuthState>, mut request: Request
         && let Some(new_id) = response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok())
     {
         // `initialize` created a session: it belongs to this tenant from now on.
-        let _ = state.sessions.bind_tenant(new_id, &tenant);
-        state.sessions.bind_principal(new_id, &principal);
+        if let Err(err @ super::sessions::SessionError::Store(_)) =
+            state.sessions.bind_new(new_id, &tenant, &principal).await
+        {
+            // With Redis, an unbound session must not be usable: end it and ask the client to retry.
+            tracing::warn!(session = %new_id, error = %err, "cannot bind the new session to its tenant");
+            if let Some(store) = state.sessions.store() {
+                let _ = store.end_now(new_id).await;
+            }
+            return super::shared_sessions::unavailable(&super::redis_store::StoreError::Unavailable(err.to_string()));
+        }
     }
     response
 }

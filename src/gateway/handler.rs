@@ -167,7 +167,7 @@ impl GatewayCore {
         });
     }
 
-    fn forget_sandbox(&self, sandbox_id: &str) {
+    pub(crate) fn forget_sandbox(&self, sandbox_id: &str) {
         forget_sandbox_in(&self.sessions, &self.renewals, sandbox_id);
         if let Ok(mut map) = self.stateless_verified.lock() {
             map.remove(sandbox_id);
@@ -183,6 +183,11 @@ impl GatewayCore {
 
     /// Ends every remaining session (server shutdown) and waits, bounded, for their cleanups.
     pub async fn end_all_sessions(&self, timeout: Duration) {
+        if self.sessions.store().is_some() {
+            // Sessions live on in Redis: another replica (or this one restarted) continues them.
+            let left = self.sessions.take_all().len();
+            tracing::info!(sessions = left, "sessions left in Redis for the other replicas");
+        }
         for (id, state) in self.sessions.take_all() {
             self.session_ended(id, state, EndReason::Shutdown);
         }

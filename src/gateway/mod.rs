@@ -15,9 +15,11 @@ pub mod oauth;
 pub mod parse_guard;
 pub mod provider;
 pub mod quotas;
+pub mod redis_store;
 pub mod sandbox_tools;
 pub mod server;
 pub mod sessions;
+pub mod shared_sessions;
 pub mod task_tools;
 
 pub use handler::{Gateway, GatewayCore};

@@ -299,16 +299,26 @@ impl Gateway {
                 )),
             });
         };
-        let recorded = self.core.sessions.with_session(session_id, &call.tenant, |s| {
-            s.owned.insert(id.clone());
-            s.default_sandbox = Some(id.clone());
-            s.verified.insert(id.clone(), sandbox.clone());
-        });
-        if recorded.is_err() {
-            // The session ended while we were creating: nobody owns the sandbox any more.
-            tracing::info!(session = %session_id, sandbox = %id, "session ended during create_sandbox; killing the new sandbox");
+        let recorded = self
+            .core
+            .sessions
+            .update(session_id, &call.tenant, |s| {
+                s.owned.insert(id.clone());
+                s.default_sandbox = Some(id.clone());
+                s.verified.insert(id.clone(), sandbox.clone());
+            })
+            .await;
+        if let Err(err) = recorded {
+            // The session ended while we were creating (or its record cannot be written): nobody owns the
+            // sandbox, so it must not outlive this call.
+            tracing::info!(session = %session_id, sandbox = %id, error = %err, "cannot record the new sandbox in the session; killing it");
             let _ = self.core.kill_and_forget(&id).await;
-            return Err("this MCP session ended while the sandbox was being created; it has been destroyed".into());
+            return Err(match err {
+                super::sessions::SessionError::Store(reason) => {
+                    format!("{reason} (the sandbox could not be recorded in the session and has been destroyed)")
+                }
+                _ => "this MCP session ended while the sandbox was being created; it has been destroyed".into(),
+            });
         }
         Ok(CreateSandboxResult { sandbox_id: id, template, timeout_secs: timeout, owned: true, lifetime: None })
     }
@@ -332,11 +342,12 @@ impl Gateway {
             Some(session_id) => self
                 .core
                 .sessions
-                .with_session(session_id, &call.tenant, |s| {
+                .update(session_id, &call.tenant, |s| {
                     s.default_sandbox = Some(id.clone());
                     s.verified.insert(id.clone(), sandbox.clone());
                     s.owned.contains(&id)
                 })
+                .await
                 .map_err(|e| e.to_string())?,
             None => false,
         };

@@ -28,7 +28,9 @@ use super::mcp_tasks::TaskIdKey;
 use super::metrics;
 use super::oauth::{self, OAuth};
 use super::provider;
+use super::redis_store::RedisStore;
 use super::sessions::{SessionEndHook, SessionRegistry, TrackingSessionManager};
+use super::shared_sessions::{self, Shared};
 use crate::config::Config;
 
 /// Bound on the provider health check behind `/readyz`.
@@ -84,15 +86,33 @@ pub async fn serve_on(
     if too_short > 0 {
         tracing::warn!(count = too_short, "some tasks.secrets are shorter than 6 characters and are not masked");
     }
-    let sessions = SessionRegistry::new();
+    let store = match config.sessions.redis_url() {
+        None => None,
+        Some(_) => {
+            let idle = Duration::from_secs(config.server.session_idle_timeout_secs);
+            let store = RedisStore::connect(&config.sessions, idle)
+                .await
+                .map_err(|e| anyhow::anyhow!("sessions.store: {e}"))?;
+            tracing::info!(prefix = %config.sessions.key_prefix, "legacy MCP sessions are kept in Redis");
+            Some(store)
+        }
+    };
+    let sessions = match &store {
+        Some(store) => SessionRegistry::shared(store.clone()),
+        None => SessionRegistry::new(),
+    };
     let task_key = TaskIdKey::resolve(&config, connection.api_key.as_deref(), connection.embedded.is_some());
     let core =
         Arc::new(GatewayCore::new(Arc::clone(&config), connection.client, Arc::clone(&sessions), masker, task_key));
 
-    let mut local_sessions = LocalSessionManager::default();
+    let mut local_sessions = match &store {
+        Some(store) => LocalSessionManager::default().with_event_store(Arc::new(store.clone())),
+        None => LocalSessionManager::default(),
+    };
     local_sessions.session_config.keep_alive = Some(Duration::from_secs(config.server.session_idle_timeout_secs));
     let hook: Arc<dyn SessionEndHook> = core.clone();
     let manager = Arc::new(TrackingSessionManager::new(local_sessions, Arc::clone(&sessions), hook));
+    let shared = store.as_ref().map(|store| Shared::new(store.clone(), Arc::clone(&core), Arc::clone(&manager)));
 
     let sessions_stop = CancellationToken::new();
     let mut http_config = StreamableHttpServerConfig::default()
@@ -103,6 +123,9 @@ pub async fn serve_on(
         // Plain application/json when nothing streams before the result (SSE otherwise).
         .with_json_response(true)
         .with_cancellation_token(sessions_stop.clone());
+    if let Some(store) = &store {
+        http_config.session_store = Some(Arc::new(store.clone()));
+    }
     http_config = if config.server.allowed_hosts.is_empty() {
         tracing::warn!("server.allowed_hosts is empty: Host checking (DNS-rebinding protection) is OFF");
         http_config.disable_allowed_hosts()
@@ -154,8 +177,18 @@ pub async fn serve_on(
             },
             super::quotas::limit_sessions,
         ))
-        .layer(axum::middleware::from_fn_with_state(auth, require_tenant))
-        .layer(axum::middleware::from_fn_with_state(Arc::clone(&core), track_in_flight));
+        .layer(axum::middleware::from_fn_with_state(auth, require_tenant));
+    // With Redis: refresh the session's record before auth reads its tenant binding.
+    let mcp = match &shared {
+        Some(shared) => mcp.layer(axum::middleware::from_fn_with_state(shared.clone(), shared_sessions::refresh)),
+        None => mcp,
+    };
+    let reaper_stop = CancellationToken::new();
+    let reaper = shared.clone().map(|shared| {
+        let interval = Duration::from_secs(config.sessions.sweep_interval_secs);
+        shared_sessions::spawn_reaper(shared, interval, reaper_stop.clone())
+    });
+    let mcp = mcp.layer(axum::middleware::from_fn_with_state(Arc::clone(&core), track_in_flight));
     let mut app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -209,6 +242,10 @@ pub async fn serve_on(
     sessions_stop.cancel();
     let cleanup_budget = deadline.saturating_duration_since(tokio::time::Instant::now()).max(MIN_CLEANUP_BUDGET);
     core.end_all_sessions(cleanup_budget).await;
+    reaper_stop.cancel();
+    if let Some(reaper) = reaper {
+        let _ = tokio::time::timeout(CONNECTION_CLOSE_TIMEOUT, reaper).await;
+    }
     http_stop.cancel();
     if tokio::time::timeout(CONNECTION_CLOSE_TIMEOUT, &mut server).await.is_err() {
         tracing::warn!("open connections did not close within {CONNECTION_CLOSE_TIMEOUT:?}; closing them");
@@ -302,6 +339,11 @@ async fn healthz() -> impl IntoResponse {
 async fn readyz(State(core): State<Arc<GatewayCore>>) -> impl IntoResponse {
     if core.shutting_down.load(Ordering::SeqCst) {
         return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n".to_string());
+    }
+    if let Some(store) = core.sessions.store()
+        && let Err(err) = store.ping().await
+    {
+        return (StatusCode::SERVICE_UNAVAILABLE, format!("{err}\n"));
     }
     match tokio::time::timeout(READY_CHECK_TIMEOUT, core.provider.health()).await {
         Ok(Ok(())) => (StatusCode::OK, "ready\n".to_string()),

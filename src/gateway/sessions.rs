@@ -6,15 +6,25 @@
 //! its `close_session` (which rmcp calls on DELETE *and* when the session
 //! worker exits: idle expiry, shutdown) hands the state, exactly once, to the
 //! `SessionEndHook` that kills owned, unretained sandboxes.
+//!
+//! With `[sessions] store = "redis://…"` the registry is a per-replica cache
+//! of the records in Redis (`redis_store.rs`): changes go through `update`
+//! (applied to Redis atomically), each request refreshes the cache
+//! (`shared_sessions.rs`), and a session's end is Redis's business (idle
+//! expiry or DELETE, cleaned once by whichever replica holds the lease), so a
+//! replica dropping its local worker does not end the session.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures_util::Stream;
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-use rmcp::transport::streamable_http_server::session::{ServerSseMessage, SessionId, SessionManager};
+use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, LocalSessionManagerError};
+use rmcp::transport::streamable_http_server::session::{
+    EventStore, RestoreOutcome, ServerSseMessage, SessionId, SessionManager,
+};
 
+use super::redis_store::{Record, RecordDiff, RedisStore, StoreError};
 use crate::e2b::wire;
 
 /// What one MCP session knows about sandboxes.
@@ -103,6 +113,40 @@ pub enum SessionError {
     Unknown,
     #[error("this MCP session belongs to another tenant")]
     WrongTenant,
+    #[error("{0}")]
+    Store(String),
+}
+
+impl From<StoreError> for SessionError {
+    fn from(err: StoreError) -> Self {
+        SessionError::Store(err.to_string())
+    }
+}
+
+impl SessionState {
+    /// The part of the state shared through Redis.
+    pub fn record(&self) -> Record {
+        Record {
+            tenant: self.tenant.clone(),
+            principal: self.principal.clone(),
+            default_sandbox: self.default_sandbox.clone(),
+            owned: self.owned.clone(),
+            retained: self.retained.clone(),
+        }
+    }
+
+    /// Replaces the shared part with a fresher record (keeps the local `verified` cache of sandboxes
+    /// the session still knows).
+    fn refresh(&mut self, record: Record) {
+        self.tenant = record.tenant;
+        self.principal = record.principal;
+        self.default_sandbox = record.default_sandbox;
+        self.owned = record.owned;
+        self.retained = record.retained;
+        let known: BTreeSet<String> =
+            self.owned.iter().chain(&self.retained).chain(&self.default_sandbox).cloned().collect();
+        self.verified.retain(|id, _| known.contains(id));
+    }
 }
 
 /// What `SessionRegistry::sandbox_counts` reports (for the metrics gauges).
@@ -119,11 +163,71 @@ pub struct SandboxCounts {
 #[derive(Default)]
 pub struct SessionRegistry {
     sessions: Mutex<HashMap<String, SessionState>>,
+    /// Where session records are shared between replicas (None: this process only).
+    store: Option<RedisStore>,
 }
 
 impl SessionRegistry {
     pub fn new() -> Arc<Self> {
         Arc::new(Self::default())
+    }
+
+    /// A registry caching the records kept in Redis.
+    pub fn shared(store: RedisStore) -> Arc<Self> {
+        Arc::new(Self { sessions: Mutex::default(), store: Some(store) })
+    }
+
+    /// The Redis store when sessions are shared.
+    pub fn store(&self) -> Option<&RedisStore> {
+        self.store.as_ref()
+    }
+
+    /// Like `with_session`, and writes the change to Redis (atomically) when sessions are shared.
+    /// A Redis failure is `SessionError::Store` (retryable); a session ended elsewhere is `Unknown`.
+    pub async fn update<R>(
+        &self,
+        session_id: &str,
+        tenant: &str,
+        f: impl FnOnce(&mut SessionState) -> R,
+    ) -> Result<R, SessionError> {
+        let (result, diff) = self.with_session(session_id, tenant, |state| {
+            let before = state.record();
+            let result = f(state);
+            (result, RecordDiff::between(&before, &state.record()))
+        })?;
+        if let Some(store) = &self.store
+            && !diff.is_empty()
+            && !store.apply(session_id, &diff).await?
+        {
+            self.take(session_id);
+            return Err(SessionError::Unknown);
+        }
+        Ok(result)
+    }
+
+    /// Binds a session just created by `initialize` to its tenant and principal (and writes it to Redis;
+    /// always, even if something bound it locally first: `HSETNX` keeps the first binding).
+    pub async fn bind_new(&self, session_id: &str, tenant: &str, principal: &str) -> Result<(), SessionError> {
+        self.with_session(session_id, tenant, |state| {
+            state.principal.get_or_insert_with(|| principal.to_string());
+        })?;
+        if let Some(store) = &self.store {
+            let diff = RecordDiff {
+                bind_tenant: Some(tenant.to_string()),
+                bind_principal: Some(principal.to_string()),
+                ..RecordDiff::default()
+            };
+            if !store.apply(session_id, &diff).await? {
+                self.take(session_id);
+                return Err(SessionError::Unknown);
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces (or adds) a session's cached state with the record read from Redis.
+    pub fn refresh(&self, session_id: &str, record: Record) {
+        self.lock().entry(session_id.to_string()).or_insert_with(SessionState::new).refresh(record);
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, SessionState>> {
@@ -192,10 +296,29 @@ impl SessionRegistry {
         })
     }
 
-    /// Forgets a killed sandbox in every session (another session of the tenant may have killed it).
+    /// Forgets a killed sandbox in every session (another session of the tenant may have killed it);
+    /// with Redis, also in the records of the sessions this replica knows (in the background).
     pub fn forget_everywhere(&self, sandbox_id: &str) {
-        for state in self.lock().values_mut() {
+        let mut changed = Vec::new();
+        for (id, state) in self.lock().iter_mut() {
+            let before = state.record();
             state.forget(sandbox_id);
+            let diff = RecordDiff::between(&before, &state.record());
+            if !diff.is_empty() {
+                changed.push((id.clone(), diff));
+            }
+        }
+        if let (Some(store), Ok(runtime)) = (&self.store, tokio::runtime::Handle::try_current())
+            && !changed.is_empty()
+        {
+            let store = store.clone();
+            runtime.spawn(async move {
+                for (id, diff) in changed {
+                    if let Err(err) = store.apply(&id, &diff).await {
+                        tracing::warn!(session = %id, error = %err, "cannot record a killed sandbox in Redis");
+                    }
+                }
+            });
         }
     }
 
@@ -219,6 +342,15 @@ impl SessionRegistry {
     }
 }
 
+/// Errors of the tracking session manager: rmcp's own, or the shared store's.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    #[error(transparent)]
+    Local(#[from] LocalSessionManagerError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
 /// `LocalSessionManager` plus session-state bookkeeping.
 pub struct TrackingSessionManager {
     inner: LocalSessionManager,
@@ -232,19 +364,37 @@ impl TrackingSessionManager {
     }
 
     /// Ends the session's bookkeeping (idempotent) and runs the end hook once.
+    /// With Redis, only forgets the local copy: the session lives on in Redis, and its end is the
+    /// business of expiry / DELETE and the cleanup lease (`shared_sessions.rs`).
     pub fn end_session(&self, session_id: &str, reason: EndReason) {
-        if let Some(state) = self.registry.take(session_id) {
+        if let Some(state) = self.registry.take(session_id)
+            && self.registry.store().is_none()
+        {
             self.hook.session_ended(session_id.to_string(), state, reason);
+        }
+    }
+
+    /// Stops this replica's worker of a session that ended elsewhere (no cleanup here).
+    pub async fn drop_local(&self, id: &SessionId) {
+        self.registry.take(id);
+        if let Err(err) = self.inner.close_session(id).await {
+            tracing::debug!(session = %id, error = %err, "closing the local worker of an ended session");
         }
     }
 }
 
 impl SessionManager for TrackingSessionManager {
-    type Error = <LocalSessionManager as SessionManager>::Error;
+    type Error = ManagerError;
     type Transport = <LocalSessionManager as SessionManager>::Transport;
 
     async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
         let (id, transport) = self.inner.create_session().await?;
+        if let Some(store) = self.registry.store()
+            && let Err(err) = store.create(&id).await
+        {
+            let _ = self.inner.close_session(&id).await;
+            return Err(err.into());
+        }
         self.registry.register(&id);
         tracing::debug!(session = %id, "session created");
         Ok((id, transport))
@@ -255,17 +405,17 @@ impl SessionManager for TrackingSessionManager {
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<ServerJsonRpcMessage, Self::Error> {
-        self.inner.initialize_session(id, message).await
+        Ok(self.inner.initialize_session(id, message).await?)
     }
 
     async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
-        self.inner.has_session(id).await
+        Ok(self.inner.has_session(id).await?)
     }
 
     async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
         let result = self.inner.close_session(id).await;
         self.end_session(id, EndReason::Closed);
-        result
+        Ok(result?)
     }
 
     async fn create_stream(
@@ -273,18 +423,18 @@ impl SessionManager for TrackingSessionManager {
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
-        self.inner.create_stream(id, message).await
+        Ok(self.inner.create_stream(id, message).await?)
     }
 
     async fn accept_message(&self, id: &SessionId, message: ClientJsonRpcMessage) -> Result<(), Self::Error> {
-        self.inner.accept_message(id, message).await
+        Ok(self.inner.accept_message(id, message).await?)
     }
 
     async fn create_standalone_stream(
         &self,
         id: &SessionId,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
-        self.inner.create_standalone_stream(id).await
+        Ok(self.inner.create_standalone_stream(id).await?)
     }
 
     async fn resume(
@@ -292,7 +442,24 @@ impl SessionManager for TrackingSessionManager {
         id: &SessionId,
         last_event_id: String,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
-        self.inner.resume(id, last_event_id).await
+        Ok(self.inner.resume(id, last_event_id).await?)
+    }
+
+    async fn restore_session(&self, id: SessionId) -> Result<RestoreOutcome<Self::Transport>, Self::Error> {
+        if self.registry.store().is_none() {
+            return Ok(RestoreOutcome::NotSupported);
+        }
+        let outcome = self.inner.restore_session(id.clone()).await?;
+        if matches!(outcome, RestoreOutcome::Restored(_)) {
+            // The record itself was read from Redis by the request that triggered the restore.
+            self.registry.register(&id);
+            tracing::info!(session = %id, "session taken over from the shared store");
+        }
+        Ok(outcome)
+    }
+
+    fn event_store(&self) -> Option<Arc<dyn EventStore>> {
+        self.inner.event_store()
     }
 }
 

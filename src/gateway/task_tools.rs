@@ -186,7 +186,14 @@ impl Gateway {
         let sandbox = self.task_sandbox(call, args.sandbox_id.as_deref()).await?;
         // Retain before launching: even an uncertain launch keeps the sandbox past the session.
         if let Some(session_id) = call.session_id.as_deref() {
-            self.core.sessions.retain(session_id, &call.tenant, &sandbox.id).map_err(|e| e.to_string())?;
+            let id = sandbox.id.clone();
+            self.core
+                .sessions
+                .update(session_id, &call.tenant, move |s| {
+                    s.retained.insert(id);
+                })
+                .await
+                .map_err(|e| e.to_string())?;
         }
         let transport = EnvdTransport { gateway: self, sandbox: &sandbox };
         self.tasks().start(&transport, &sandbox.id, &task_id, &spec).await.map_err(|e| e.to_string())

@@ -306,6 +306,7 @@ async fn resume(State(state): State<Arc<AppState>>, Path(id): Path<String>, body
 
 async fn kill(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
     check_id(&id)?;
+    tracing::info!(sandbox = %id, "kill requested");
     state.provider.kill(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -30,6 +30,8 @@ CONFIG_KEYS = {
     "sandbox": {"default_template", "default_timeout_secs", "max_timeout_secs", "renew_on_use_secs"},
     "metrics": {"enabled", "listen"},
     "tasks": {"secrets"},
+    "sessions": {"store", "password_env", "key_prefix", "timeout_ms", "pool_size", "cleanup_lease_secs",
+                 "sweep_interval_secs"},
 }
 # "Keep the default sandbox timeout modest": a crashed replica's sandboxes live this long.
 MAX_DEFAULT_SANDBOX_TIMEOUT_SECS = 3600
@@ -165,8 +167,23 @@ def checks(docs: Docs) -> list[Result]:
               and p["backend"]["service"]["port"].get("name") in {sp["name"] for sp in svc["spec"]["ports"]}
               for p in paths), paths)
     hash_by = ann.get("nginx.ingress.kubernetes.io/upstream-hash-by", "")
-    check("session affinity: a routing key that is present on `initialize` too",
-          hash_by and "$http_mcp_session_id" not in hash_by, hash_by)
+    shared_sessions = config.get("sessions", {}).get("store", "memory") != "memory"
+    check("session affinity: none needed with sessions in Redis, else a key present on `initialize` too",
+          (shared_sessions and not hash_by) or (hash_by and "$http_mcp_session_id" not in hash_by),
+          (hash_by, config.get("sessions")))
+    if shared_sessions:
+        redis_url = config["sessions"]["store"]
+        check("the sessions store is redis:// or rediss://", redis_url.startswith(("redis://", "rediss://")), redis_url)
+        redis_env = config.get("sessions", {}).get("password_env", "SANDBOX_MCP_REDIS_PASSWORD")
+        ref = env.get(redis_env, {}).get("valueFrom", {}).get("secretKeyRef", {})
+        secret = secrets.get(ref.get("name"))
+        keys = set((secret or {}).get("stringData", {})) | set((secret or {}).get("data", {}))
+        check(f"env {redis_env} (Redis password) comes from an existing Secret key",
+              secret is not None and ref.get("key") in keys, ref)
+        redis_host = redis_url.split("://", 1)[1].split("@")[-1].split(":")[0].split("/")[0]
+        services = {d["metadata"]["name"] for d in docs if d.get("kind") == "Service"}
+        check("the Redis host is a Service of this kustomization (or an external host)",
+              redis_host in services or "." in redis_host, (redis_host, sorted(services)))
     check("SSE unbuffered at the ingress", ann.get("nginx.ingress.kubernetes.io/proxy-buffering") == "off", ann)
     check("long read timeout at the ingress (>= 1 h)",
           int(ann.get("nginx.ingress.kubernetes.io/proxy-read-timeout", "0")) >= 3600, ann)

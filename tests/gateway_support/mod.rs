@@ -97,6 +97,11 @@ impl ProviderProc {
         Self { child: Some(child), addr, api_key: api_key.to_string(), state_dir: state_dir.to_path_buf(), _tmp: None }
     }
 
+    /// Wraps a provider process started by a test itself (e.g. with its log captured).
+    pub fn adopt(child: Child, addr: SocketAddr, api_key: &str, state_dir: &Path) -> Self {
+        Self { child: Some(child), addr, api_key: api_key.to_string(), state_dir: state_dir.to_path_buf(), _tmp: None }
+    }
+
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }

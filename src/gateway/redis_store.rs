@@ -1,0 +1,531 @@
+//! Legacy MCP sessions in Redis (`[sessions] store = "redis://…"`): the
+//! connection pool, rmcp's `SessionStore` (the `initialize` parameters a
+//! replica replays to take over a session) and `EventStore` (the SSE event
+//! log behind `Last-Event-ID`), our per-session records (tenant, principal,
+//! default sandbox, owned and retained sets), idle expiry and the cleanup
+//! lease that makes session-end cleanup run exactly once across replicas.
+//!
+//! Keys (all under `key_prefix`): `:expiry` (sorted set: session id → idle
+//! deadline in ms), `:s:<id>` (hash: tenant, principal, default), `:s:<id>:owned`
+//! and `:s:<id>:retained` (sets), `:s:<id>:init` (rmcp state, JSON),
+//! `:s:<id>:lease` (the replica cleaning the session up), `:ev:<stream>`
+//! (Redis stream of SSE events). Every call is bounded by `timeout_ms`;
+//! every multi-key change is one Lua script (atomic, never half-written).
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands, IntoConnectionInfo, Script};
+use rmcp::model::ServerJsonRpcMessage;
+use rmcp::transport::streamable_http_server::session::{
+    EventId, EventStore, EventStoreError, EventStream, ServerSseMessage, SessionState as RmcpSessionState,
+    SessionStore, SessionStoreError,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::config::SessionsConfig;
+
+/// Events kept per SSE stream (older ones are trimmed).
+const MAX_EVENTS_PER_STREAM: usize = 1000;
+/// How often a replay polls for events another replica appends to a live request stream.
+const REPLAY_POLL: Duration = Duration::from_millis(100);
+
+/// Errors of the Redis session store (all retryable by the client).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    #[error("session store (Redis) unavailable: {0}; retry in a few seconds")]
+    Unavailable(String),
+    #[error("session store (Redis) did not answer within {0:?}; retry in a few seconds")]
+    Timeout(Duration),
+    #[error("unreadable data in the session store: {0}")]
+    Corrupt(String),
+}
+
+/// A session's shared record (what `SessionState` holds besides the local `verified` cache).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Record {
+    pub tenant: Option<String>,
+    pub principal: Option<String>,
+    pub default_sandbox: Option<String>,
+    pub owned: BTreeSet<String>,
+    pub retained: BTreeSet<String>,
+}
+
+/// A change to a record, applied atomically (set semantics, so concurrent changes from two replicas merge).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecordDiff {
+    /// Bound once: `HSETNX` (the first binding wins).
+    pub bind_tenant: Option<String>,
+    pub bind_principal: Option<String>,
+    /// `Some(Some(id))` sets the default sandbox, `Some(None)` clears it.
+    pub default_sandbox: Option<Option<String>>,
+    pub owned_add: Vec<String>,
+    pub owned_remove: Vec<String>,
+    pub retained_add: Vec<String>,
+    pub retained_remove: Vec<String>,
+}
+
+impl RecordDiff {
+    /// What changed from `before` to `after`.
+    pub fn between(before: &Record, after: &Record) -> Self {
+        Self {
+            bind_tenant: if before.tenant.is_none() { after.tenant.clone() } else { None },
+            bind_principal: if before.principal.is_none() { after.principal.clone() } else { None },
+            default_sandbox: (before.default_sandbox != after.default_sandbox).then(|| after.default_sandbox.clone()),
+            owned_add: after.owned.difference(&before.owned).cloned().collect(),
+            owned_remove: before.owned.difference(&after.owned).cloned().collect(),
+            retained_add: after.retained.difference(&before.retained).cloned().collect(),
+            retained_remove: before.retained.difference(&after.retained).cloned().collect(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// Refreshes a live session's idle deadline and returns its record; nil if unknown, expired or being cleaned.
+const TOUCH: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[4]) == 1 then return false end
+local score = redis.call('ZSCORE', KEYS[5], ARGV[1])
+if (not score) or tonumber(score) < tonumber(ARGV[2]) then return false end
+if tonumber(ARGV[3]) > 0 then redis.call('ZADD', KEYS[5], ARGV[3], ARGV[1]) end
+return {redis.call('HGETALL', KEYS[1]), redis.call('SMEMBERS', KEYS[2]), redis.call('SMEMBERS', KEYS[3])}
+"#;
+
+/// Applies a `RecordDiff` to a live session (0 if the session is gone or being cleaned).
+const APPLY: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[4]) == 1 then return 0 end
+local i = 1
+local function take() local v = ARGV[i]; i = i + 1; return v end
+local n = tonumber(take())
+for _ = 1, n do local f = take(); local v = take(); redis.call('HSETNX', KEYS[1], f, v) end
+local op = take()
+if op == 'set' then redis.call('HSET', KEYS[1], 'default', take()) elseif op == 'del' then redis.call('HDEL', KEYS[1], 'default') end
+n = tonumber(take()); for _ = 1, n do redis.call('SADD', KEYS[2], take()) end
+n = tonumber(take()); for _ = 1, n do redis.call('SREM', KEYS[2], take()) end
+n = tonumber(take()); for _ = 1, n do redis.call('SADD', KEYS[3], take()) end
+n = tonumber(take()); for _ = 1, n do redis.call('SREM', KEYS[3], take()) end
+return 1
+"#;
+
+/// Marks a live session as ended now (DELETE): its deadline moves to 0 so a cleanup claims it.
+const END_NOW: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('ZADD', KEYS[2], 0, ARGV[1])
+return 1
+"#;
+
+/// Deletes a cleaned session, only while this replica still holds its lease.
+const FINISH: &str = r#"
+if redis.call('GET', KEYS[4]) ~= ARGV[2] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+redis.call('ZREM', KEYS[6], ARGV[1])
+return 1
+"#;
+
+/// An SSE event as stored (the id is the stream entry's).
+#[derive(Serialize, Deserialize)]
+struct StoredEvent {
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    message: Option<ServerJsonRpcMessage>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    retry_ms: Option<u64>,
+}
+
+/// The Redis connection pool and every operation on shared session state (cheap to clone).
+#[derive(Clone)]
+pub struct RedisStore {
+    pool: Vec<ConnectionManager>,
+    next: std::sync::Arc<AtomicUsize>,
+    prefix: String,
+    timeout: Duration,
+    idle: Duration,
+    lease: Duration,
+    touch: Script,
+    apply: Script,
+    end_now: Script,
+    finish: Script,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or_default()
+}
+
+impl RedisStore {
+    /// Connects the pool (fails start-up with a clear error when Redis is unreachable or the URL is bad).
+    pub async fn connect(config: &SessionsConfig, idle: Duration) -> Result<Self, StoreError> {
+        let url = config.redis_url().ok_or_else(|| StoreError::Unavailable("sessions.store is memory".into()))?;
+        let mut info =
+            url.into_connection_info().map_err(|e| StoreError::Unavailable(format!("bad sessions.store URL: {e}")))?;
+        if info.redis_settings().password().is_none()
+            && let Ok(password) = std::env::var(&config.password_env)
+            && !password.is_empty()
+        {
+            let settings = info.redis_settings().clone().set_password(password);
+            info = info.set_redis_settings(settings);
+        }
+        let client = redis::Client::open(info).map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        let timeout = Duration::from_millis(config.timeout_ms);
+        let manager_config = redis::aio::ConnectionManagerConfig::new()
+            .set_response_timeout(Some(timeout))
+            .set_connection_timeout(Some(timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let mut pool = Vec::with_capacity(config.pool_size);
+        for _ in 0..config.pool_size {
+            let manager = tokio::time::timeout(
+                timeout * 3,
+                ConnectionManager::new_with_config(client.clone(), manager_config.clone()),
+            )
+            .await
+            .map_err(|_| StoreError::Timeout(timeout * 3))?
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+            pool.push(manager);
+        }
+        Ok(Self {
+            pool,
+            next: std::sync::Arc::new(AtomicUsize::new(0)),
+            prefix: config.key_prefix.clone(),
+            timeout,
+            idle,
+            lease: Duration::from_secs(config.cleanup_lease_secs),
+            touch: Script::new(TOUCH),
+            apply: Script::new(APPLY),
+            end_now: Script::new(END_NOW),
+            finish: Script::new(FINISH),
+        })
+    }
+
+    fn conn(&self) -> ConnectionManager {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.pool.len();
+        self.pool[i].clone()
+    }
+
+    /// Bounds a Redis call by the configured timeout.
+    async fn bounded<T>(&self, call: impl Future<Output = redis::RedisResult<T>>) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => Err(StoreError::Unavailable(err.to_string())),
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        }
+    }
+
+    fn key(&self, suffix: &str) -> String {
+        format!("{}:{suffix}", self.prefix)
+    }
+
+    /// Record keys of a session: hash, owned, retained, lease, init.
+    fn session_keys(&self, id: &str) -> [String; 5] {
+        let base = self.key(&format!("s:{id}"));
+        let owned = format!("{base}:owned");
+        [base.clone(), owned, format!("{base}:retained"), format!("{base}:lease"), format!("{base}:init")]
+    }
+
+    /// `PING` (readiness).
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        self.bounded(redis::cmd("PING").query_async::<String>(&mut conn)).await.map(|_| ())
+    }
+
+    /// Registers a new session with a fresh idle deadline.
+    pub async fn create(&self, id: &str) -> Result<(), StoreError> {
+        let [hash, ..] = self.session_keys(id);
+        let deadline = now_ms() + self.idle.as_millis() as u64;
+        let mut pipe = redis::pipe();
+        pipe.atomic().hset(&hash, "created", now_ms()).ignore().zadd(self.key("expiry"), id, deadline).ignore();
+        let mut conn = self.conn();
+        self.bounded(pipe.query_async::<()>(&mut conn)).await
+    }
+
+    /// The record of a live session, refreshing its idle deadline (None: unknown, expired or ending).
+    pub async fn touch(&self, id: &str) -> Result<Option<Record>, StoreError> {
+        let [hash, owned, retained, lease, _init] = self.session_keys(id);
+        let now = now_ms();
+        let mut invocation = self.touch.key(&hash);
+        invocation
+            .key(&owned)
+            .key(&retained)
+            .key(&lease)
+            .key(self.key("expiry"))
+            .arg(id)
+            .arg(now)
+            .arg(now + self.idle.as_millis() as u64);
+        let mut conn = self.conn();
+        let found: Option<(Vec<String>, Vec<String>, Vec<String>)> =
+            self.bounded(invocation.invoke_async(&mut conn)).await?;
+        Ok(found.map(|(fields, owned, retained)| {
+            let mut record = Record {
+                owned: owned.into_iter().collect(),
+                retained: retained.into_iter().collect(),
+                ..Record::default()
+            };
+            for pair in fields.chunks_exact(2) {
+                let value = Some(pair[1].clone());
+                match pair[0].as_str() {
+                    "tenant" => record.tenant = value,
+                    "principal" => record.principal = value,
+                    "default" => record.default_sandbox = value,
+                    _ => {}
+                }
+            }
+            record
+        }))
+    }
+
+    /// Applies a change to a live session; false if it has ended (nothing written).
+    pub async fn apply(&self, id: &str, diff: &RecordDiff) -> Result<bool, StoreError> {
+        let [hash, owned, retained, lease, _init] = self.session_keys(id);
+        let mut invocation = self.apply.key(&hash);
+        invocation.key(&owned).key(&retained).key(&lease);
+        let binds: Vec<(&str, &String)> = [("tenant", &diff.bind_tenant), ("principal", &diff.bind_principal)]
+            .into_iter()
+            .filter_map(|(f, v)| v.as_ref().map(|v| (f, v)))
+            .collect();
+        invocation.arg(binds.len());
+        for (field, value) in binds {
+            invocation.arg(field).arg(value);
+        }
+        match &diff.default_sandbox {
+            None => invocation.arg("keep"),
+            Some(None) => invocation.arg("del"),
+            Some(Some(id)) => invocation.arg("set").arg(id),
+        };
+        for list in [&diff.owned_add, &diff.owned_remove, &diff.retained_add, &diff.retained_remove] {
+            invocation.arg(list.len());
+            for item in list {
+                invocation.arg(item);
+            }
+        }
+        let mut conn = self.conn();
+        let applied: i64 = self.bounded(invocation.invoke_async(&mut conn)).await?;
+        Ok(applied == 1)
+    }
+
+    /// Ends a session now (DELETE); false if it was unknown.
+    pub async fn end_now(&self, id: &str) -> Result<bool, StoreError> {
+        let [hash, ..] = self.session_keys(id);
+        let mut invocation = self.end_now.key(&hash);
+        invocation.key(self.key("expiry")).arg(id);
+        let mut conn = self.conn();
+        let ended: i64 = self.bounded(invocation.invoke_async(&mut conn)).await?;
+        Ok(ended == 1)
+    }
+
+    /// Sessions whose idle deadline has passed (at most `limit`).
+    pub async fn expired(&self, limit: isize) -> Result<Vec<String>, StoreError> {
+        let mut conn = self.conn();
+        self.bounded(conn.zrangebyscore_limit(self.key("expiry"), "-inf", now_ms(), 0, limit)).await
+    }
+
+    /// Takes the cleanup lease of a session; returns its record when this replica got it.
+    pub async fn lease(&self, id: &str, holder: &str) -> Result<Option<Record>, StoreError> {
+        let [hash, owned, retained, lease, _init] = self.session_keys(id);
+        let mut conn = self.conn();
+        let options = redis::SetOptions::default()
+            .conditional_set(redis::ExistenceCheck::NX)
+            .with_expiration(redis::SetExpiry::PX(self.lease.as_millis() as u64));
+        let got: Option<String> = self.bounded(conn.set_options(&lease, holder, options)).await?;
+        if got.is_none() {
+            return Ok(None);
+        }
+        let mut pipe = redis::pipe();
+        pipe.hgetall(&hash).smembers(&owned).smembers(&retained);
+        let (fields, owned, retained): (Vec<(String, String)>, BTreeSet<String>, BTreeSet<String>) =
+            self.bounded(pipe.query_async(&mut conn)).await?;
+        let mut record = Record { owned, retained, ..Record::default() };
+        for (field, value) in fields {
+            match field.as_str() {
+                "tenant" => record.tenant = Some(value),
+                "principal" => record.principal = Some(value),
+                "default" => record.default_sandbox = Some(value),
+                _ => {}
+            }
+        }
+        Ok(Some(record))
+    }
+
+    /// Records that an owned sandbox has been killed (so a replica taking the cleanup over skips it).
+    pub async fn killed(&self, id: &str, sandbox_id: &str) -> Result<(), StoreError> {
+        let [_hash, owned, ..] = self.session_keys(id);
+        let mut conn = self.conn();
+        self.bounded(conn.srem::<_, _, ()>(&owned, sandbox_id)).await
+    }
+
+    /// Deletes a cleaned-up session (only while `holder` still holds its lease).
+    pub async fn finish(&self, id: &str, holder: &str) -> Result<bool, StoreError> {
+        let [hash, owned, retained, lease, init] = self.session_keys(id);
+        let mut invocation = self.finish.key(&hash);
+        invocation.key(&owned).key(&retained).key(&lease).key(&init).key(self.key("expiry")).arg(id).arg(holder);
+        let mut conn = self.conn();
+        let done: i64 = self.bounded(invocation.invoke_async(&mut conn)).await?;
+        Ok(done == 1)
+    }
+
+    fn events_key(&self, stream_id: &str) -> String {
+        self.key(&format!("ev:{stream_id}"))
+    }
+
+    /// Events of `stream_id` after the entry `after` (exclusive), with their ids.
+    async fn events_after(&self, stream_id: &str, after: &str) -> Result<Vec<ServerSseMessage>, StoreError> {
+        let mut conn = self.conn();
+        let start = format!("({after}");
+        let entries: Vec<(String, Vec<(String, String)>)> = self
+            .bounded(redis::cmd("XRANGE").arg(self.events_key(stream_id)).arg(start).arg("+").query_async(&mut conn))
+            .await?;
+        let mut events = Vec::with_capacity(entries.len());
+        for (entry_id, fields) in entries {
+            let Some((_, data)) = fields.into_iter().find(|(f, _)| f == "e") else { continue };
+            let stored: StoredEvent = serde_json::from_str(&data).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            let mut event = ServerSseMessage::default();
+            event.event_id = Some(format!("{stream_id}#{entry_id}"));
+            event.message = stored.message.map(std::sync::Arc::new);
+            event.retry = stored.retry_ms.map(Duration::from_millis);
+            events.push(event);
+        }
+        Ok(events)
+    }
+}
+
+/// Whether an event ends a request's SSE stream (its response or error).
+fn is_terminal(event: &ServerSseMessage) -> bool {
+    matches!(event.message.as_deref(), Some(ServerJsonRpcMessage::Response(_) | ServerJsonRpcMessage::Error(_)))
+}
+
+#[async_trait::async_trait]
+impl SessionStore for RedisStore {
+    async fn load(&self, session_id: &str) -> Result<Option<RmcpSessionState>, SessionStoreError> {
+        let [.., init] = self.session_keys(session_id);
+        let mut conn = self.conn();
+        let data: Option<String> = self.bounded(conn.get(&init)).await?;
+        match data {
+            Some(data) => Ok(Some(serde_json::from_str(&data)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn store(&self, session_id: &str, state: &RmcpSessionState) -> Result<(), SessionStoreError> {
+        let [.., init] = self.session_keys(session_id);
+        let data = serde_json::to_string(state)?;
+        let mut conn = self.conn();
+        // Lives as long as the session: deleted with it by `finish` (and by rmcp on DELETE).
+        self.bounded(conn.set::<_, _, ()>(&init, data)).await?;
+        Ok(())
+    }
+
+    async fn delete(&self, session_id: &str) -> Result<(), SessionStoreError> {
+        // The session's keys go with its cleanup (`finish`), which must still find it after a DELETE.
+        let _ = session_id;
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl EventStore for RedisStore {
+    async fn store_event(&self, stream_id: &str, event: &ServerSseMessage) -> Result<EventId, EventStoreError> {
+        let stored = StoredEvent {
+            message: event.message.as_deref().cloned(),
+            retry_ms: event.retry.map(|d| d.as_millis() as u64),
+        };
+        let data = serde_json::to_string(&stored)?;
+        let key = self.events_key(stream_id);
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("XADD")
+            .arg(&key)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(MAX_EVENTS_PER_STREAM)
+            .arg("*")
+            .arg("e")
+            .arg(data)
+            .pexpire(&key, (self.idle.as_millis() as i64).max(60_000))
+            .ignore();
+        let mut conn = self.conn();
+        let (entry_id,): (String,) = self.bounded(pipe.query_async(&mut conn)).await?;
+        Ok(format!("{stream_id}#{entry_id}"))
+    }
+
+    async fn replay_events_after(&self, last_event_id: &str) -> Result<EventStream, EventStoreError> {
+        let (stream_id, entry_id) =
+            last_event_id.rsplit_once('#').ok_or_else(|| StoreError::Corrupt("malformed Last-Event-ID".into()))?;
+        let first = self.events_after(stream_id, entry_id).await?;
+        // A request's stream that has not ended yet: follow it (its handler may run on another replica)
+        // until the response arrives, bounded by the session idle timeout.
+        let follow = !stream_id.ends_with(":common") && !first.iter().any(is_terminal);
+        if !follow {
+            return Ok(Box::pin(futures_util::stream::iter(first)));
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let store = self.clone();
+        let stream_id = stream_id.to_string();
+        let mut last = first.last().and_then(|e| e.event_id.clone()).unwrap_or_else(|| last_event_id.to_string());
+        tokio::spawn(async move {
+            for event in first {
+                if tx.send(event).await.is_err() {
+                    return;
+                }
+            }
+            let deadline = tokio::time::Instant::now() + store.idle;
+            while tokio::time::Instant::now() < deadline && !tx.is_closed() {
+                tokio::time::sleep(REPLAY_POLL).await;
+                let after = last.rsplit_once('#').map(|(_, e)| e.to_string()).unwrap_or_default();
+                let events = match store.events_after(&stream_id, &after).await {
+                    Ok(events) => events,
+                    Err(err) => {
+                        tracing::warn!(error = %err, "SSE replay: cannot read further events");
+                        continue;
+                    }
+                };
+                for event in events {
+                    let terminal = is_terminal(&event);
+                    if let Some(id) = &event.event_id {
+                        last = id.clone();
+                    }
+                    if tx.send(event).await.is_err() || terminal {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
+}
+
+impl RedisStore {
+    /// The session idle timeout (the expiry of records and event logs).
+    pub fn idle(&self) -> Duration {
+        self.idle
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn diff_is_set_based_and_binds_once() {
+        let before = Record {
+            tenant: Some("acme".into()),
+            owned: ["a".to_string(), "b".to_string()].into(),
+            default_sandbox: Some("a".into()),
+            ..Record::default()
+        };
+        let mut after = before.clone();
+        after.tenant = Some("other".into());
+        after.principal = Some("token:acme".into());
+        after.owned.remove("a");
+        after.owned.insert("c".into());
+        after.retained.insert("b".into());
+        after.default_sandbox = None;
+        let diff = RecordDiff::between(&before, &after);
+        assert_eq!(diff.bind_tenant, None, "a bound tenant never changes");
+        assert_eq!(diff.bind_principal.as_deref(), Some("token:acme"));
+        assert_eq!(diff.default_sandbox, Some(None));
+        assert_eq!((diff.owned_add, diff.owned_remove), (vec!["c".to_string()], vec!["a".to_string()]));
+        assert_eq!(diff.retained_add, vec!["b".to_string()]);
+        assert!(RecordDiff::between(&before, &before).is_empty());
+    }
+}

@@ -1,0 +1,406 @@
+//! Legacy MCP sessions in Redis (`[sessions] store = "redis://…"`): two or
+//! more real `serve` replicas on one real `sandbox-mcp provider` and one real
+//! `redis-server` (started here on a free port in a temp dir, killed at the
+//! end). Kill calls are counted in the provider's own log.
+//!
+//! Needs root (the provider) and `redis-server` (installed by scripts/test.sh);
+//! the Python test also needs `$SANDBOX_MCP_PYTHON` (mcp==1.30.0).
+
+mod gateway_support;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gateway_support::*;
+use serde_json::json;
+
+/// A `redis-server` on a private port with its data (append-only file) in a temp dir.
+struct RedisProc {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl RedisProc {
+    /// None (after a loud skip) when redis-server is missing.
+    fn start(test: &str) -> Option<Self> {
+        if Command::new("redis-server").arg("--version").output().is_err() {
+            eprintln!("SKIPPED {test}: redis-server is not installed (scripts/test.sh installs it)");
+            assert!(
+                std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
+                "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
+            );
+            return None;
+        }
+        let mut redis = Self { child: None, port: free_port(), dir: tempfile::tempdir().expect("tempdir") };
+        redis.spawn();
+        Some(redis)
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string(), "--save", "", "--appendonly", "yes"])
+            .args(["--appendfsync", "always", "--protected-mode", "no", "--dir"])
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.cli(&["PING"]).trim() == "PONG" {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("redis-server did not start on port {}", self.port);
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Runs a command with redis-cli (or a raw RESP exchange) and returns the reply text.
+    fn cli(&self, args: &[&str]) -> String {
+        let output = Command::new("redis-cli").args(["-p", &self.port.to_string()]).args(args).output();
+        match output {
+            Ok(out) => String::from_utf8_lossy(&out.stdout).to_string(),
+            Err(_) => String::new(),
+        }
+    }
+
+    /// Stops the server (its data stays in the append-only file).
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for RedisProc {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A `sandbox-mcp provider` whose log is captured (to count the kill calls it receives).
+struct CountingProvider {
+    inner: ProviderProc,
+    log: Arc<Mutex<String>>,
+    _tmp: tempfile::TempDir,
+}
+
+impl CountingProvider {
+    fn start() -> Self {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let state_dir: PathBuf = tmp.path().join("state");
+        let api_key = "redis-test-provider-key-0123456789";
+        let mut child = Command::new(BIN)
+            .args(["provider", "--listen", "127.0.0.1:0", "--state-dir"])
+            .arg(&state_dir)
+            .args(["--api-key", api_key])
+            .env("RUST_LOG", "warn,sandbox_mcp::local::api=info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn provider");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).expect("provider stdout");
+        let addr: SocketAddr = line
+            .trim()
+            .rsplit("http://")
+            .next()
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("provider did not print its address: {line:?}"));
+        let log = Arc::new(Mutex::new(String::new()));
+        let sink = Arc::clone(&log);
+        let stderr = child.stderr.take().expect("stderr");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let inner = ProviderProc::adopt(child, addr, api_key, &state_dir);
+        Self { inner, log, _tmp: tmp }
+    }
+
+    /// Kill calls the provider received for `sandbox_id`.
+    fn kills(&self, sandbox_id: &str) -> usize {
+        self.log.lock().unwrap().lines().filter(|l| l.contains("kill requested") && l.contains(sandbox_id)).count()
+    }
+}
+
+fn redis_config(redis: &RedisProc, prefix: &str, idle_secs: u64) -> String {
+    format!(
+        "[server]\nsession_idle_timeout_secs = {idle_secs}\n[sessions]\nstore = \"{}\"\nkey_prefix = \"{prefix}\"\n\
+         sweep_interval_secs = 1\ncleanup_lease_secs = 3\ntimeout_ms = 500\n",
+        redis.url()
+    )
+}
+
+fn replica(provider: &CountingProvider, config: &str) -> GatewayProc {
+    GatewayProc::start_e2b(&provider.inner, config, &[])
+}
+
+fn unique_prefix(test: &str) -> String {
+    format!("t{}-{test}", std::process::id())
+}
+
+/// The only session id in Redis (the tests run one session per prefix).
+fn session_ids(redis: &RedisProc, prefix: &str) -> Vec<String> {
+    redis
+        .cli(&["ZRANGE", &format!("{prefix}:expiry"), "0", "-1"])
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+async fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    check()
+}
+
+#[test]
+fn python_client_session_moves_between_replicas() {
+    let Some(python) = std::env::var_os("SANDBOX_MCP_PYTHON") else {
+        eprintln!("SKIPPED python_client_session_moves_between_replicas: set SANDBOX_MCP_PYTHON (mcp==1.30.0)");
+        assert!(
+            std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
+            "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
+        );
+        return;
+    };
+    if !require_root("python_client_session_moves_between_replicas") {
+        return;
+    }
+    let Some(redis) = RedisProc::start("python_client_session_moves_between_replicas") else { return };
+    let provider = CountingProvider::start();
+    let config = redis_config(&redis, &unique_prefix("py"), 120);
+    let mut r1 = replica(&provider, &config);
+    let r2 = replica(&provider, &config);
+    let pid = r1.child.as_ref().map(|c| c.id()).unwrap_or_default();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/redis_sessions.py");
+    let output = Command::new(python)
+        .arg(script)
+        .arg(r1.base())
+        .arg(r2.base())
+        .arg(pid.to_string())
+        .output()
+        .expect("run python");
+    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    println!("{stdout}");
+    let logs = format!("replica 1:\n{}\nreplica 2:\n{}", r1.log_text(), r2.log_text());
+    assert!(output.status.success(), "python session failed:\n{stdout}\n{stderr}\n{logs}");
+    let summary = stdout.lines().last().unwrap_or_default();
+    assert!(summary.ends_with(" passed, 0 failed") && !summary.starts_with("0 passed"), "{summary}");
+    // The session's DELETE (sent to replica 2) killed its sandbox exactly once.
+    let sandbox = stdout.lines().find_map(|l| l.strip_prefix("SANDBOX ")).expect("sandbox id").trim().to_string();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        assert!(wait_gone(&provider.inner.client(), &sandbox, Duration::from_secs(20)).await, "{logs}");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    });
+    assert_eq!(provider.kills(&sandbox), 1, "the session's sandbox must be killed exactly once\n{logs}");
+    let task_sandbox =
+        stdout.lines().find_map(|l| l.strip_prefix("TASK_SANDBOX ")).expect("task sandbox id").trim().to_string();
+    assert_eq!(provider.kills(&task_sandbox), 0, "a retained sandbox is never killed\n{logs}");
+    let _ = r1.child.take().map(|mut c| c.wait()); // SIGKILLed by the script
+}
+
+#[test]
+fn expiry_cleans_up_once_across_replicas_after_a_crash_and_a_dead_lease() {
+    if !require_root("expiry_cleans_up_once_across_replicas_after_a_crash_and_a_dead_lease") {
+        return;
+    }
+    let Some(redis) = RedisProc::start("expiry_cleans_up_once") else { return };
+    let provider = CountingProvider::start();
+    let prefix = unique_prefix("expiry");
+    let config = redis_config(&redis, &prefix, 4);
+    let mut r1 = replica(&provider, &config);
+    let r2 = replica(&provider, &config);
+    let r3 = replica(&provider, &config);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = connect(&r1.mcp_url(), None).await;
+        let a = ok(&client, "create_sandbox", empty()).await["sandbox_id"].as_str().unwrap().to_string();
+        let c = ok(&client, "create_sandbox", empty()).await["sandbox_id"].as_str().unwrap().to_string();
+        let b = ok(&client, "create_sandbox", empty()).await["sandbox_id"].as_str().unwrap().to_string();
+        ok(&client, "start_task", json!({ "command": "sleep 600" })).await; // retains b (the default)
+        let ids = session_ids(&redis, &prefix);
+        assert_eq!(ids.len(), 1, "one session in Redis: {ids:?}");
+        let session = ids[0].clone();
+        // Replica 1 crashes (no shutdown, no DELETE).
+        if let Some(mut child) = r1.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        drop(client);
+        // A replica that died midway through this session's cleanup: it killed c and holds the lease.
+        assert!(provider.inner.client().kill_sandbox(&c).await.unwrap());
+        redis.cli(&["SREM", &format!("{prefix}:s:{session}:owned"), &c]);
+        let lease = format!("{prefix}:s:{session}:lease");
+        assert_eq!(redis.cli(&["SET", &lease, "dead-replica", "PX", "6000"]).trim(), "OK");
+        // While the dead replica's lease lasts, nobody cleans up.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(sandbox_exists(&provider.inner.client(), &a).await, "cleaned up under another replica's lease");
+        // Then a survivor takes it over: a killed once, b (retained) kept, c not killed again.
+        let logs = || format!("r2:\n{}\nr3:\n{}", r2.log_text(), r3.log_text());
+        assert!(wait_gone(&provider.inner.client(), &a, Duration::from_secs(20)).await, "{}", logs());
+        assert!(
+            wait_until(Duration::from_secs(10), || session_ids(&redis, &prefix).is_empty()).await,
+            "the session stays in Redis after its cleanup\n{}",
+            logs()
+        );
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(provider.kills(&a), 1, "owned sandbox killed exactly once\n{}", logs());
+        assert_eq!(provider.kills(&c), 1, "a sandbox the dead replica killed is not killed again\n{}", logs());
+        assert_eq!(provider.kills(&b), 0, "a retained sandbox is never killed\n{}", logs());
+        assert!(sandbox_exists(&provider.inner.client(), &b).await);
+        assert_eq!(redis.cli(&["EXISTS", &format!("{prefix}:s:{session}")]).trim(), "0");
+        let cleaners = [&r2, &r3].iter().filter(|r| r.log_text().contains("session ended; killed")).count();
+        assert_eq!(cleaners, 1, "exactly one replica ran the cleanup\n{}", logs());
+        let _ = provider.inner.client().kill_sandbox(&b).await;
+    });
+}
+
+#[test]
+fn delete_on_another_replica_ends_the_session_everywhere() {
+    if !require_root("delete_on_another_replica_ends_the_session_everywhere") {
+        return;
+    }
+    let Some(redis) = RedisProc::start("delete_on_another_replica") else { return };
+    let provider = CountingProvider::start();
+    let prefix = unique_prefix("delete");
+    let config = redis_config(&redis, &prefix, 120);
+    let r1 = replica(&provider, &config);
+    let r2 = replica(&provider, &config);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = connect(&r1.mcp_url(), None).await;
+        let a = ok(&client, "create_sandbox", empty()).await["sandbox_id"].as_str().unwrap().to_string();
+        let session = session_ids(&redis, &prefix).pop().expect("session in Redis");
+        let http = reqwest::Client::new();
+        let delete = http
+            .delete(r2.mcp_url())
+            .header("mcp-session-id", &session)
+            .header("mcp-protocol-version", "2025-11-25")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(delete.status().as_u16(), 204, "DELETE on replica 2");
+        assert!(wait_gone(&provider.inner.client(), &a, Duration::from_secs(20)).await);
+        // Replica 1 (which still had the session in memory) now refuses it.
+        let call = http
+            .post(r1.mcp_url())
+            .header("mcp-session-id", &session)
+            .header("mcp-protocol-version", "2025-11-25")
+            .header("accept", "application/json, text/event-stream")
+            .json(&json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+                "params": {"name": "list_sandboxes", "arguments": {}}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(call.status().as_u16(), 404, "a call on the ended session on replica 1");
+        let again = http
+            .delete(r1.mcp_url())
+            .header("mcp-session-id", &session)
+            .header("mcp-protocol-version", "2025-11-25")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(again.status().as_u16(), 404, "second DELETE");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(provider.kills(&a), 1, "r1:\n{}\nr2:\n{}", r1.log_text(), r2.log_text());
+    });
+}
+
+#[test]
+fn redis_outage_fails_readiness_and_calls_retryably_then_recovers() {
+    if !require_root("redis_outage_fails_readiness_and_calls_retryably_then_recovers") {
+        return;
+    }
+    let Some(mut redis) = RedisProc::start("redis_outage") else { return };
+    let provider = CountingProvider::start();
+    let prefix = unique_prefix("outage");
+    let r1 = replica(&provider, &redis_config(&redis, &prefix, 120));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let http = reqwest::Client::new();
+        let client = connect(&r1.mcp_url(), None).await;
+        let a = ok(&client, "create_sandbox", empty()).await["sandbox_id"].as_str().unwrap().to_string();
+        let session = session_ids(&redis, &prefix).pop().expect("session in Redis");
+        redis.stop();
+
+        let ready = http.get(format!("{}/readyz", r1.base())).send().await.unwrap();
+        assert_eq!(ready.status().as_u16(), 503);
+        assert!(ready.text().await.unwrap().contains("Redis"));
+        let call = http
+            .post(r1.mcp_url())
+            .header("mcp-session-id", &session)
+            .header("mcp-protocol-version", "2025-11-25")
+            .header("accept", "application/json, text/event-stream")
+            .json(&json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                "params": {"name": "run_command", "arguments": {"command": "true"}}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(call.status().as_u16(), 503);
+        assert!(call.headers().get("retry-after").is_some());
+        let body = call.text().await.unwrap();
+        assert!(body.contains("retry") && body.contains("Redis"), "{body}");
+        let init = http
+            .post(r1.mcp_url())
+            .header("accept", "application/json, text/event-stream")
+            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {},
+                "clientInfo": {"name": "t", "version": "0"}}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(init.status().as_u16(), 503, "initialize while Redis is down");
+
+        redis.spawn();
+        let base = r1.base();
+        let recovered = async {
+            for _ in 0..100 {
+                if let Ok(r) = http.get(format!("{base}/readyz")).send().await
+                    && r.status().is_success()
+                {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            false
+        };
+        assert!(recovered.await, "readiness did not recover without a restart\n{}", r1.log_text());
+        // The same session continues, default sandbox intact (its record survived in Redis).
+        let out = ok(&client, "run_command", json!({ "command": "echo back" })).await;
+        assert_eq!(out["sandbox_id"].as_str(), Some(a.as_str()));
+        assert_eq!(out["stdout"].as_str().map(str::trim), Some("back"));
+        close(client).await;
+        assert!(wait_gone(&provider.inner.client(), &a, Duration::from_secs(20)).await);
+    });
+}
