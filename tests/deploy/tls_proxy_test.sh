@@ -113,6 +113,8 @@ token_sha=$(printf %s "$token" | sha256sum | cut -d' ' -f1)
 public_origin="https://localhost:$proxy_port"
 mkdir -p "$work/state"
 
+# The compose file's session store is its Redis service (redis://redis:6379), which does not exist
+# here; this test is about the proxy, so sessions stay in the gateway's memory.
 log "starting sandbox-mcp serve on 127.0.0.1:$gateway_port"
 env SANDBOX_MCP_TOKENS="deploytest:$token_sha" \
   SANDBOX_MCP_SERVER__LISTEN="127.0.0.1:$gateway_port" \
@@ -121,6 +123,7 @@ env SANDBOX_MCP_TOKENS="deploytest:$token_sha" \
   SANDBOX_MCP_SERVER__LOG_FORMAT=text \
   SANDBOX_MCP_LOCAL__STATE_DIR="$work/state" \
   SANDBOX_MCP_PROVIDER__DEPLOYMENT="tls-proxy-test" \
+  SANDBOX_MCP_SESSIONS__STORE=memory \
   "$bin" serve --config "$root/deploy/compose/config.toml" >"$work/gateway.log" 2>&1 &
 gateway_pid=$!
 
