@@ -239,9 +239,12 @@ pub async fn serve_on(
     if left > 0 {
         tracing::warn!(in_flight = left, "grace period over; ending sessions with calls still running");
     }
-    sessions_stop.cancel();
+    // Our session records are taken (reason "shutdown"; with Redis, left there for the other
+    // replicas) before rmcp's sessions are stopped: stopping them first raced, and a session could
+    // end as "closed" instead (with Redis, be cleaned up instead of handed over).
     let cleanup_budget = deadline.saturating_duration_since(tokio::time::Instant::now()).max(MIN_CLEANUP_BUDGET);
     core.end_all_sessions(cleanup_budget).await;
+    sessions_stop.cancel();
     reaper_stop.cancel();
     if let Some(reaper) = reaper {
         let _ = tokio::time::timeout(CONNECTION_CLOSE_TIMEOUT, reaper).await;
