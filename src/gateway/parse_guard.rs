@@ -54,11 +54,24 @@ impl Drop for InFlightId {
     }
 }
 
-/// The id of a JSON-RPC request (an object with `method` and `id`), as JSON text.
-fn request_id(message: &serde_json::Value) -> Option<String> {
-    let object = message.as_object()?;
-    object.get("method")?;
-    Some(object.get("id")?.to_string())
+/// What the guard reads of a JSON-RPC message: only whether it has a `method` and its `id`; the
+/// rest (`params`, possibly large) is skipped without being built.
+#[derive(serde::Deserialize)]
+struct Envelope {
+    #[serde(default)]
+    method: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    id: Option<serde_json::Value>,
+}
+
+/// The body checked once: valid JSON, and the id if it is a single request (an object with
+/// `method` and `id`); batches and other shapes are passed on for the transport to judge.
+fn parse(bytes: &[u8]) -> Result<Option<serde_json::Value>, serde_json::Error> {
+    match serde_json::from_slice::<Envelope>(bytes) {
+        Ok(Envelope { method: Some(_), id }) => Ok(id),
+        Ok(_) => Ok(None),
+        Err(_) => serde_json::from_slice::<serde::de::IgnoredAny>(bytes).map(|_| None),
+    }
 }
 
 /// The middleware (see the module docs).
@@ -74,23 +87,23 @@ pub async fn check_request(State(guard): State<RequestGuard>, request: Request, 
                 .into_response();
         }
     };
-    let parsed = match serde_json::from_slice::<serde_json::Value>(&bytes) {
-        Ok(parsed) => parsed,
+    let request_id = match parse(&bytes) {
+        Ok(id) => id,
         Err(err) => {
             let message = format!("Parse error: the body is not valid JSON ({err})");
             return json_rpc_error(serde_json::Value::Null, PARSE_ERROR, message);
         }
     };
     let session = parts.headers.get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
-    let in_flight = match (session, request_id(&parsed)) {
-        (Some(session), Some(id)) => match guard.enter((session, id.clone())) {
+    let in_flight = match (session, request_id) {
+        (Some(session), Some(id)) => match guard.enter((session, id.to_string())) {
             Some(in_flight) => Some(in_flight),
             None => {
                 let message = format!(
                     "Invalid Request: id {id} is already used by a request still in progress in this session; \
                      give every request its own id"
                 );
-                return json_rpc_error(parsed["id"].clone(), INVALID_REQUEST, message);
+                return json_rpc_error(id, INVALID_REQUEST, message);
             }
         },
         _ => None,
