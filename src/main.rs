@@ -6,7 +6,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Args, FromArgMatches, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "sandbox-mcp", version, about = "Linux sandboxes for AI agents over MCP")]
@@ -32,7 +32,7 @@ fn main() -> ExitCode {
     // envd runs once per sandbox: parse only its own arguments, so that its start touches (and keeps
     // resident) none of the code that builds the full command line of `serve` and `provider`.
     if std::env::args_os().nth(1).is_some_and(|arg| arg == "envd") {
-        return report(envd_args().and_then(sandbox_mcp::local::run_envd));
+        return report(sandbox_mcp::local::run_envd_from_args(std::env::args_os().skip(2)));
     }
     let cli = Cli::parse();
     let result = match cli.command {
@@ -43,13 +43,6 @@ fn main() -> ExitCode {
         Command::Healthcheck(args) => sandbox_mcp::healthcheck::run(args),
     };
     report(result)
-}
-
-/// Parses `sandbox-mcp envd ...` with a command that knows only envd's arguments.
-fn envd_args() -> anyhow::Result<sandbox_mcp::local::EnvdArgs> {
-    let command = sandbox_mcp::local::EnvdArgs::augment_args(clap::Command::new("envd").no_binary_name(true));
-    let matches = command.try_get_matches_from(std::env::args_os().skip(2))?;
-    Ok(sandbox_mcp::local::EnvdArgs::from_arg_matches(&matches)?)
 }
 
 fn report(result: anyhow::Result<()>) -> ExitCode {

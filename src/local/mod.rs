@@ -5,6 +5,7 @@
 //! (`sandbox-mcp provider`) and [`run_envd`] (`sandbox-mcp envd`, internal: the
 //! sandbox's PID 1).
 
+pub mod agent_binary;
 pub mod agent_probe;
 #[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 pub mod agent_process;
@@ -255,6 +256,15 @@ pub fn run_provider(args: ProviderArgs) -> anyhow::Result<()> {
         running.shutdown().await;
         Ok(())
     })
+}
+
+/// Parses envd's own arguments (those after `envd`) with a command that knows only them, then
+/// runs the agent: its start touches none of the code that builds the full command line.
+pub fn run_envd_from_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> anyhow::Result<()> {
+    use clap::{Args, FromArgMatches};
+    let command = EnvdArgs::augment_args(clap::Command::new("envd").no_binary_name(true));
+    let matches = command.try_get_matches_from(args)?;
+    run_envd(EnvdArgs::from_arg_matches(&matches)?)
 }
 
 /// Runs the in-sandbox agent: builds the sandbox around itself, reports readiness, then serves envd.

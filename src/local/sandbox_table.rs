@@ -126,7 +126,8 @@ pub struct Provider {
 
 impl Provider {
     /// Prepares the state directory and cgroups (the caller has run the isolation probe).
-    pub fn new(cfg: LocalProviderConfig) -> anyhow::Result<Provider> {
+    pub fn new(mut cfg: LocalProviderConfig) -> anyhow::Result<Provider> {
+        cfg.agent_binary = super::agent_binary::choose(&cfg.agent_binary);
         let sandboxes_dir = cfg.state_dir.join("sandboxes");
         std::fs::create_dir_all(&sandboxes_dir)
             .map_err(|e| anyhow::anyhow!("cannot create the state directory {}: {e}", sandboxes_dir.display()))?;
