@@ -12,4 +12,5 @@ pub mod healthcheck;
 pub mod listen;
 pub mod local;
 pub mod logging;
+pub mod masking;
 pub mod tasks;
