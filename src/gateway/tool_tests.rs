@@ -488,8 +488,52 @@ async fn a_sandbox_gone_behind_the_gateway_is_not_found_and_forgotten() {
     assert_eq!(ok(&alice, "list_sandboxes", json!({})).await["default_sandbox"], Value::Null);
 }
 
+/// The gateway's log (`sandbox_mcp` at INFO, the production default) of every test in this
+/// process, captured by one global subscriber: a thread-local one would miss events whose callsite
+/// another test's thread saw first.
+#[derive(Clone, Default)]
+struct LogBuffer(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuffer {
+    type Writer = LogBuffer;
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+impl LogBuffer {
+    fn global() -> &'static LogBuffer {
+        static LOGS: std::sync::OnceLock<LogBuffer> = std::sync::OnceLock::new();
+        LOGS.get_or_init(|| {
+            let logs = LogBuffer::default();
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer(logs.clone())
+                .with_ansi(false)
+                .with_env_filter(tracing_subscriber::EnvFilter::new("sandbox_mcp=info"))
+                .finish();
+            tracing::subscriber::set_global_default(subscriber).expect("no other global subscriber in unit tests");
+            logs
+        })
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
 #[tokio::test]
-async fn secrets_are_masked_in_output_and_errors() {
+async fn secrets_are_masked_in_output_errors_and_the_log() {
+    let logs = LogBuffer::global();
     let h = harness(|_| {}).await;
     let alice = h.session(ALICE).await;
     let id = ok(&alice, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_owned();
@@ -501,8 +545,16 @@ async fn secrets_are_masked_in_output_and_errors() {
     // An error quoting a secret (here: a path the agent made of it) is masked too.
     let message = err(&alice, "read_file", json!({"path": format!("/home/user/{SECRET}.txt")})).await;
     assert_eq!(message, format!("/home/user/***.txt: no such file or directory in sandbox {id}"));
+    // A secret pasted as a sandbox id is masked in the answer and in the log line's sandbox field.
+    let message = err(&alice, "run_command", json!({"command": "true", "sandbox_id": SECRET})).await;
+    assert_eq!(message, not_found_sentence("***"));
     // Values under the minimum length ("abc") are reported, not masked.
     assert_eq!(h.app.masker.too_short(), 1);
+    let log = logs.text();
+    assert!(log.contains("/home/user/***.txt: no such file"), "masked error not logged:\n{log}");
+    assert!(log.contains("sandbox=***"), "masked sandbox id not logged:\n{log}");
+    assert!(!log.contains(SECRET), "a configured secret reached the log:\n{log}");
+    assert!(!log.contains(PROVIDER_KEY), "the provider key reached the log:\n{log}");
 }
 
 #[tokio::test]

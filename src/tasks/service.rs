@@ -16,7 +16,7 @@ use super::direct::{self, StatusRecord};
 use super::id::TaskId;
 use super::launch::{self, LaunchError, TaskSpec};
 use super::page::{self, PageError, PageRequest, Window};
-use super::protocol::{self, Refusal, Reply, SupervisorStatus, TaskList, TaskState, VersionReply};
+use super::protocol::{self, Refusal, RefusalCode, Reply, SupervisorStatus, TaskList, TaskState, VersionReply};
 use super::view::{StartedTask, TaskListView, TaskSummary, TaskView};
 use super::{SUPERVISOR_INSTALLS, SUPERVISOR_PATH, SUPERVISOR_SOURCE, supervisor_version};
 use crate::masking::Masker;
@@ -259,7 +259,7 @@ impl TaskService {
                 }
                 _ => uncertain("the task supervisor's answer to the launch was not understood".to_owned()),
             },
-            Reply::Refused(r) if r.code == "limit" || r.code == "invalid" => Err(TaskError::Refused(r.error)),
+            Reply::Refused(r) if r.code.nothing_started() => Err(TaskError::Refused(r.error)),
             Reply::Refused(r) => uncertain(r.error),
             Reply::ScriptMissing => uncertain("the task supervisor could not be installed".to_owned()),
             Reply::Garbled(m) => uncertain(m),
@@ -488,7 +488,7 @@ impl TaskService {
     ) -> Result<serde_json::Map<String, serde_json::Value>, TaskError> {
         match reply {
             Reply::Ok(obj) => Ok(obj),
-            Reply::Refused(Refusal { code, .. }) if code == "not_found" => Err(TaskError::TaskNotFound {
+            Reply::Refused(Refusal { code: RefusalCode::NotFound, .. }) => Err(TaskError::TaskNotFound {
                 sandbox_id: sandbox_id.to_owned(),
                 task_id: task_id.map(ToString::to_string).unwrap_or_default(),
             }),
