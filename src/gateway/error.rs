@@ -256,3 +256,88 @@ fn not_recorded_sentence(store: &Option<String>) -> String {
         None => "this MCP session ended while the sandbox was being created; it has been destroyed".to_owned(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(status: u16, message: &str) -> E2bError {
+        E2bError::Api { op: "create_sandbox", sandbox_id: None, status, message: message.into() }
+    }
+
+    #[test]
+    fn provider_failures_are_classified() {
+        let busy = ToolError::provider("create a sandbox", api(503, "overloaded"));
+        assert!(busy.is_transient() && !busy.is_not_found() && !busy.is_invalid_argument());
+        assert_eq!(busy.provider_op(), Some("create_sandbox"));
+        assert!(busy.to_string().ends_with("; try again in a few seconds"), "{busy}");
+
+        let broken = ToolError::provider("create a sandbox", api(400, "bad template"));
+        assert!(!broken.is_transient());
+        assert_eq!(
+            broken.to_string(),
+            "could not create a sandbox: create_sandbox: provider API error (HTTP 400): bad template"
+        );
+
+        let full = E2bError::RateLimited {
+            op: "create_sandbox",
+            sandbox_id: None,
+            retry_after: None,
+            message: "reached the maximum of 5 sandboxes".into(),
+        };
+        let full = ToolError::provider("create a sandbox", full);
+        assert!(!full.is_transient(), "the deployment limit does not go away by retrying");
+        assert!(full.to_string().contains("the sandbox limit of the whole deployment is reached"), "{full}");
+    }
+
+    #[test]
+    fn a_gone_sandbox_reads_as_not_found_and_is_to_be_forgotten() {
+        let gone = E2bError::NotFound { op: "get_sandbox", sandbox_id: Some("sbx1".into()), message: "gone".into() };
+        let err = ToolError::sandbox_call("look up", "sbx1", gone);
+        assert!(err.is_not_found());
+        assert_eq!(err.gone_sandbox(), Some("sbx1"));
+        assert_eq!(err.provider_op(), Some("get_sandbox"));
+        assert!(err.to_string().starts_with("sandbox sbx1 not found: it does not exist"), "{err}");
+        // Another tenant's: the same sentence, nothing forgotten, nothing counted.
+        let theirs = ToolError::not_yours("sbx1");
+        assert_eq!(theirs.to_string(), err.to_string());
+        assert_eq!((theirs.gone_sandbox(), theirs.provider_op()), (None, None));
+        // Worded for tasks.
+        let for_tasks = ToolError::not_yours("sbx1").for_tasks();
+        assert_eq!(for_tasks.to_string(), "sandbox sbx1 not found or no longer running; its tasks are gone");
+        // The task transport only reports a sandbox gone when the provider said so.
+        assert_eq!(ToolError::from(TaskError::SandboxGone("sbx2".into())).gone_sandbox(), Some("sbx2"));
+    }
+
+    #[test]
+    fn file_errors_distinguish_missing_paths_from_missing_sandboxes() {
+        let missing = E2bError::Rpc {
+            op: "files.read_range",
+            sandbox_id: Some("sbx1".into()),
+            code: crate::connect_rpc::Code::NotFound,
+            message: "no such file".into(),
+        };
+        let err = ToolError::file_call("read", "/x", "sbx1", missing);
+        assert_eq!(err.to_string(), "/x: no such file or directory in sandbox sbx1");
+        assert_eq!((err.provider_op(), err.gone_sandbox()), (None, None), "a missing file is a normal answer");
+        let gone = E2bError::SandboxNotRunning {
+            op: "files.read_range",
+            sandbox_id: Some("sbx1".into()),
+            message: "sandbox sbx1 was not found".into(),
+        };
+        assert_eq!(ToolError::file_call("read", "/x", "sbx1", gone).gone_sandbox(), Some("sbx1"));
+        let big = E2bError::TooLarge { op: "files.read", sandbox_id: None, limit: 10 };
+        let big = ToolError::file_call("read", "/x", "sbx1", big);
+        assert_eq!(big.to_string(), "/x is larger than 10 bytes; read a part with run_command (head, tail, split)");
+        assert_eq!(big.provider_op(), Some("files.read"));
+    }
+
+    #[test]
+    fn argument_errors_are_recognised() {
+        assert!(ToolError::invalid("path must not be empty").is_invalid_argument());
+        assert!(ToolError::from(LaunchError::EmptyCommand).is_invalid_argument());
+        assert!(ToolError::from(PageError::LimitOutOfRange).is_invalid_argument());
+        assert!(ToolError::from(InvalidTaskId).is_invalid_argument());
+        assert!(!ToolError::NoDefaultSandbox.is_invalid_argument());
+    }
+}
