@@ -2,9 +2,11 @@
 //! embedded E2B-compatible local provider alone) and `envd` (the in-sandbox
 //! agent, internal).
 
+#![deny(unsafe_code)]
+
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "sandbox-mcp", version, about = "Linux sandboxes for AI agents over MCP")]
@@ -27,6 +29,11 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // envd runs once per sandbox: parse only its own arguments, so that its start touches (and keeps
+    // resident) none of the code that builds the full command line of `serve` and `provider`.
+    if std::env::args_os().nth(1).is_some_and(|arg| arg == "envd") {
+        return report(envd_args().and_then(sandbox_mcp::local::run_envd));
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => sandbox_mcp::gateway::run_serve(args),
@@ -35,6 +42,17 @@ fn main() -> ExitCode {
         Command::Envd(args) => sandbox_mcp::local::run_envd(args),
         Command::Healthcheck(args) => sandbox_mcp::healthcheck::run(args),
     };
+    report(result)
+}
+
+/// Parses `sandbox-mcp envd ...` with a command that knows only envd's arguments.
+fn envd_args() -> anyhow::Result<sandbox_mcp::local::EnvdArgs> {
+    let command = sandbox_mcp::local::EnvdArgs::augment_args(clap::Command::new("envd").no_binary_name(true));
+    let matches = command.try_get_matches_from(std::env::args_os().skip(2))?;
+    Ok(sandbox_mcp::local::EnvdArgs::from_arg_matches(&matches)?)
+}
+
+fn report(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

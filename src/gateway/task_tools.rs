@@ -24,7 +24,7 @@ use crate::e2b::{CallOptions, E2bError, OutputLimits, wire};
 use crate::tasks::TaskId;
 use crate::tasks::launch::{self, TaskSpec};
 use crate::tasks::page::{self, PageRequest};
-use crate::tasks::service::{ExecOutput, FileRange, SupervisorTransport, TaskService, TransportError};
+use crate::tasks::service::{ExecOutput, FileSlice, SupervisorTransport, TaskService, TransportError};
 use crate::tasks::view::{StartedTask, TaskListView, TaskView};
 
 /// The sandbox user the supervisor runs as.
@@ -275,10 +275,10 @@ impl SupervisorTransport for EnvdTransport<'_> {
         Ok(())
     }
 
-    async fn read_range(&self, path: &str, offset: u64, len: u64) -> Result<Option<FileRange>, TransportError> {
+    async fn read_range(&self, path: &str, offset: u64, len: u64) -> Result<Option<FileSlice>, TransportError> {
         let options = CallOptions::user(TASK_USER).with_timeout(READ_TIMEOUT);
         match self.sandbox.envd.read_file_range(path, offset, len, &options).await {
-            Ok(range) => Ok(Some(FileRange { data: range.data.to_vec(), size: range.size })),
+            Ok(range) => Ok(Some(FileSlice { data: range.data.to_vec(), size: range.size })),
             Err(err) if err.is_not_found() && !err.is_sandbox_gone() => Ok(None),
             Err(err) => Err(self.classify(&err)),
         }

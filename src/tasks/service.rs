@@ -45,7 +45,7 @@ pub enum TransportError {
 
 /// Part of a file in the sandbox, and the file's size.
 #[derive(Debug, Clone, Default)]
-pub struct FileRange {
+pub struct FileSlice {
     pub data: Vec<u8>,
     pub size: u64,
 }
@@ -68,7 +68,7 @@ pub trait SupervisorTransport: Send + Sync {
         path: &str,
         offset: u64,
         len: u64,
-    ) -> impl Future<Output = Result<Option<FileRange>, TransportError>> + Send;
+    ) -> impl Future<Output = Result<Option<FileSlice>, TransportError>> + Send;
 }
 
 /// Why a task tool call failed (tool errors, each actionable).
@@ -326,7 +326,7 @@ impl TaskService {
         t: &T,
         dir: &str,
         window: &Window,
-    ) -> Result<(FileRange, FileRange), TransportError> {
+    ) -> Result<(FileSlice, FileSlice), TransportError> {
         let (stdout, stderr) = (format!("{dir}/stdout"), format!("{dir}/stderr"));
         let (out, err) = tokio::join!(
             t.read_range(&stdout, window.stdout_offset, window.limit),

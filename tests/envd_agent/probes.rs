@@ -4,8 +4,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use sandbox_mcp::local::agent_process::rss_kib;
 use sandbox_mcp::local::envd::{self, EnvdOptions};
-use sandbox_mcp::local::process::rss_kib;
 use serde_json::json;
 
 use super::support::*;
