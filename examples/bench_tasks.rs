@@ -22,6 +22,7 @@ use rmcp::service::RunningService;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{RoleClient, ServiceExt};
 use sandbox_mcp::e2b::{CallOptions, E2bClient, EnvdClient, OutputLimits, ProviderEndpoint, wire};
+use sandbox_mcp::masking::Masker;
 use sandbox_mcp::tasks::TaskId;
 use sandbox_mcp::tasks::launch::{TaskSpec, start_args};
 use sandbox_mcp::tasks::service::TaskService;
@@ -351,7 +352,7 @@ async fn main() -> anyhow::Result<()> {
     }
 
     // The supervisor's `start`, invoked exactly as the gateway does.
-    let service = TaskService::new(Vec::<String>::new());
+    let service = TaskService::new(Masker::default());
     let mut envd_start = Vec::new();
     for _ in 0..n {
         let spec = TaskSpec::new("sleep 600".into(), None, Default::default(), Some(600))?;

@@ -20,5 +20,6 @@ pub mod healthcheck;
 pub mod listen;
 pub mod local;
 pub mod logging;
+pub mod masking;
 pub mod tasks;
 pub mod tenant;

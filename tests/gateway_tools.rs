@@ -108,7 +108,7 @@ async fn tools_work_end_to_end_with_session_defaults_and_ownership() {
     assert!(message.contains("no such file") && message.contains(&id), "{message}");
     // An error that would quote the provider API key shows it masked (in the answer and the log line).
     let message = err(&client, "read_file", json!({"path": format!("/home/user/{}.txt", provider.api_key)})).await;
-    assert!(message.contains("no such file") && message.contains("/home/user/********.txt"), "{message}");
+    assert!(message.contains("no such file") && message.contains("/home/user/***.txt"), "{message}");
     assert!(!message.contains(&provider.api_key), "the provider API key leaked into a tool error: {message}");
 
     // A second session (same tenant) creates its own sandbox; the first connects to it: default, not owned.
@@ -160,7 +160,7 @@ async fn tools_work_end_to_end_with_session_defaults_and_ownership() {
     }
     let masked_line = log
         .lines()
-        .find(|l| l.contains("\"tool call\"") && l.contains("/home/user/********.txt"))
+        .find(|l| l.contains("\"tool call\"") && l.contains("/home/user/***.txt"))
         .expect("the read_file error quoting the key is logged, masked");
     assert!(masked_line.contains("\"outcome\":\"error\""), "{masked_line}");
     assert!(!log.contains(&provider.api_key), "the provider API key leaked into the log");
@@ -172,7 +172,7 @@ async fn configured_secrets_and_the_provider_key_are_masked_in_output_files_and_
         return;
     }
     const SECRET: &str = "gateway-configured-secret-42";
-    const MASK: &str = "********";
+    const MASK: &str = "***"; // sandbox_mcp::masking::MASK
     let provider = ProviderProc::start();
     let key = provider.api_key.clone();
     let gateway = GatewayProc::start_e2b(&provider, &format!("[tasks]\nsecrets = [\"{SECRET}\"]\n"), &[]);

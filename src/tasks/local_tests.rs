@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::service::{ExecOutput, FileSlice, SupervisorTransport, TaskService, TransportError};
 use super::{SUPERVISOR_INSTALLS, TaskId, TaskState, launch::TaskSpec, page::PageRequest};
+use crate::masking::Masker;
 
 /// python3 on this host, with HOME pointing at a private temp directory.
 struct LocalPython {
@@ -28,7 +29,7 @@ impl LocalPython {
         self.home.path().join(".sandbox-mcp/supervisor.py")
     }
     fn service(&self, secrets: &[&str]) -> TaskService {
-        TaskService::with_script_path(self.script().to_str().unwrap(), secrets.iter().copied())
+        TaskService::with_script_path(self.script().to_str().unwrap(), Masker::new(secrets).unwrap())
     }
 }
 
