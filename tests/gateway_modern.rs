@@ -5,11 +5,11 @@
 //! (tenant-bound ids, cancel, another replica, a SIGKILLed and restarted
 //! gateway), and the legacy session DELETE answers (204, then 404).
 
-mod gateway_support;
+mod common;
 
 use std::time::{Duration, Instant};
 
-use gateway_support::{GatewayProc, ProviderProc, require_root, sha256_hex};
+use common::{Gateway, Provider, require_root, sha256_hex};
 use reqwest::header::CONTENT_TYPE;
 use serde_json::{Value, json};
 
@@ -126,12 +126,10 @@ impl Modern {
     }
 }
 
-fn start_pair() -> Option<(ProviderProc, GatewayProc)> {
-    if !require_root("gateway_modern") {
-        return None;
-    }
-    let provider = ProviderProc::start();
-    let gateway = GatewayProc::start_e2b(&provider, &auth_config(), &[]);
+fn start_pair() -> Option<(Provider, Gateway)> {
+    require_root!(None);
+    let provider = Provider::start();
+    let gateway = Gateway::start_e2b(&provider, &auth_config(), &[]);
     Some((provider, gateway))
 }
 
@@ -193,7 +191,7 @@ async fn sessionless_requests_discover_list_and_run() {
 #[tokio::test(flavor = "multi_thread")]
 async fn mcp_tasks_are_sandbox_tasks_across_replicas_and_tenants() {
     let Some((provider, gateway_a)) = start_pair() else { return };
-    let gateway_b = GatewayProc::start_e2b(&provider, &auth_config(), &[]);
+    let gateway_b = Gateway::start_e2b(&provider, &auth_config(), &[]);
     let a = Modern::new(gateway_a.mcp_url(), TOKEN_ACME, true);
     let b = Modern::new(gateway_b.mcp_url(), TOKEN_ACME, true);
 
@@ -274,11 +272,8 @@ async fn mcp_task_survives_gateway_sigkill() {
     let task_id = started["taskId"].as_str().expect("a task").to_string();
 
     // SIGKILL: no shutdown, no cleanup.
-    if let Some(mut child) = gateway.child.take() {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    let restarted = GatewayProc::start_e2b(&provider, &auth_config(), &[]);
+    gateway.kill9();
+    let restarted = Gateway::start_e2b(&provider, &auth_config(), &[]);
     let fresh = Modern::new(restarted.mcp_url(), TOKEN_ACME, true);
     let done = fresh.wait_terminal(&task_id, Duration::from_secs(30)).await;
     assert_eq!(done["status"], "completed", "{done}");
