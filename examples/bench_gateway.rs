@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use common::mcp::{McpClient, tool, try_connect};
 use common::redis_server::Redis;
+use common::rss_kib;
 use common::stats::p50;
 use common::{Gateway, GatewayBuilder, Provider, with_free_port};
 use sandbox_mcp::e2b::{CallOptions, OutputLimits, wire};
@@ -45,14 +46,6 @@ fn binary() -> anyhow::Result<std::path::PathBuf> {
         bail!("{} not found: run `cargo build --release --bin sandbox-mcp` first", bin.display());
     }
     Ok(bin)
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).map(str::to_string))
-        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        .unwrap_or(0)
 }
 
 async fn mcp_client(url: &str) -> anyhow::Result<McpClient> {

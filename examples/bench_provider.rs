@@ -23,7 +23,7 @@ use anyhow::{Context, bail};
 use bytes::Bytes;
 use clap::Parser;
 use common::stats::{Summary, ms, p50, percentile, print_header, print_row};
-use common::{API_KEY, Provider, testnet};
+use common::{API_KEY, Provider, rss_kib, testnet};
 use futures_util::StreamExt;
 use sandbox_mcp::e2b::wire;
 use sandbox_mcp::e2b::{CallOptions, E2bClient, OutputLimits};
@@ -60,9 +60,8 @@ fn envd_rss_kib(sandbox_id: &str) -> Option<u64> {
         let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
         let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
         if text.contains(" envd ") && text.contains(sandbox_id) {
-            let status = std::fs::read_to_string(entry.path().join("status")).ok()?;
-            let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-            return line.split_whitespace().nth(1)?.parse().ok();
+            let pid = entry.file_name().to_str()?.parse().ok()?;
+            return Some(rss_kib(pid));
         }
     }
     None
@@ -115,11 +114,6 @@ fn parse_net_result(text: &str) -> anyhow::Result<(f64, f64)> {
     Ok((rate, latency))
 }
 
-fn rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// Kernel memory that network namespaces cost (slab + per-CPU), KiB.
 fn kernel_kib() -> u64 {
     let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
@@ -166,13 +160,13 @@ async fn network(client: &E2bClient, provider_pid: Option<u32>, args: &Args) -> 
     // Memory: provider RSS and kernel memory with N idle sandboxes, per sandbox.
     if let Some(pid) = provider_pid {
         let n = args.fleet.min(20);
-        let (rss_before, kernel_before) = (rss_kib(pid).unwrap_or(0), kernel_kib());
+        let (rss_before, kernel_before) = (rss_kib(pid), kernel_kib());
         let mut ids = Vec::new();
         for _ in 0..n {
             ids.push(client.create_sandbox(&new_sandbox()).await?.sandbox_id);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let (rss_after, kernel_after) = (rss_kib(pid).unwrap_or(0), kernel_kib());
+        let (rss_after, kernel_after) = (rss_kib(pid), kernel_kib());
         for id in &ids {
             client.kill_sandbox(id).await?;
         }

@@ -21,8 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use common::GatewayBuilder;
 use common::mcp::{McpClient, tool};
+use common::{GatewayBuilder, rss_kib, tokens_config};
 use serde_json::json;
 
 const TOKENS: [(&str, &str); 2] = [("a", "soak-tenant-a-token-0123456789"), ("b", "soak-tenant-b-token-0123456789")];
@@ -43,14 +43,6 @@ fn binary() -> anyhow::Result<std::path::PathBuf> {
         bail!("{} not found: run `cargo build --release --bin sandbox-mcp` first", bin.display());
     }
     Ok(bin)
-}
-
-fn status_kib(pid: u32, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with(key)).map(str::to_string))
-        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        .unwrap_or(0)
 }
 
 fn fds(pid: u32) -> u64 {
@@ -97,15 +89,9 @@ async fn main() -> anyhow::Result<()> {
     let secs: u64 = std::env::var("SOAK_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(600).min(600);
     let bin = binary()?;
     let dir = tempfile::tempdir()?;
-    let tokens: Vec<String> = TOKENS
-        .iter()
-        .map(|(t, tok)| {
-            format!("{{ tenant = \"{t}\", sha256 = \"{}\" }}", sandbox_mcp::gateway::auth::token_hash_hex(tok))
-        })
-        .collect();
     let config = format!(
-        "[auth]\ntokens = [{}]\n[local]\nstate_dir = \"{}\"\nmemory_limit_mb = 256\nmax_sandboxes = 40\n",
-        tokens.join(", "),
+        "{}[local]\nstate_dir = \"{}\"\nmemory_limit_mb = 256\nmax_sandboxes = 40\n",
+        tokens_config(&TOKENS),
         dir.path().join("state").display()
     );
     std::fs::write(dir.path().join("config.toml"), config)?;
@@ -185,7 +171,7 @@ async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let mut samples = Vec::new();
     while Instant::now() < end {
-        let sample = (started.elapsed().as_secs(), status_kib(pid, "VmRSS:"), fds(pid));
+        let sample = (started.elapsed().as_secs(), rss_kib(pid), fds(pid));
         println!(
             "t={:>4}s rss={:>7} KiB fds={:>5} ops={} sessions={} errors={}",
             sample.0,
@@ -214,7 +200,7 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let last = (started.elapsed().as_secs(), status_kib(pid, "VmRSS:"), fds(pid));
+    let last = (started.elapsed().as_secs(), rss_kib(pid), fds(pid));
     samples.push(last);
     println!("t={:>4}s rss={:>7} KiB fds={:>5} (after the load)", last.0, last.1, last.2);
     // The first sample after warm-up (a minute in, or the second sample) is the baseline.

@@ -27,12 +27,7 @@ const TOKEN_B: &str = "abuse-tenant-b-token-0123456789";
 const SECRET: &str = "s3cret-value-abuse-7f3a9c";
 
 fn two_tenants(extra: &str) -> String {
-    format!(
-        "[auth]\ntokens = [ {{ tenant = \"a\", sha256 = \"{}\" }}, {{ tenant = \"b\", sha256 = \"{}\" }} ]\n\
-         [tasks]\nsecrets = [\"{SECRET}\"]\n{extra}",
-        sha256_hex(TOKEN_A),
-        sha256_hex(TOKEN_B)
-    )
+    format!("{}[tasks]\nsecrets = [\"{SECRET}\"]\n{extra}", tokens_config(&[("a", TOKEN_A), ("b", TOKEN_B)]))
 }
 
 /// The embedded provider's address, from the gateway's JSON log.
@@ -617,14 +612,6 @@ async fn per_tenant_limits_refuse_accurately_and_spare_the_other_tenant() {
     for client in [a, a2, a3, b] {
         close(client).await;
     }
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).map(str::to_string))
-        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        .unwrap_or(0)
 }
 
 /// Gateway memory per call is bounded by the tools' own caps: three concurrent worst-case

@@ -15,10 +15,8 @@ const TOKEN_BETA: &str = "beta-token-0123456789abcdef";
 
 fn auth_config() -> String {
     format!(
-        "[auth]\ntokens = [ {{ tenant = \"acme\", sha256 = \"{}\" }}, {{ tenant = \"beta\", sha256 = \"{}\" }} ]\n\
-         [server]\nallowed_origins = [\"https://app.example.com\"]\n",
-        sha256_hex(TOKEN_ACME),
-        sha256_hex(TOKEN_BETA)
+        "{}[server]\nallowed_origins = [\"https://app.example.com\"]\n",
+        tokens_config(&[("acme", TOKEN_ACME), ("beta", TOKEN_BETA)])
     )
 }
 

@@ -14,7 +14,7 @@ const TOKEN: &str = "metrics-test-token-0123456789";
 const SCRAPE: &str = "metrics-scrape-token-9876543210";
 
 fn auth_config() -> String {
-    format!("[auth]\ntokens = [ {{ tenant = \"acme\", sha256 = \"{}\" }} ]\n", sha256_hex(TOKEN))
+    tokens_config(&[("acme", TOKEN)])
 }
 
 fn auth_and_scrape_config() -> String {

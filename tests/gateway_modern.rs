@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Gateway, Provider, require_root, sha256_hex};
+use common::{Gateway, Provider, require_root, tokens_config};
 use reqwest::header::CONTENT_TYPE;
 use serde_json::{Value, json};
 
@@ -18,11 +18,7 @@ const TOKEN_BETA: &str = "modern-token-beta-0123456789";
 const TASKS: &str = "io.modelcontextprotocol/tasks";
 
 fn auth_config() -> String {
-    format!(
-        "[auth]\ntokens = [ {{ tenant = \"acme\", sha256 = \"{}\" }}, {{ tenant = \"beta\", sha256 = \"{}\" }} ]\n",
-        sha256_hex(TOKEN_ACME),
-        sha256_hex(TOKEN_BETA)
-    )
+    tokens_config(&[("acme", TOKEN_ACME), ("beta", TOKEN_BETA)])
 }
 
 /// A 2026-07-28 client: every request carries its version, client info and capabilities.

@@ -13,15 +13,11 @@ fn python_sdk_client_session() {
     let python = require_env!("SANDBOX_MCP_PYTHON", "a python with mcp==1.30.0");
     require_root!();
     let token = "interop-token-0123456789";
-    let config = format!("[auth]\ntokens = [ {{ tenant = \"interop\", sha256 = \"{}\" }} ]\n", sha256_hex(token));
-    let gateway = Gateway::start(&config, &[]);
+    let gateway = gateway_with_token("interop", token);
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/mcp_client_session.py");
-    let output =
-        std::process::Command::new(python).arg(script).arg(gateway.mcp_url()).arg(token).output().expect("run python");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let mut python = std::process::Command::new(python);
+    let (stdout, _) = run_checked(python.arg(script).arg(gateway.mcp_url()).arg(token), Some(&gateway));
     println!("{stdout}");
-    assert!(output.status.success(), "python session failed:\n{stdout}\n{stderr}\nserve log:\n{}", gateway.log_text());
     let summary = stdout.lines().last().unwrap_or_default();
     assert!(summary.ends_with(" passed, 0 failed") && !summary.starts_with("0 passed"), "{summary}");
 }

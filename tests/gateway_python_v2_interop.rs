@@ -17,23 +17,10 @@ fn run_client(mode: &str) {
     let python = require_env!("SANDBOX_MCP_PYTHON_V2", "a python with mcp==2.3.0");
     require_root!();
     let token = "interop-v2-token-0123456789";
-    let config = format!("[auth]\ntokens = [ {{ tenant = \"interop\", sha256 = \"{}\" }} ]\n", sha256_hex(token));
-    let gateway = Gateway::start(&config, &[]);
+    let gateway = gateway_with_token("interop", token);
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/mcp_v2_client.py");
-    let output = std::process::Command::new(python)
-        .arg(script)
-        .arg(gateway.mcp_url())
-        .arg(token)
-        .arg(mode)
-        .output()
-        .expect("run python");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "python v2 ({mode}) failed:\n{stdout}\n{stderr}\nserve log:\n{}",
-        gateway.log_text()
-    );
+    let mut python = std::process::Command::new(python);
+    let (stdout, stderr) = run_checked(python.arg(script).arg(gateway.mcp_url()).arg(token).arg(mode), Some(&gateway));
     assert!(!stderr.contains("Session termination failed"), "{stderr}");
     let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("summary line");
     println!("{seen}");

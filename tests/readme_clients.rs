@@ -44,20 +44,15 @@ fn readme_python_v2_snippet_runs() {
     let python = require_env!("SANDBOX_MCP_PYTHON_V2", "a python with mcp==2.3.0");
     require_root!();
     let token = "readme-token-0123456789";
-    let config = format!("[auth]\ntokens = [ {{ tenant = \"readme\", sha256 = \"{}\" }} ]\n", sha256_hex(token));
-    let gateway = Gateway::start(&config, &[]);
+    let gateway = gateway_with_token("readme", token);
     let dir = tempfile::tempdir().expect("tempdir");
     let script = dir.path().join("snippet.py");
     std::fs::write(&script, snippet).expect("write snippet");
-    let output = std::process::Command::new(python)
-        .arg(&script)
-        .env("SANDBOX_MCP_URL", gateway.mcp_url())
-        .env("SANDBOX_MCP_TOKEN", token)
-        .output()
-        .expect("run snippet");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "README snippet failed:\n{stdout}\n{stderr}");
+    let mut python = std::process::Command::new(python);
+    let (stdout, stderr) = run_checked(
+        python.arg(&script).env("SANDBOX_MCP_URL", gateway.mcp_url()).env("SANDBOX_MCP_TOKEN", token),
+        Some(&gateway),
+    );
     assert_eq!(stdout.trim(), "Linux", "{stdout}\n{stderr}");
 }
 
@@ -68,8 +63,7 @@ fn readme_typescript_snippet_runs() {
     let client_dir = require_env!("SANDBOX_MCP_TS_CLIENT_DIR", "the pinned TypeScript client install");
     require_root!();
     let token = "readme-ts-token-0123456789";
-    let config = format!("[auth]\ntokens = [ {{ tenant = \"readme\", sha256 = \"{}\" }} ]\n", sha256_hex(token));
-    let gateway = Gateway::start(&config, &[]);
+    let gateway = gateway_with_token("readme", token);
     // Beside the installed client's node_modules, so the bare import resolves.
     let script = std::path::Path::new(&client_dir).join(format!("readme-snippet-{}.mjs", std::process::id()));
     std::fs::write(&script, snippet).expect("write snippet");
@@ -165,8 +159,7 @@ fn readme_inspector_cli_snippet_runs_without_portability_findings() {
     }
 
     let token = "readme-inspector-token-0123456789";
-    let config = format!("[auth]\ntokens = [ {{ tenant = \"readme\", sha256 = \"{}\" }} ]\n", sha256_hex(token));
-    let gateway = Gateway::start(&config, &[]);
+    let gateway = gateway_with_token("readme", token);
     let url = gateway.mcp_url();
     let env = inspector_env(std::path::Path::new(&node_bin), &install_dir);
     let run = |line: &str, sandbox: &str| {

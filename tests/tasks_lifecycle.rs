@@ -25,9 +25,7 @@ async fn pid_alive(mcp: &Mcp, sandbox_id: &str, pid: u64) -> bool {
 #[tokio::test(flavor = "multi_thread")]
 async fn timeout_cancel_group_cleanup_and_lost_supervisor() {
     require_root!();
-    let env = Env::new();
-    let serve = env.serve(&env.write_config(None, ""));
-    let mcp = Mcp::connect(&serve.mcp_url()).await;
+    let (_env, serve, mcp) = Env::local("").await;
     let sandbox_id = mcp.create_sandbox().await;
 
     // Timeout: TERM at 1 s.
@@ -103,9 +101,7 @@ async fn timeout_cancel_group_cleanup_and_lost_supervisor() {
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_arguments_are_refused_before_any_connection() {
     require_root!();
-    let env = Env::new();
-    let serve = env.serve(&env.write_config(None, ""));
-    let mcp = Mcp::connect(&serve.mcp_url()).await;
+    let (_env, _serve, mcp) = Env::local("").await;
     let tools = mcp.client.list_all_tools().await.unwrap();
     for name in ["start_task", "get_task", "cancel_task", "list_tasks"] {
         let tool = tools.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("{name} is not listed"));

@@ -45,9 +45,7 @@ fn generator_command(seed: u32) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn twenty_concurrent_tasks_keep_exact_prefixes() {
     require_root!();
-    let env = Env::new();
-    let serve = env.serve(&env.write_config(None, ""));
-    let mcp = Mcp::connect(&serve.mcp_url()).await;
+    let (_env, serve, mcp) = Env::local("").await;
     let sandbox_id = mcp.create_sandbox().await;
 
     let starts = (0..20u32).map(|seed| {
@@ -90,10 +88,7 @@ async fn twenty_concurrent_tasks_keep_exact_prefixes() {
 #[tokio::test(flavor = "multi_thread")]
 async fn secrets_are_masked_and_look_alikes_kept() {
     require_root!();
-    let env = Env::new();
-    let config = env.write_config(None, "[tasks]\nsecrets = [\"gateway-configured-secret-42\"]\n");
-    let serve = env.serve(&config);
-    let mcp = Mcp::connect(&serve.mcp_url()).await;
+    let (_env, _serve, mcp) = Env::local("[tasks]\nsecrets = [\"gateway-configured-secret-42\"]\n").await;
     let sandbox_id = mcp.create_sandbox().await;
 
     // The env secret is written in two pieces, with a pause, so the supervisor sees two pipe reads.
@@ -124,9 +119,7 @@ async fn secrets_are_masked_and_look_alikes_kept() {
 #[tokio::test(flavor = "multi_thread")]
 async fn split_characters_read_as_replacement_and_wait_returns_early() {
     require_root!();
-    let env = Env::new();
-    let serve = env.serve(&env.write_config(None, ""));
-    let mcp = Mcp::connect(&serve.mcp_url()).await;
+    let (_env, serve, mcp) = Env::local("").await;
     let sandbox_id = mcp.create_sandbox().await;
 
     let v = mcp.start_task(&sandbox_id, "printf 'aé'; sleep 2; echo late; sleep 600", json!({})).await;

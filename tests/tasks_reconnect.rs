@@ -50,10 +50,7 @@ async fn start(mcp: &Mcp, sandbox_id: &str) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn task_outlives_its_session_and_retention_decides_cleanup() {
     require_root!();
-    let env = Env::new();
-    let serve = env.serve(&env.write_config(None, ""));
-
-    let mcp = Mcp::connect(&serve.mcp_url()).await;
+    let (_env, serve, mcp) = Env::local("").await;
     let with_task = mcp.create_sandbox().await;
     let without_task = mcp.create_sandbox().await;
     let task_id = start(&mcp, &with_task).await;
@@ -128,9 +125,7 @@ async fn summary(mcp: &Mcp, sandbox_id: &str) -> Value {
 #[tokio::test(flavor = "multi_thread")]
 async fn task_tools_retain_but_never_extend_or_own() {
     require_root!();
-    let env = Env::new();
-    let serve = env.serve(&env.write_config(None, ""));
-    let mcp = Mcp::connect(&serve.mcp_url()).await;
+    let (_env, serve, mcp) = Env::local("").await;
     let created = mcp.call("create_sandbox", json!({"timeout": 300})).await.ok();
     let created_at = std::time::Instant::now();
     let sandbox_id = created["sandbox_id"].as_str().unwrap().to_string();

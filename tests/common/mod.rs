@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 pub use gateway::{Gateway, GatewayBuilder, e2b_config, with_free_port};
 pub use mcp::{McpClient, call, close, connect, connect_latest, empty, err, ok, text};
-pub use process::{Log, ProcessGuard, binary, wait_until};
+pub use process::{Log, ProcessGuard, binary, rss_kib, wait_until};
 pub use provider::{API_KEY, Provider, ProviderBuilder, agent_alive};
 use sandbox_mcp::e2b::E2bClient;
 
@@ -96,6 +96,33 @@ pub async fn wait_gone(provider: &E2bClient, id: &str, timeout: Duration) -> boo
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     false
+}
+
+/// A gateway (embedded provider) that accepts one bearer token, for one tenant.
+#[track_caller]
+pub fn gateway_with_token(tenant: &str, token: &str) -> Gateway {
+    Gateway::start(&tokens_config(&[(tenant, token)]), &[])
+}
+
+/// Runs a client program (an SDK script, a README snippet) to its end and returns its stdout and
+/// stderr; when it fails, panics with both and the log of `gateway`.
+#[track_caller]
+pub fn run_checked(command: &mut std::process::Command, gateway: Option<&Gateway>) -> (String, String) {
+    let output = command.output().unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let log = gateway.map(Gateway::log_text).unwrap_or_default();
+    assert!(output.status.success(), "{command:?} failed ({}):\n{stdout}\n{stderr}\nserve log:\n{log}", output.status);
+    (stdout, stderr)
+}
+
+/// The `[auth] tokens` config of these (tenant, token) pairs.
+pub fn tokens_config(tenants: &[(&str, &str)]) -> String {
+    let entries: Vec<String> = tenants
+        .iter()
+        .map(|(tenant, token)| format!("{{ tenant = \"{tenant}\", sha256 = \"{}\" }}", sha256_hex(token)))
+        .collect();
+    format!("[auth]\ntokens = [ {} ]\n", entries.join(", "))
 }
 
 /// The SHA-256 (hex) of a gateway token, as `[auth] tokens` holds it.

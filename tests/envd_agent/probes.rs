@@ -34,26 +34,32 @@ fn rss_probe_child() {
     });
 }
 
-/// RSS of an idle envd in its own process (an upper bound: the libtest harness is included).
-#[tokio::test]
-async fn idle_envd_rss() {
-    require_root!();
+/// envd in a process of its own (this test binary running `rss_probe_child`), once it listens, and
+/// a client of it.
+async fn envd_process(reap_orphans: bool) -> (ProcessGuard, TestEnvd) {
     let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("probe.sock");
-    let mut child = ProcessGuard::spawn(
-        std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["probes::rss_probe_child", "--exact", "--ignored", "--test-threads=1", "--nocapture"])
-            .env("ENVD_RSS_PROBE_SOCKET", &socket)
-            .stdout(std::process::Stdio::null()),
-        Duration::ZERO,
-    )
-    .unwrap();
+    let socket = dir.path().join("envd.sock");
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command
+        .args(["probes::rss_probe_child", "--exact", "--ignored", "--test-threads=1", "--nocapture"])
+        .env("ENVD_RSS_PROBE_SOCKET", &socket)
+        .stdout(std::process::Stdio::null());
+    if reap_orphans {
+        command.env("ENVD_PROBE_REAP_ORPHANS", "1");
+    }
+    let child = ProcessGuard::spawn(&mut command, Duration::ZERO).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while !socket.exists() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let envd =
-        TestEnvd { _dir: tempfile::tempdir().unwrap(), socket: socket.clone(), server: tokio::spawn(async { Ok(()) }) };
+    (child, TestEnvd { _dir: dir, socket, server: tokio::spawn(async { Ok(()) }) })
+}
+
+/// RSS of an idle envd in its own process (an upper bound: the libtest harness is included).
+#[tokio::test]
+async fn idle_envd_rss() {
+    require_root!();
+    let (mut child, envd) = envd_process(false).await;
     let ok = envd.run("echo warm", json!({}), &[]).await;
     assert_eq!(ok.stdout, b"warm\n");
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -84,22 +90,7 @@ async fn idle_envd_rss() {
 #[tokio::test]
 async fn orphans_are_reaped() {
     require_root!();
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("reaper.sock");
-    let mut child = ProcessGuard::spawn(
-        std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["probes::rss_probe_child", "--exact", "--ignored", "--test-threads=1", "--nocapture"])
-            .env("ENVD_RSS_PROBE_SOCKET", &socket)
-            .env("ENVD_PROBE_REAP_ORPHANS", "1")
-            .stdout(std::process::Stdio::null()),
-        Duration::ZERO,
-    )
-    .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !socket.exists() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let envd = TestEnvd { _dir: tempfile::tempdir().unwrap(), socket, server: tokio::spawn(async { Ok(()) }) };
+    let (mut child, envd) = envd_process(true).await;
     let result = envd.run("sleep 0.3 >/dev/null 2>&1 & echo $!; exit 4", json!({}), &[]).await;
     assert_eq!(result.end.unwrap()["exitCode"], 4);
     let orphan: u32 = String::from_utf8_lossy(&result.stdout).trim().parse().unwrap();

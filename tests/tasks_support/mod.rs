@@ -63,6 +63,14 @@ impl Env {
             .start()
     }
 
+    /// An env whose `serve` uses the embedded provider with `extra` config, and a session to it.
+    pub async fn local(extra: &str) -> (Env, Gateway, Mcp) {
+        let env = Env::new();
+        let serve = env.serve(&env.write_config(None, extra));
+        let mcp = Mcp::connect(&serve.mcp_url()).await;
+        (env, serve, mcp)
+    }
+
     /// A separate `sandbox-mcp provider` (sandboxes time out after 600 s).
     pub fn provider(&self) -> Provider {
         Provider::builder().state_dir(self.dir.path().join("provider-state")).args(["--default-timeout", "600"]).start()
