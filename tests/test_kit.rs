@@ -47,8 +47,7 @@ fn kill9_stops_only_the_leader() {
     let status = guard.kill9().expect("reaped");
     assert!(!status.success());
     assert!(!gone(child), "a crash of the leader must not take its group with it");
-    // SAFETY: kill(2) of the orphan this test started.
-    unsafe { libc::kill(child as i32, libc::SIGKILL) };
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child as i32), nix::sys::signal::Signal::SIGKILL);
 }
 
 #[test]

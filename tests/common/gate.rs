@@ -2,7 +2,7 @@
 //! SDK, a tool on PATH): it prints one loud `SKIPPED` line and lets the test return, except under
 //! `SANDBOX_MCP_NO_SKIP=1` (set by scripts/test.sh and CI), where a would-be skip is a failure.
 //!
-//! Needs only std and libc: the library's own unit tests include this file too (`#[path]`).
+//! Needs only std and nix: the library's own unit tests include this file too (`#[path]`).
 //! Tests use it through the `require_root!` / `require_env!` / `require_command!` macros of
 //! `tests/common/mod.rs`.
 
@@ -27,8 +27,7 @@ pub fn skip(why: &str) {
 
 /// True when running as root (the local provider needs namespaces, mounts and cgroups).
 pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
+    nix::unistd::geteuid().is_root()
 }
 
 /// True when root; otherwise records a skip (see [`skip`]) and returns false.
