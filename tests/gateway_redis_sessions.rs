@@ -6,146 +6,40 @@
 //! Needs root (the provider) and `redis-server` (installed by scripts/test.sh);
 //! the Python test also needs `$SANDBOX_MCP_PYTHON` (mcp==1.30.0).
 
-mod gateway_support;
+mod common;
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gateway_support::*;
+use common::redis_server::Redis;
+use common::*;
 use serde_json::json;
 
-/// A `redis-server` on a private port with its data (append-only file) in a temp dir.
-struct RedisProc {
-    child: Option<Child>,
-    port: u16,
-    dir: tempfile::TempDir,
-}
-
-impl RedisProc {
-    /// None (after a loud skip) when redis-server is missing.
-    fn start(test: &str) -> Option<Self> {
-        if Command::new("redis-server").arg("--version").output().is_err() {
-            eprintln!("SKIPPED {test}: redis-server is not installed (scripts/test.sh installs it)");
-            assert!(
-                std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
-                "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
-            );
-            return None;
-        }
-        let mut redis = Self { child: None, port: free_port(), dir: tempfile::tempdir().expect("tempdir") };
-        redis.spawn();
-        Some(redis)
-    }
-
-    fn spawn(&mut self) {
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string(), "--save", "", "--appendonly", "yes"])
-            .args(["--appendfsync", "always", "--protected-mode", "no", "--dir"])
-            .arg(self.dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn redis-server");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if self.cli(&["PING"]).trim() == "PONG" {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("redis-server did not start on port {}", self.port);
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// Runs a command with redis-cli (or a raw RESP exchange) and returns the reply text.
-    fn cli(&self, args: &[&str]) -> String {
-        let output = Command::new("redis-cli").args(["-p", &self.port.to_string()]).args(args).output();
-        match output {
-            Ok(out) => String::from_utf8_lossy(&out.stdout).to_string(),
-            Err(_) => String::new(),
-        }
-    }
-
-    /// Stops the server (its data stays in the append-only file).
-    fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(child.id() as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for RedisProc {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
+/// The test's redis-server (persistent: it is stopped and started again), None after a loud
+/// skip when redis-server is not installed.
+fn start_redis() -> Option<Redis> {
+    require_command!("redis-server", None);
+    Some(Redis::start(true))
 }
 
 /// A `sandbox-mcp provider` whose log is captured (to count the kill calls it receives).
 struct CountingProvider {
-    inner: ProviderProc,
-    log: Arc<Mutex<String>>,
-    _tmp: tempfile::TempDir,
+    inner: Provider,
 }
 
 impl CountingProvider {
     fn start() -> Self {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let state_dir: PathBuf = tmp.path().join("state");
-        let api_key = "redis-test-provider-key-0123456789";
-        let mut child = Command::new(BIN)
-            .args(["provider", "--listen", "127.0.0.1:0", "--state-dir"])
-            .arg(&state_dir)
-            .args(["--api-key", api_key])
-            .env("RUST_LOG", "warn,sandbox_mcp::local::api=info")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn provider");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).expect("provider stdout");
-        let addr: SocketAddr = line
-            .trim()
-            .rsplit("http://")
-            .next()
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("provider did not print its address: {line:?}"));
-        let log = Arc::new(Mutex::new(String::new()));
-        let sink = Arc::clone(&log);
-        let stderr = child.stderr.take().expect("stderr");
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let mut log = sink.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
-        let inner = ProviderProc::adopt(child, addr, api_key, &state_dir);
-        Self { inner, log, _tmp: tmp }
+        let inner = Provider::builder().log_filter("warn,sandbox_mcp::local::api=info").echo(false).start();
+        Self { inner }
     }
 
     /// Kill calls the provider received for `sandbox_id`.
     fn kills(&self, sandbox_id: &str) -> usize {
-        self.log.lock().unwrap().lines().filter(|l| l.contains("kill requested") && l.contains(sandbox_id)).count()
+        self.inner.log.text().lines().filter(|l| l.contains("kill requested") && l.contains(sandbox_id)).count()
     }
 }
 
-fn redis_config(redis: &RedisProc, prefix: &str, idle_secs: u64) -> String {
+fn redis_config(redis: &Redis, prefix: &str, idle_secs: u64) -> String {
     format!(
         "[server]\nsession_idle_timeout_secs = {idle_secs}\n[sessions]\nstore = \"{}\"\nkey_prefix = \"{prefix}\"\n\
          sweep_interval_secs = 1\ncleanup_lease_secs = 3\ntimeout_ms = 500\n",
@@ -153,8 +47,8 @@ fn redis_config(redis: &RedisProc, prefix: &str, idle_secs: u64) -> String {
     )
 }
 
-fn replica(provider: &CountingProvider, config: &str) -> GatewayProc {
-    GatewayProc::start_e2b(&provider.inner, config, &[])
+fn replica(provider: &CountingProvider, config: &str) -> Gateway {
+    Gateway::start_e2b(&provider.inner, config, &[])
 }
 
 fn unique_prefix(test: &str) -> String {
@@ -162,7 +56,7 @@ fn unique_prefix(test: &str) -> String {
 }
 
 /// The only session id in Redis (the tests run one session per prefix).
-fn session_ids(redis: &RedisProc, prefix: &str) -> Vec<String> {
+fn session_ids(redis: &Redis, prefix: &str) -> Vec<String> {
     redis
         .cli(&["ZRANGE", &format!("{prefix}:expiry"), "0", "-1"])
         .lines()
@@ -184,23 +78,14 @@ async fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool 
 
 #[test]
 fn python_client_session_moves_between_replicas() {
-    let Some(python) = std::env::var_os("SANDBOX_MCP_PYTHON") else {
-        eprintln!("SKIPPED python_client_session_moves_between_replicas: set SANDBOX_MCP_PYTHON (mcp==1.30.0)");
-        assert!(
-            std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
-            "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
-        );
-        return;
-    };
-    if !require_root("python_client_session_moves_between_replicas") {
-        return;
-    }
-    let Some(redis) = RedisProc::start("python_client_session_moves_between_replicas") else { return };
+    let python = require_env!("SANDBOX_MCP_PYTHON", "a python with mcp==1.30.0");
+    require_root!();
+    let Some(redis) = start_redis() else { return };
     let provider = CountingProvider::start();
     let config = redis_config(&redis, &unique_prefix("py"), 120);
     let mut r1 = replica(&provider, &config);
     let r2 = replica(&provider, &config);
-    let pid = r1.child.as_ref().map(|c| c.id()).unwrap_or_default();
+    let pid = r1.pid();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/redis_sessions.py");
     let output = Command::new(python)
         .arg(script)
@@ -227,15 +112,13 @@ fn python_client_session_moves_between_replicas() {
     let task_sandbox =
         stdout.lines().find_map(|l| l.strip_prefix("TASK_SANDBOX ")).expect("task sandbox id").trim().to_string();
     assert_eq!(provider.kills(&task_sandbox), 0, "a retained sandbox is never killed\n{logs}");
-    let _ = r1.child.take().map(|mut c| c.wait()); // SIGKILLed by the script
+    r1.wait_exit(Duration::from_secs(10)); // SIGKILLed by the script
 }
 
 #[test]
 fn expiry_cleans_up_once_across_replicas_after_a_crash_and_a_dead_lease() {
-    if !require_root("expiry_cleans_up_once_across_replicas_after_a_crash_and_a_dead_lease") {
-        return;
-    }
-    let Some(redis) = RedisProc::start("expiry_cleans_up_once") else { return };
+    require_root!();
+    let Some(redis) = start_redis() else { return };
     let provider = CountingProvider::start();
     let prefix = unique_prefix("expiry");
     let config = redis_config(&redis, &prefix, 4);
@@ -253,10 +136,7 @@ fn expiry_cleans_up_once_across_replicas_after_a_crash_and_a_dead_lease() {
         assert_eq!(ids.len(), 1, "one session in Redis: {ids:?}");
         let session = ids[0].clone();
         // Replica 1 crashes (no shutdown, no DELETE).
-        if let Some(mut child) = r1.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        r1.kill9();
         drop(client);
         // A replica that died midway through this session's cleanup: it killed c and holds the lease.
         assert!(provider.inner.client().kill_sandbox(&c).await.unwrap());
@@ -288,10 +168,8 @@ fn expiry_cleans_up_once_across_replicas_after_a_crash_and_a_dead_lease() {
 
 #[test]
 fn delete_on_another_replica_ends_the_session_everywhere() {
-    if !require_root("delete_on_another_replica_ends_the_session_everywhere") {
-        return;
-    }
-    let Some(redis) = RedisProc::start("delete_on_another_replica") else { return };
+    require_root!();
+    let Some(redis) = start_redis() else { return };
     let provider = CountingProvider::start();
     let prefix = unique_prefix("delete");
     let config = redis_config(&redis, &prefix, 120);
@@ -339,10 +217,8 @@ fn delete_on_another_replica_ends_the_session_everywhere() {
 
 #[test]
 fn redis_outage_fails_readiness_and_calls_retryably_then_recovers() {
-    if !require_root("redis_outage_fails_readiness_and_calls_retryably_then_recovers") {
-        return;
-    }
-    let Some(mut redis) = RedisProc::start("redis_outage") else { return };
+    require_root!();
+    let Some(mut redis) = start_redis() else { return };
     let provider = CountingProvider::start();
     let prefix = unique_prefix("outage");
     let r1 = replica(&provider, &redis_config(&redis, &prefix, 120));
@@ -382,7 +258,7 @@ fn redis_outage_fails_readiness_and_calls_retryably_then_recovers() {
             .unwrap();
         assert_eq!(init.status().as_u16(), 503, "initialize while Redis is down");
 
-        redis.spawn();
+        redis.spawn().expect("restart redis-server on its port");
         let base = r1.base();
         let recovered = async {
             for _ in 0..100 {

@@ -2,27 +2,14 @@
 //! `sandbox-mcp` from the same sources, and `sandbox-mcp` itself when the one beside it comes
 //! from other sources. Real provider processes, real sandboxes; needs root.
 
-#[path = "support/provider_process.rs"]
-mod provider_process;
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use provider_process::{ProviderProcess, is_root};
+use common::{Provider, require_root};
 use sandbox_mcp::e2b::wire;
 use sandbox_mcp::e2b::{CallOptions, OutputLimits};
-
-fn may_run() -> bool {
-    if !is_root() {
-        eprintln!("SKIPPED: lean_agent tests need root (namespaces, mounts, cgroups)");
-        assert!(
-            std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
-            "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
-        );
-        return false;
-    }
-    true
-}
 
 /// The executable of the agent of `sandbox_id`, read from the host's `/proc`.
 fn agent_exe(sandbox_id: &str) -> PathBuf {
@@ -37,7 +24,7 @@ fn agent_exe(sandbox_id: &str) -> PathBuf {
 }
 
 /// Creates a sandbox, checks a command runs in it, and returns its agent's executable.
-async fn agent_of_a_new_sandbox(provider: &ProviderProcess) -> PathBuf {
+async fn agent_of_a_new_sandbox(provider: &Provider) -> PathBuf {
     let client = provider.client();
     let new = wire::NewSandbox { template_id: "base".into(), timeout: Some(60), ..Default::default() };
     let sandbox = client.create_sandbox(&new).await.expect("create");
@@ -61,9 +48,7 @@ async fn agent_of_a_new_sandbox(provider: &ProviderProcess) -> PathBuf {
 
 #[tokio::test]
 async fn sandboxes_run_the_lean_agent_built_beside_the_binary() {
-    if !may_run() {
-        return;
-    }
+    require_root!();
     let lean = Path::new(env!("CARGO_BIN_EXE_sandbox-mcp-envd"));
     let out = std::process::Command::new(lean).arg("--build-id").output().expect("run sandbox-mcp-envd");
     assert!(out.status.success() && !out.stdout.is_empty(), "{out:?}");
@@ -72,7 +57,7 @@ async fn sandboxes_run_the_lean_agent_built_beside_the_binary() {
     assert!(!other.status.success());
     assert!(String::from_utf8_lossy(&other.stderr).contains("internal program"), "{other:?}");
 
-    let provider = ProviderProcess::spawn(Path::new(env!("CARGO_BIN_EXE_sandbox-mcp"))).expect("start the provider");
+    let provider = Provider::start();
     let exe = agent_of_a_new_sandbox(&provider).await;
     assert_eq!(exe, lean.canonicalize().unwrap(), "the sandbox's agent should be the lean binary");
     provider.shutdown().await;
@@ -80,9 +65,7 @@ async fn sandboxes_run_the_lean_agent_built_beside_the_binary() {
 
 #[tokio::test]
 async fn an_agent_binary_from_other_sources_is_not_used() {
-    if !may_run() {
-        return;
-    }
+    require_root!();
     // `sandbox-mcp` (hard-linked, so /proc/self/exe names this directory) beside a
     // `sandbox-mcp-envd` that reports another build.
     let real = Path::new(env!("CARGO_BIN_EXE_sandbox-mcp"));
@@ -96,7 +79,7 @@ async fn an_agent_binary_from_other_sources_is_not_used() {
     std::fs::write(&stale, "#!/bin/sh\necho 0000000000000000\n").expect("write the stale agent");
     std::fs::set_permissions(&stale, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
 
-    let provider = ProviderProcess::spawn(&bin).expect("start the provider");
+    let provider = Provider::builder().bin(&bin).start();
     let exe = agent_of_a_new_sandbox(&provider).await;
     assert_eq!(exe, bin, "a stale lean agent must be passed over for the binary itself");
     provider.shutdown().await;
