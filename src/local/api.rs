@@ -51,6 +51,17 @@ pub fn router(state: Arc<AppState>) -> Router {
         })
         .layer(middleware::from_fn_with_state(state.clone(), check_api_key))
         .layer(middleware::from_fn_with_state(state.clone(), route_data_plane))
+        // The API key and the sandboxes' access tokens never show in a logged or debugged request.
+        .layer(tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer::new([
+            http::HeaderName::from_static("x-api-key"),
+            http::HeaderName::from_static("x-access-token"),
+            http::header::AUTHORIZATION,
+        ]))
+        // A bug that panics in a handler answers 500 in E2B's error shape instead of a reset connection.
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_panic: Box<dyn std::any::Any + Send>| {
+            tracing::error!("a control-plane handler panicked");
+            ControlError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error in the local provider").into_response()
+        }))
         .with_state(state)
 }
 
