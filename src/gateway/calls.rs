@@ -17,6 +17,9 @@ use super::handler::Gateway;
 /// A tool result: structured value (plus its text copy), or an `isError` sentence.
 pub(crate) type ToolResult<T> = Result<Json<T>, String>;
 
+/// Header carrying each HTTP request's id (see `server::edge_layers`).
+pub(crate) const REQUEST_ID_HEADER: &str = "x-request-id";
+
 /// Who is calling: from the request's `Parts` (tenant set by the auth layer, session id header).
 #[derive(Debug)]
 pub(crate) struct CallContext {
@@ -25,6 +28,9 @@ pub(crate) struct CallContext {
     pub session_id: Option<String>,
     /// The sandbox this call acted on (for the log line).
     sandbox: Mutex<Option<String>>,
+    /// The HTTP request's `x-request-id` (set by the gateway's request-id layer unless the client
+    /// sent one; answered in the response's `x-request-id`), for the log line.
+    request_id: Option<String>,
 }
 
 impl CallContext {
@@ -38,6 +44,17 @@ impl CallContext {
         self.sandbox.lock().ok().and_then(|s| s.clone()).unwrap_or_default()
     }
 
+    /// The request id for log lines ("-" when there is none, as in the tasks bridge).
+    pub(crate) fn request_label(&self) -> &str {
+        self.request_id.as_deref().unwrap_or("-")
+    }
+
+    /// Attaches the HTTP request's id (see the gateway's request-id layer).
+    fn with_request_id(mut self, parts: &Parts) -> Self {
+        self.request_id = parts.headers.get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
+        self
+    }
+
     /// The session id for log lines ("-" when sessionless).
     pub(crate) fn session_label(&self) -> &str {
         self.session_id.as_deref().unwrap_or("-")
@@ -45,12 +62,12 @@ impl CallContext {
 
     /// A sessionless context (2026-07-28 requests, the tasks bridge).
     pub(crate) fn stateless(tenant: String) -> Self {
-        Self { tenant, session_id: None, sandbox: Mutex::new(None) }
+        Self { tenant, session_id: None, sandbox: Mutex::new(None), request_id: None }
     }
 
     /// A context in a legacy MCP session.
     pub(crate) fn in_session(tenant: String, session_id: String) -> Self {
-        Self { tenant, session_id: Some(session_id), sandbox: Mutex::new(None) }
+        Self { tenant, session_id: Some(session_id), sandbox: Mutex::new(None), request_id: None }
     }
 }
 
@@ -64,12 +81,12 @@ impl Gateway {
     fn caller(&self, parts: &Parts) -> Result<CallContext, ToolError> {
         let tenant = parts.extensions.get::<Tenant>().map(|t| t.0.clone()).ok_or(ToolError::NoTenant)?;
         if super::generation::is_stateless_request(parts) {
-            return Ok(CallContext::stateless(tenant));
+            return Ok(CallContext::stateless(tenant).with_request_id(parts));
         }
         let session_id = parts.headers.get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_string);
         let session_id = session_id.ok_or(ToolError::NeedsSession)?;
         self.core.sessions.with_session(&session_id, &tenant, |_| ())?;
-        Ok(CallContext::in_session(tenant, session_id))
+        Ok(CallContext::in_session(tenant, session_id).with_request_id(parts))
     }
 
     /// Runs a tool body under the tenant's call quota and logs one line with its outcome.
@@ -92,8 +109,9 @@ impl Gateway {
                 // Every client-supplied value that reaches the log is masked (a secret pasted as sandbox_id).
                 let sandbox = call.sandbox();
                 let sandbox = self.core.masker.mask(&sandbox);
+                let request = self.core.masker.mask(call.request_label());
                 tracing::info!(tool, session = %call.session_label(), tenant = %call.tenant,
-                    sandbox = %sandbox, duration_ms, outcome = "ok", "tool call");
+                    sandbox = %sandbox, request = %request, duration_ms, outcome = "ok", "tool call");
                 Ok(Json(value))
             }
             Err(err) => Err(self.fail(tool, Some(call), Some(elapsed), err)),
@@ -123,8 +141,9 @@ impl Gateway {
                 let sandbox = call.sandbox();
                 let sandbox = self.core.masker.mask(&sandbox);
                 let duration_ms = elapsed.map_or(0.0, duration_ms);
+                let request = self.core.masker.mask(call.request_label());
                 tracing::info!(tool, session = %call.session_label(), tenant = %call.tenant,
-                    sandbox = %sandbox, duration_ms, outcome = "error", error = %sentence, "tool call");
+                    sandbox = %sandbox, request = %request, duration_ms, outcome = "error", error = %sentence, "tool call");
             }
             None => tracing::info!(tool, outcome = "error", error = %sentence, "tool call"),
         }

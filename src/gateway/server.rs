@@ -221,7 +221,36 @@ pub async fn build_app(
         Some(oauth) => app.merge(oauth::metadata::router(oauth, &config.server.allowed_hosts)),
         None => app,
     };
+    let router = edge_layers(router);
     Ok(GatewayApp { router, core, sessions_stop, metrics_stop, admin, reaper_stop, reaper })
+}
+
+/// What every request of the gateway passes through first (tower-http): a request id (the
+/// client's `x-request-id`, else a new UUID) set on the request, logged with the tool call and
+/// answered in the response; credentials marked sensitive so no logged or debugged request shows
+/// them; and a handler panic answered as a 500 JSON-RPC error instead of a dropped connection.
+fn edge_layers(router: Router) -> Router {
+    use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+    let request_id = http::HeaderName::from_static(super::calls::REQUEST_ID_HEADER);
+    router
+        .layer(tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer::new([
+            http::header::AUTHORIZATION,
+            http::header::COOKIE,
+        ]))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
+        .layer(PropagateRequestIdLayer::new(request_id.clone()))
+        .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
+}
+
+/// The answer to a request whose handler panicked (a bug): 500 with a JSON-RPC error body.
+fn panic_response(_panic: Box<dyn std::any::Any + Send + 'static>) -> axum::response::Response {
+    tracing::error!("a gateway handler panicked; answered 500");
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {"code": -32603, "message": "internal error in the gateway; the request was not completed"},
+    });
+    (http::StatusCode::INTERNAL_SERVER_ERROR, axum::Json(body)).into_response()
 }
 
 /// Runs the gateway on `listener` until `stop` is cancelled.
@@ -410,5 +439,47 @@ async fn wait_for_signal() {
     #[cfg(not(unix))]
     {
         let _ = ctrl_c.await;
+    }
+}
+
+#[cfg(test)]
+mod edge_tests {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    use super::*;
+
+    fn app() -> Router {
+        let panics = get(|| async {
+            if std::hint::black_box(true) {
+                panic!("a bug");
+            }
+            "unreachable"
+        });
+        edge_layers(Router::new().route("/panic", panics).route("/ok", get(|| async { "fine" })))
+    }
+
+    #[tokio::test]
+    async fn a_handler_panic_is_a_500_json_rpc_error_and_the_service_keeps_serving() {
+        let app = app();
+        let response = app.clone().oneshot(http::Request::get("/panic").body(axum::body::Body::empty()).unwrap());
+        let response = response.await.unwrap();
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(response.headers().contains_key("x-request-id"));
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["error"]["code"], -32603, "{body}");
+        let response = app.oneshot(http::Request::get("/ok").body(axum::body::Body::empty()).unwrap()).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn requests_get_an_id_and_a_client_id_is_kept() {
+        let response = app().oneshot(http::Request::get("/ok").body(axum::body::Body::empty()).unwrap()).await.unwrap();
+        let made = response.headers()["x-request-id"].to_str().unwrap().to_owned();
+        assert_eq!(made.len(), 36, "a UUID: {made}");
+        let request = http::Request::get("/ok").header("x-request-id", "client-7").body(axum::body::Body::empty());
+        let response = app().oneshot(request.unwrap()).await.unwrap();
+        assert_eq!(response.headers()["x-request-id"], "client-7");
     }
 }

@@ -323,6 +323,14 @@ async fn secrets_are_masked_in_output_errors_and_the_log() {
     let log = logs.text();
     assert!(log.contains("/home/user/***.txt: no such file"), "masked error not logged:\n{log}");
     assert!(log.contains("sandbox=***"), "masked sandbox id not logged:\n{log}");
+    // Each tool-call line carries the HTTP request's id (the gateway's request-id layer).
+    let tool_lines: Vec<&str> =
+        log.lines().filter(|l| l.contains("tool call") && l.contains("tool=\"run_command\"")).collect();
+    assert!(!tool_lines.is_empty(), "no run_command line:\n{log}");
+    assert!(
+        tool_lines.iter().all(|l| l.split("request=").nth(1).is_some_and(|id| id.len() >= 36 && !id.starts_with('-'))),
+        "a tool-call line without its request id:\n{log}"
+    );
     assert!(!log.contains(SECRET), "a configured secret reached the log:\n{log}");
     assert!(!log.contains(PROVIDER_KEY), "the provider key reached the log:\n{log}");
 }
