@@ -11,14 +11,12 @@ use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
 
-use super::state::GatewayCore;
-
 /// Wraps every `/mcp` POST so it counts as in flight until its body ends or is dropped.
-pub async fn track_in_flight(State(core): State<Arc<GatewayCore>>, request: Request, next: Next) -> Response {
+pub async fn track_in_flight(State(in_flight): State<Arc<InFlight>>, request: Request, next: Next) -> Response {
     if request.method() != http::Method::POST {
         return next.run(request).await;
     }
-    let guard = core.in_flight.enter_owned(&core);
+    let guard = in_flight.enter_owned();
     crate::guarded_body::guard_response(next.run(request).await, guard)
 }
 
@@ -30,13 +28,13 @@ pub struct InFlight {
 }
 
 /// Decrements the in-flight count when dropped.
-pub struct InFlightGuard(Arc<GatewayCore>);
+pub struct InFlightGuard(Arc<InFlight>);
 
 impl InFlight {
     /// Counts one request in flight until the guard is dropped.
-    pub fn enter_owned(&self, core: &Arc<GatewayCore>) -> InFlightGuard {
+    pub fn enter_owned(self: &Arc<Self>) -> InFlightGuard {
         self.count.fetch_add(1, Ordering::SeqCst);
-        InFlightGuard(Arc::clone(core))
+        InFlightGuard(Arc::clone(self))
     }
 
     pub fn current(&self) -> usize {
@@ -60,7 +58,7 @@ impl InFlight {
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        let in_flight = &self.0.in_flight;
+        let in_flight = &self.0;
         if in_flight.count.fetch_sub(1, Ordering::SeqCst) == 1 {
             in_flight.idle.notify_waiters();
         }

@@ -30,7 +30,7 @@ pub struct GatewayCore {
     pub provider: E2bClient,
     pub sessions: Arc<SessionRegistry>,
     pub masker: Masker,
-    pub in_flight: InFlight,
+    pub in_flight: Arc<InFlight>,
     pub shutting_down: AtomicBool,
     /// Prometheus metrics (ops).
     pub metrics: Arc<GatewayMetrics>,
@@ -81,7 +81,7 @@ impl GatewayCore {
             sessions,
             metrics,
             masker,
-            in_flight: InFlight::default(),
+            in_flight: Arc::default(),
             shutting_down: AtomicBool::new(false),
             cleanups: TaskTracker::new(),
             renewals: Arc::default(),
