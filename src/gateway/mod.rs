@@ -4,6 +4,7 @@
 pub mod args;
 pub mod auth;
 pub mod drain;
+pub mod event_log;
 pub mod exec_tools;
 pub mod file_tools;
 pub mod generation;
