@@ -359,7 +359,8 @@ async fn raw_session(http: &reqwest::Client, url: &str, token: Option<&str>) -> 
     assert!(init.status().is_success(), "initialize: {}", init.status());
     let session = init.headers().get("mcp-session-id").expect("session id").to_str().unwrap().to_string();
     let _ = init.bytes().await;
-    let mut done = raw_post(http, url, &session, token, json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let mut done =
+        raw_post(http, url, &session, token, json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
     done = done.header("accept", "application/json, text/event-stream");
     assert!(done.send().await.unwrap().status().is_success());
     session
@@ -385,7 +386,14 @@ fn raw_post(
 }
 
 /// A tool call in a session; returns the SSE text of its answer.
-async fn raw_call(http: &reqwest::Client, url: &str, session: &str, id: u64, tool: &str, args: serde_json::Value) -> String {
+async fn raw_call(
+    http: &reqwest::Client,
+    url: &str,
+    session: &str,
+    id: u64,
+    tool: &str,
+    args: serde_json::Value,
+) -> String {
     let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": tool, "arguments": args}});
     let response = raw_post(http, url, session, None, body).send().await.unwrap();
     assert!(response.status().is_success(), "{tool}: {}", response.status());

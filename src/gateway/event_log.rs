@@ -5,7 +5,8 @@
 //! so its events get their ids here (`<ms>-<seq>`, strictly increasing in this
 //! process) and are written in the background by one writer that sends each
 //! batch as a single pipeline: a tool call never waits for Redis to log its
-//! events. A resuming client loses nothing by it: an event it holds needs no
+//! events (and its priming event, which carries no message, is not written at
+//! all: a replay from it needs only what follows). A resuming client loses nothing by it: an event it holds needs no
 //! replay, and one written a moment later is found by the replay, which
 //! follows an unfinished request stream until its response; graceful shutdown
 //! flushes the queue (`RedisStore::flush_events`). A session's standalone
@@ -21,7 +22,9 @@ use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use rmcp::model::ServerJsonRpcMessage;
-use rmcp::transport::streamable_http_server::session::{EventId, EventStore, EventStoreError, EventStream, ServerSseMessage};
+use rmcp::transport::streamable_http_server::session::{
+    EventId, EventStore, EventStoreError, EventStream, ServerSseMessage,
+};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
@@ -122,8 +125,13 @@ async fn run_writer(mut conn: ConnectionManager, mut rx: mpsc::Receiver<Write>, 
         if writes > 0 {
             match tokio::time::timeout(timeout, pipe.query_async::<()>(&mut conn)).await {
                 Ok(Ok(())) => {}
-                Ok(Err(err)) => tracing::warn!(writes, error = %err, "SSE event log: cannot write to Redis (those events cannot be replayed)"),
-                Err(_) => tracing::warn!(writes, "SSE event log: Redis did not answer within {timeout:?} (those events may not be replayable)"),
+                Ok(Err(err)) => {
+                    tracing::warn!(writes, error = %err, "SSE event log: cannot write to Redis (those events cannot be replayed)")
+                }
+                Err(_) => tracing::warn!(
+                    writes,
+                    "SSE event log: Redis did not answer within {timeout:?} (those events may not be replayable)"
+                ),
             }
         }
         for done in flushed {
@@ -175,9 +183,7 @@ impl RedisStore {
     /// Waits (at most `timeout`) until every event queued so far is written (graceful shutdown).
     pub async fn flush_events(&self, timeout: Duration) {
         let (done, wait) = oneshot::channel();
-        if self.events.send(Write::Flush(done)).await.is_ok()
-            && tokio::time::timeout(timeout, wait).await.is_err()
-        {
+        if self.events.send(Write::Flush(done)).await.is_ok() && tokio::time::timeout(timeout, wait).await.is_err() {
             tracing::warn!("SSE event log: queued events not written within {timeout:?}");
         }
     }
@@ -235,6 +241,10 @@ impl EventStore for RedisStore {
         let key = self.events_key(stream_id);
         let entry = if stream_id.ends_with(COMMON_SUFFIX) {
             self.store_common_event(&key, data).await?
+        } else if event.message.is_none() {
+            // A priming event (a retry hint, no message): a replay from its id needs only the events after
+            // it, so it gets an id in the stream's order and nothing is written.
+            self.events.next_entry()
         } else {
             let entry = self.events.next_entry();
             self.events.send(Write::Event { key, entry: entry.clone(), data }).await?;

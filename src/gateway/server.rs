@@ -174,15 +174,15 @@ pub async fn serve_on(
         }
     }
     let request_guard = super::parse_guard::RequestGuard::new(config.server.max_body_bytes);
-    let mcp = mcp
-        .layer(axum::middleware::from_fn_with_state(request_guard, super::parse_guard::check_request))
-        .layer(axum::middleware::from_fn_with_state(
+    let mcp = mcp.layer(axum::middleware::from_fn_with_state(request_guard, super::parse_guard::check_request)).layer(
+        axum::middleware::from_fn_with_state(
             super::quotas::SessionLimit {
                 sessions: Arc::clone(&sessions),
                 max_per_tenant: config.limits.max_sessions_per_tenant,
             },
             super::quotas::limit_sessions,
-        ));
+        ),
+    );
     // With Redis: refresh the session's record (and idle deadline) after auth, and only for the tenant and
     // principal the session is bound to: a request with a stolen or guessed session id keeps nothing alive.
     let mcp = match &shared {

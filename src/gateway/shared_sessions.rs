@@ -15,9 +15,9 @@ use axum::response::{IntoResponse, Response};
 use rmcp::transport::streamable_http_server::session::SessionId;
 use tokio_util::sync::CancellationToken;
 
+use super::auth::{Principal, Tenant};
 use super::generation::is_stateless_version;
 use super::handler::GatewayCore;
-use super::auth::{Principal, Tenant};
 use super::redis_store::{RedisStore, StoreError, Touched};
 use super::sessions::TrackingSessionManager;
 
