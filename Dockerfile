@@ -36,8 +36,9 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
     --mount=type=cache,target=/src/target,sharing=locked \
-    cargo build --release --locked --bin sandbox-mcp \
+    cargo build --release --locked --bin sandbox-mcp --bin sandbox-mcp-envd \
     && install -D -s -m 0755 target/release/sandbox-mcp /out/sandbox-mcp \
+    && install -D -s -m 0755 target/release/sandbox-mcp-envd /out/sandbox-mcp-envd \
     && /out/sandbox-mcp --version
 
 # ---------------------------------------------------------------------------
@@ -86,6 +87,8 @@ FROM scratch AS local
 # hadolint ignore=DL3067
 COPY --from=local-root / /
 COPY --from=build /out/sandbox-mcp /usr/local/bin/sandbox-mcp
+# The lean sandbox agent (README: The sandbox agent binary).
+COPY --from=build /out/sandbox-mcp-envd /usr/local/bin/sandbox-mcp-envd
 ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     SANDBOX_MCP_SERVER__LISTEN=0.0.0.0:8080 \
     SANDBOX_MCP_HEALTHCHECK_URL=http://127.0.0.1:8080/healthz \

@@ -369,6 +369,7 @@ bin="$work/sandbox-mcp"
 podman create --name "extract-$run_id" "$local_image" >/dev/null 2>&1
 containers+=("extract-$run_id")
 podman cp "extract-$run_id:/usr/local/bin/sandbox-mcp" "$bin"
+podman cp "extract-$run_id:/usr/local/bin/sandbox-mcp-envd" "$work/sandbox-mcp-envd"
 podman rm -v "extract-$run_id" >/dev/null 2>&1
 "$bin" --version >/dev/null || die "the binary copied out of the local image does not run on this host"
 key="e2b_$(openssl rand -hex 20)"

@@ -20,18 +20,20 @@
 //!    MCP session creations per second with the Redis store beside the memory store (target: <= 0.5 ms
 //!    added p50). `BENCH_ONLY=redis` runs only this part.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use rmcp::model::{CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, ProtocolVersion};
-use rmcp::service::RunningService;
-use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::{RoleClient, ServiceExt};
-use sandbox_mcp::e2b::{CallOptions, E2bClient, OutputLimits, ProviderEndpoint, wire};
+use common::mcp::{McpClient, tool, try_connect};
+use common::redis_server::Redis;
+use common::rss_kib;
+use common::stats::p50;
+use common::{Gateway, GatewayBuilder, Provider, with_free_port};
+use sandbox_mcp::e2b::{CallOptions, OutputLimits, wire};
 use serde_json::json;
 
 const LATENCY_SAMPLES: usize = 400;
@@ -39,70 +41,17 @@ const CPU_SAMPLES: usize = 300;
 const CONCURRENT_SESSIONS: usize = 32;
 const THROUGHPUT_SECS: u64 = 8;
 const IDLE_SESSIONS: usize = 1000;
-const API_KEY: &str = "bench-provider-key-0123456789";
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        for _ in 0..200 {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn binary() -> anyhow::Result<std::path::PathBuf> {
-    let exe = std::env::current_exe()?;
-    let bin = exe.parent().and_then(|p| p.parent()).map(|p| p.join("sandbox-mcp")).context("locating target dir")?;
+    let bin = common::binary();
     if !bin.exists() {
         bail!("{} not found: run `cargo build --release --bin sandbox-mcp` first", bin.display());
     }
     Ok(bin)
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(18999)
-}
-
-fn p50(samples: &mut [f64]) -> f64 {
-    samples.sort_by(|a, b| a.total_cmp(b));
-    samples[samples.len() / 2]
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).map(str::to_string))
-        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        .unwrap_or(0)
-}
-
-async fn mcp_client(url: &str) -> anyhow::Result<RunningService<RoleClient, ClientConfig>> {
-    let transport =
-        StreamableHttpClientTransport::from_config(StreamableHttpClientTransportConfig::with_uri(url.to_string()));
-    let info = ClientConfig::new(ClientCapabilities::default(), Implementation::new("bench", "0"))
-        .with_protocol_version(ProtocolVersion::V_2025_11_25);
-    Ok(info.serve(transport).await?)
-}
-
-async fn tool(
-    client: &rmcp::Peer<RoleClient>,
-    name: &str,
-    args: serde_json::Value,
-) -> anyhow::Result<serde_json::Value> {
-    let serde_json::Value::Object(map) = args else { bail!("args") };
-    let result = client.call_tool(CallToolRequestParams::new(name.to_string()).with_arguments(map)).await?;
-    if result.is_error == Some(true) {
-        bail!("{name} failed: {:?}", result.content);
-    }
-    result.structured_content.context("no structured content")
+async fn mcp_client(url: &str) -> anyhow::Result<McpClient> {
+    try_connect(url, None).await
 }
 
 /// The ways `run_command "true"` is measured.
@@ -237,7 +186,7 @@ struct CallPaths<'a> {
     request: &'a wire::StartRequest,
     options: &'a CallOptions,
     limits: OutputLimits,
-    client: &'a RunningService<RoleClient, ClientConfig>,
+    client: &'a McpClient,
     legacy: LegacyCaller,
     stateless: StatelessCaller,
 }
@@ -313,63 +262,22 @@ async fn main() -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;
 
     // The provider, alone.
-    let mut provider = Command::new(&bin)
-        .args(["provider", "--listen", "127.0.0.1:0", "--api-key", API_KEY, "--state-dir"])
-        .arg(tmp.path().join("state"))
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()?;
-    let mut line = String::new();
-    BufReader::new(provider.stdout.take().context("stdout")?).read_line(&mut line)?;
-    let provider = Proc(provider);
-    let provider_url =
-        line.trim().rsplit("http://").next().map(|a| format!("http://{a}")).context("provider address")?;
+    let provider = Provider::builder().bin(&bin).try_start().map_err(anyhow::Error::msg)?;
 
     if std::env::var("BENCH_ONLY").is_ok_and(|v| v == "redis") {
-        bench_redis_store(&bin, &provider_url, tmp.path()).await?;
+        bench_redis_store(&bin, &provider).await?;
         drop(provider);
         return Ok(());
     }
 
     // The gateway, pointed at it (the E2B code path).
-    let config = tmp.path().join("gateway.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[provider]\nkind = \"e2b\"\napi_url = \"{provider_url}\"\nsandbox_url = \"{provider_url}\"\n\
-             api_key_env = \"BENCH_KEY\"\n[server]\nlog_format = \"json\"\n"
-        ),
-    )?;
-    let port = free_port();
-    let gateway = Proc(
-        Command::new(&bin)
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--config"])
-            .arg(&config)
-            .env("BENCH_KEY", API_KEY)
-            .env("RUST_LOG", "warn")
-            .stderr(Stdio::null())
-            .spawn()?,
-    );
-    let base = format!("http://127.0.0.1:{port}");
-    let http = reqwest::Client::new();
-    for _ in 0..100 {
-        if http.get(format!("{base}/healthz")).send().await.is_ok_and(|r| r.status().is_success()) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let url = format!("{base}/mcp");
+    let gateway = start_gateway(&bin, &provider, "").await?;
+    let url = gateway.mcp_url();
 
     // 1. Per-call overhead: `run_command "true"` through the provider client directly, through a legacy
     // MCP session and through MCP 2026-07-28 (sessionless), the three interleaved sample by sample so
     // that the load of a shared machine weighs on all three alike.
-    let direct = E2bClient::new(ProviderEndpoint {
-        api_url: provider_url.parse()?,
-        sandbox_url: Some(provider_url.parse()?),
-        domain: "localhost".into(),
-        api_key: Some(API_KEY.into()),
-        request_timeout: Duration::from_secs(30),
-    })?;
+    let direct = provider.client();
     let client = mcp_client(&url).await?;
     let created = tool(&client, "create_sandbox", json!({})).await?;
     let sandbox_id = created["sandbox_id"].as_str().context("sandbox_id")?.to_string();
@@ -408,7 +316,7 @@ async fn main() -> anyhow::Result<()> {
     let [direct_p50, legacy_p50, stateless_p50, legacy_rmcp_p50] = samples.each_mut().map(|s| p50(s));
     // CPU time the gateway (and the provider) spend per call, from their threads' schedstat: unlike
     // latency, barely affected by other processes on the machine.
-    let (gateway_pid, provider_pid) = (gateway.0.id(), provider.0.id());
+    let (gateway_pid, provider_pid) = (gateway.pid(), provider.pid());
     let mut cpu = [(0.0, 0.0); 4];
     for path in Path::ALL {
         let (g0, p0) = (cpu_ns(gateway_pid), cpu_ns(provider_pid));
@@ -494,7 +402,7 @@ async fn main() -> anyhow::Result<()> {
 
     // 3. RSS with 1,000 idle sessions (raw initialize + initialized; left open).
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let pid = gateway.0.id();
+    let pid = gateway.pid();
     let before = rss_kib(pid);
     let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "idle", "version": "0"}}});
@@ -544,8 +452,8 @@ async fn main() -> anyhow::Result<()> {
     let _ = client.cancel().await;
     let _ = direct.kill_sandbox(&sandbox_id).await;
     drop(gateway);
-    bench_jwt_auth(&bin, &provider_url, tmp.path()).await?;
-    bench_redis_store(&bin, &provider_url, tmp.path()).await?;
+    bench_jwt_auth(&bin, &provider, tmp.path()).await?;
+    bench_redis_store(&bin, &provider).await?;
     drop(provider);
     Ok(())
 }
@@ -553,35 +461,17 @@ async fn main() -> anyhow::Result<()> {
 const REDIS_SAMPLES: usize = 300;
 const REDIS_SESSIONS: usize = 200;
 
-/// A `serve` with `extra` config against the provider; waits for /healthz.
-async fn start_gateway(
-    bin: &std::path::Path,
-    provider_url: &str,
-    config: &std::path::Path,
-    extra: &str,
-) -> anyhow::Result<(Proc, String)> {
-    std::fs::write(
-        config,
-        format!(
-            "[provider]\nkind = \"e2b\"\napi_url = \"{provider_url}\"\nsandbox_url = \"{provider_url}\"\n\
-             api_key_env = \"BENCH_KEY\"\n[server]\nlog_format = \"json\"\n{extra}"
-        ),
-    )?;
-    let port = free_port();
-    let gateway = Proc(
-        Command::new(bin)
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--config"])
-            .arg(config)
-            .env("BENCH_KEY", API_KEY)
-            .env("RUST_LOG", "warn")
-            .stderr(Stdio::null())
-            .spawn()?,
-    );
-    let base = format!("http://127.0.0.1:{port}");
+/// A `serve` with `extra` config against the provider; waits for /readyz.
+async fn start_gateway(bin: &std::path::Path, provider: &Provider, extra: &str) -> anyhow::Result<Gateway> {
+    let gateway = GatewayBuilder::provider(provider, &format!("[server]\nlog_format = \"json\"\n{extra}"))
+        .bin(bin)
+        .log_filter("warn")
+        .try_start()
+        .map_err(anyhow::Error::msg)?;
     let http = reqwest::Client::new();
     for _ in 0..100 {
-        if http.get(format!("{base}/readyz")).send().await.is_ok_and(|r| r.status().is_success()) {
-            return Ok((gateway, format!("{base}/mcp")));
+        if http.get(format!("{}/readyz", gateway.base())).send().await.is_ok_and(|r| r.status().is_success()) {
+            return Ok(gateway);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -589,28 +479,16 @@ async fn start_gateway(
 }
 
 /// 5. The Redis session store beside the memory store: per-call p50 and session creations per second.
-async fn bench_redis_store(bin: &std::path::Path, provider_url: &str, dir: &std::path::Path) -> anyhow::Result<()> {
-    let redis_port = free_port();
-    let redis_dir = dir.join("redis");
-    std::fs::create_dir_all(&redis_dir)?;
-    let redis = match Command::new("redis-server")
-        .args(["--bind", "127.0.0.1", "--port", &redis_port.to_string(), "--save", "", "--appendonly", "no"])
-        .arg("--dir")
-        .arg(&redis_dir)
-        .stdout(Stdio::null())
-        .spawn()
-    {
-        Ok(child) => Proc(child),
-        Err(err) => {
-            println!("sessions in Redis: skipped (redis-server: {err})");
-            return Ok(());
-        }
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let (memory_gateway, memory_url) = start_gateway(bin, provider_url, &dir.join("gateway-memory.toml"), "").await?;
-    let redis_extra = format!("[sessions]\nstore = \"redis://127.0.0.1:{redis_port}\"\n");
-    let (redis_gateway, redis_url) =
-        start_gateway(bin, provider_url, &dir.join("gateway-redis.toml"), &redis_extra).await?;
+async fn bench_redis_store(bin: &std::path::Path, provider: &Provider) -> anyhow::Result<()> {
+    if let Err(err) = Command::new("redis-server").arg("--version").output() {
+        println!("sessions in Redis: skipped (redis-server: {err})");
+        return Ok(());
+    }
+    let redis = Redis::start(false);
+    let memory_gateway = start_gateway(bin, provider, "").await?;
+    let redis_extra = format!("[sessions]\nstore = \"{}\"\n", redis.url());
+    let redis_gateway = start_gateway(bin, provider, &redis_extra).await?;
+    let (memory_url, redis_url) = (memory_gateway.mcp_url(), redis_gateway.mcp_url());
 
     let memory = mcp_client(&memory_url).await?;
     let shared = mcp_client(&redis_url).await?;
@@ -655,7 +533,7 @@ const JWT_SAMPLES: usize = 2000;
 const STATIC_TOKEN: &str = "bench-static-token-0123456789";
 
 /// 4. JWT vs static token, through one gateway that accepts both.
-async fn bench_jwt_auth(bin: &std::path::Path, provider_url: &str, dir: &std::path::Path) -> anyhow::Result<()> {
+async fn bench_jwt_auth(bin: &std::path::Path, provider: &Provider, dir: &std::path::Path) -> anyhow::Result<()> {
     use jsonwebtoken::{Algorithm, EncodingKey, Header, jwk::Jwk};
     // An RSA key (PKCS#1 DER) from the openssl CLI, and its JWKS served on loopback.
     let pem = dir.join("bench-key.pem");
@@ -682,35 +560,21 @@ async fn bench_jwt_auth(bin: &std::path::Path, provider_url: &str, dir: &std::pa
     let app = axum::Router::new().route("/jwks", axum::routing::get(move || std::future::ready(jwks.clone())));
     tokio::spawn(async move { axum::serve(listener, app).await });
 
-    let port = free_port();
-    let audience = format!("http://127.0.0.1:{port}/mcp");
-    let config = dir.join("gateway-oauth.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[provider]\nkind = \"e2b\"\napi_url = \"{provider_url}\"\nsandbox_url = \"{provider_url}\"\n\
-             api_key_env = \"BENCH_KEY\"\n[auth]\ntokens = [ {{ tenant = \"bench\", sha256 = \"{hash}\" }} ]\n\
-             [auth.oauth]\nissuer = \"{issuer}\"\naudience = \"{audience}\"\njwks_uri = \"{issuer}/jwks\"\n\
-             required_scopes = [\"sandbox\"]\n",
-            hash = sandbox_mcp::gateway::auth::token_hash_hex(STATIC_TOKEN)
-        ),
-    )?;
-    let gateway = Proc(
-        Command::new(bin)
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--config"])
-            .arg(&config)
-            .env("BENCH_KEY", API_KEY)
-            .env("RUST_LOG", "warn")
-            .stderr(Stdio::null())
-            .spawn()?,
-    );
-    let http = reqwest::Client::new();
-    for _ in 0..100 {
-        if http.get(format!("http://127.0.0.1:{port}/healthz")).send().await.is_ok_and(|r| r.status().is_success()) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // The audience names the gateway's own URL: a port chosen first (again after a collision).
+    let hash = sandbox_mcp::gateway::auth::token_hash_hex(STATIC_TOKEN);
+    let (gateway, audience) = with_free_port(|port| {
+        let audience = format!("http://127.0.0.1:{port}/mcp");
+        let extra = format!(
+            "[auth]\ntokens = [ {{ tenant = \"bench\", sha256 = \"{hash}\" }} ]\n[auth.oauth]\nissuer = \"{issuer}\"\n\
+             audience = \"{audience}\"\njwks_uri = \"{issuer}/jwks\"\nrequired_scopes = [\"sandbox\"]\n"
+        );
+        let gateway = GatewayBuilder::provider(provider, &extra)
+            .bin(bin)
+            .log_filter("warn")
+            .listen(([127, 0, 0, 1], port).into())
+            .try_start()?;
+        Ok((gateway, audience))
+    });
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
     let claims = json!({"iss": issuer, "aud": audience, "sub": "bench-user", "scope": "sandbox",
         "iat": now, "exp": now + 3600});
@@ -739,20 +603,9 @@ async fn bench_jwt_auth(bin: &std::path::Path, provider_url: &str, dir: &std::pa
     let per_validation_us = started.elapsed().as_secs_f64() * 1e6 / rounds as f64;
 
     // Through the gateway: tools/list (no provider round trip), interleaved, static vs JWT.
-    let url = format!("http://127.0.0.1:{port}/mcp");
-    let connect = |token: String| {
-        let url = url.clone();
-        async move {
-            let transport = StreamableHttpClientTransport::from_config(
-                StreamableHttpClientTransportConfig::with_uri(url).auth_header(token),
-            );
-            let info = ClientConfig::new(ClientCapabilities::default(), Implementation::new("bench", "0"))
-                .with_protocol_version(ProtocolVersion::V_2025_11_25);
-            info.serve(transport).await
-        }
-    };
-    let static_client = connect(STATIC_TOKEN.to_string()).await?;
-    let jwt_client = connect(jwt.clone()).await?;
+    let url = gateway.mcp_url();
+    let static_client = try_connect(&url, Some(STATIC_TOKEN)).await?;
+    let jwt_client = try_connect(&url, Some(&jwt)).await?;
     for _ in 0..50 {
         static_client.list_tools(None).await?;
         jwt_client.list_tools(None).await?;

@@ -13,10 +13,8 @@
 //! is read from the host's /proc (the sandbox's envd process, found by its
 //! sandbox id on the command line), so it is only reported for a local provider.
 
-#[path = "../tests/support/provider_process.rs"]
-mod provider_process;
-#[path = "../tests/network_support/testnet.rs"]
-mod testnet;
+#[path = "../tests/common/mod.rs"]
+mod common;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -24,10 +22,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use clap::Parser;
+use common::stats::{Summary, ms, p50, percentile, print_header, print_row};
+use common::{API_KEY, Provider, rss_kib, testnet};
 use futures_util::StreamExt;
-use provider_process::{ProviderProcess, TEST_API_KEY};
 use sandbox_mcp::e2b::wire;
-use sandbox_mcp::e2b::{CallOptions, E2bClient, OutputLimits, ProviderEndpoint};
+use sandbox_mcp::e2b::{CallOptions, E2bClient, OutputLimits};
 
 #[derive(Parser)]
 struct Args {
@@ -55,27 +54,14 @@ struct Row {
     target: Option<f64>,
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
 /// VmRSS (KiB) of the envd process of `sandbox_id`, found on the host.
 fn envd_rss_kib(sandbox_id: &str) -> Option<u64> {
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
         let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
         if text.contains(" envd ") && text.contains(sandbox_id) {
-            let status = std::fs::read_to_string(entry.path().join("status")).ok()?;
-            let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-            return line.split_whitespace().nth(1)?.parse().ok();
+            let pid = entry.file_name().to_str()?.parse().ok()?;
+            return Some(rss_kib(pid));
         }
     }
     None
@@ -128,11 +114,6 @@ fn parse_net_result(text: &str) -> anyhow::Result<(f64, f64)> {
     Ok((rate, latency))
 }
 
-fn rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// Kernel memory that network namespaces cost (slab + per-CPU), KiB.
 fn kernel_kib() -> u64 {
     let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
@@ -170,12 +151,8 @@ async fn network(client: &E2bClient, provider_pid: Option<u32>, args: &Args) -> 
         host_lat.push(lat);
     }
     client.kill_sandbox(&sandbox.sandbox_id).await?;
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        percentile(v, 0.5)
-    };
-    let (sr, hr) = (median(&mut sandbox_rate), median(&mut host_rate));
-    let (sl, hl) = (median(&mut sandbox_lat), median(&mut host_lat));
+    let (sr, hr) = (p50(&mut sandbox_rate), p50(&mut host_rate));
+    let (sl, hl) = (p50(&mut sandbox_lat), p50(&mut host_lat));
     println!("sandbox network (1 GiB upload and 200 connections to a test host, 3 runs, medians):");
     println!("  TCP throughput: sandbox {sr:.2} Gbit/s, host {hr:.2} Gbit/s (ratio {:.2}; target ≥ 1 Gbit/s)", sr / hr);
     println!("  connect → first byte: sandbox {sl:.0} µs, host {hl:.0} µs (added {:.0} µs; target ≤ 1000 µs)", sl - hl);
@@ -183,13 +160,13 @@ async fn network(client: &E2bClient, provider_pid: Option<u32>, args: &Args) -> 
     // Memory: provider RSS and kernel memory with N idle sandboxes, per sandbox.
     if let Some(pid) = provider_pid {
         let n = args.fleet.min(20);
-        let (rss_before, kernel_before) = (rss_kib(pid).unwrap_or(0), kernel_kib());
+        let (rss_before, kernel_before) = (rss_kib(pid), kernel_kib());
         let mut ids = Vec::new();
         for _ in 0..n {
             ids.push(client.create_sandbox(&new_sandbox()).await?.sandbox_id);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let (rss_after, kernel_after) = (rss_kib(pid).unwrap_or(0), kernel_kib());
+        let (rss_after, kernel_after) = (rss_kib(pid), kernel_kib());
         for id in &ids {
             client.kill_sandbox(id).await?;
         }
@@ -346,30 +323,9 @@ async fn fleet(client: &E2bClient, n: usize) -> anyhow::Result<(Duration, Option
 }
 
 fn print_table(rows: &mut [Row]) {
-    println!("{:<28} {:>9} {:>9} {:>9} {:>8} {:>5}  verdict", "metric", "median", "p90", "max", "target", "n");
+    print_header();
     for row in rows.iter_mut() {
-        row.samples.sort_by(f64::total_cmp);
-        let median = percentile(&row.samples, 0.5);
-        let p90 = percentile(&row.samples, 0.9);
-        let max = row.samples.last().copied().unwrap_or(f64::NAN);
-        let (target, verdict) = match row.target {
-            Some(t) if row.samples.is_empty() => (format!("{t}"), "n/a"),
-            Some(t) => (format!("{t}"), if median <= t { "ok" } else { "MISSED" }),
-            None => ("-".into(), ""),
-        };
-        println!(
-            "{:<28} {:>6.2} {:<2} {:>6.2} {:<2} {:>6.2} {:<2} {:>6} {:>5}  {}",
-            row.name,
-            median,
-            row.unit,
-            p90,
-            row.unit,
-            max,
-            row.unit,
-            target,
-            row.samples.len(),
-            verdict
-        );
+        print_row(&row.name, row.unit, &Summary::of(&mut row.samples), row.target);
     }
 }
 
@@ -379,29 +335,19 @@ async fn main() -> anyhow::Result<()> {
     let mut own_provider = None;
     let mut provider_pid = None;
     let client = match &args.provider_url {
-        Some(url) => E2bClient::new(ProviderEndpoint {
-            api_url: url.clone(),
-            sandbox_url: Some(url.clone()),
-            domain: "localhost".into(),
-            api_key: args.api_key.clone().or_else(|| Some(TEST_API_KEY.into())),
-            request_timeout: Duration::from_secs(30),
-        })?,
+        Some(url) => {
+            let key = args.api_key.clone().unwrap_or_else(|| API_KEY.into());
+            common::provider::client_for(url.as_str(), Some(&key)).map_err(anyhow::Error::msg)?
+        }
         None => {
-            let bin = match &args.bin {
-                Some(bin) => bin.clone(),
-                None => std::env::current_exe()?
-                    .parent()
-                    .and_then(|examples| examples.parent())
-                    .map(|dir| dir.join("sandbox-mcp"))
-                    .context("cannot locate target/<profile>/sandbox-mcp")?,
-            };
+            let bin = args.bin.clone().unwrap_or_else(common::binary);
             if !bin.exists() {
                 bail!("{} does not exist: run `cargo build --release` first, or pass --bin", bin.display());
             }
-            let provider = ProviderProcess::spawn(&bin).map_err(anyhow::Error::msg)?;
-            println!("provider: {} ({})", provider.url, bin.display());
+            let provider = Provider::builder().bin(&bin).try_start().map_err(anyhow::Error::msg)?;
+            println!("provider: {} ({})", provider.url(), bin.display());
             let client = provider.client();
-            provider_pid = provider.pid();
+            provider_pid = Some(provider.pid());
             own_provider = Some(provider);
             client
         }

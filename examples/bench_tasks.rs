@@ -11,32 +11,26 @@
 //! cargo build --release && cargo run --release --example bench_tasks [-- --bin target/release/sandbox-mcp --n 40]
 //! ```
 
-use std::io::{BufRead, BufReader};
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use rmcp::model::{CallToolRequestParams, ClientConfig};
-use rmcp::service::RunningService;
-use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::{RoleClient, ServiceExt};
-use sandbox_mcp::e2b::{CallOptions, E2bClient, EnvdClient, OutputLimits, ProviderEndpoint, wire};
+use common::mcp::McpClient as Client;
+use common::stats::{Summary, print_header, print_row};
+use common::{Gateway, GatewayBuilder, Provider};
+use rmcp::model::ProtocolVersion;
+use sandbox_mcp::e2b::{CallOptions, EnvdClient, OutputLimits, wire};
+use sandbox_mcp::masking::Masker;
 use sandbox_mcp::tasks::TaskId;
 use sandbox_mcp::tasks::launch::{TaskSpec, start_args};
 use sandbox_mcp::tasks::service::TaskService;
 use serde_json::{Value, json};
 
-type Client = RunningService<RoleClient, ClientConfig>;
-
 async fn call(client: &Client, tool: &str, args: Value) -> anyhow::Result<Value> {
-    let Value::Object(map) = args else { bail!("arguments must be an object") };
-    let result = client.call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(map)).await?;
-    if result.is_error == Some(true) {
-        let text: Vec<String> = result.content.iter().filter_map(|c| c.as_text().map(|t| t.text.clone())).collect();
-        bail!("{tool}: {}", text.join(" "));
-    }
-    result.structured_content.context("no structured content")
+    common::mcp::tool(client, tool, args).await
 }
 
 async fn timed(client: &Client, tool: &str, args: Value) -> anyhow::Result<(Duration, Value)> {
@@ -45,131 +39,20 @@ async fn timed(client: &Client, tool: &str, args: Value) -> anyhow::Result<(Dura
     Ok((t0.elapsed(), v))
 }
 
-fn summary(name: &str, target_ms: f64, mut samples: Vec<Duration>) {
-    samples.sort();
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    let median = ms(samples[samples.len() / 2]);
-    let p90 = ms(samples[(samples.len() * 9 / 10).min(samples.len() - 1)]);
-    let verdict = match target_ms {
-        t if t.is_infinite() => String::new(),
-        t if median <= t => format!("(target <= {t} ms: ok)"),
-        t => format!("(target <= {t} ms: OVER TARGET)"),
-    };
-    println!("{name:<36} n={:<4} median {median:>8.1} ms   p90 {p90:>8.1} ms   {verdict}", samples.len());
-}
-
-struct Gateway {
-    child: Child,
-    provider: Child,
-    provider_url: String,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        stop(&mut self.child);
-        stop(&mut self.provider);
-    }
-}
-
-const PROVIDER_KEY: &str = "bench-tasks-provider-key";
-
-/// Spawns `bin args...` and returns it with the first line (of stdout or stderr) that `find` accepts.
-fn spawn_waiting(
-    bin: &PathBuf,
-    args: &[&str],
-    envs: &[(&str, &str)],
-    stdout: bool,
-    find: fn(&str) -> Option<String>,
-) -> anyhow::Result<(Child, String)> {
-    let mut cmd = Command::new(bin);
-    cmd.args(args).stdin(Stdio::null());
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    if stdout {
-        cmd.stdout(Stdio::piped()).stderr(Stdio::null());
-    } else {
-        cmd.stdout(Stdio::null()).stderr(Stdio::piped());
-    }
-    let mut child = cmd.spawn().with_context(|| format!("spawning {}", bin.display()))?;
-    let pipe: Box<dyn std::io::Read + Send> = if stdout {
-        Box::new(child.stdout.take().context("stdout")?)
-    } else {
-        Box::new(child.stderr.take().context("stderr")?)
-    };
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-            if let Some(found) = find(&line) {
-                let _ = tx.send(found);
-            }
-        }
-    });
-    match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(found) => Ok((child, found)),
-        Err(_) => {
-            stop(&mut child);
-            bail!("{args:?} did not report its address")
-        }
-    }
-}
-
-fn stop(child: &mut Child) {
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+fn summary(name: &str, target_ms: f64, samples: Vec<Duration>) {
+    let target = target_ms.is_finite().then_some(target_ms);
+    print_row(name, "ms", &Summary::of_durations(&samples), target);
 }
 
 /// A separate `sandbox-mcp provider` (so the bench can also time envd directly) and `serve` pointed at it.
-fn start_gateway(bin: &PathBuf) -> anyhow::Result<Gateway> {
-    let dir = tempfile::tempdir()?;
-    let state = dir.path().join("state");
-    let (mut provider, provider_url) = spawn_waiting(
-        bin,
-        &["provider", "--listen", "127.0.0.1:0", "--state-dir", state.to_str().context("path")?],
-        &[("E2B_API_KEY", PROVIDER_KEY)],
-        true,
-        |line| line.strip_prefix("sandbox-mcp provider listening on ").map(|s| s.trim().to_string()),
-    )?;
-    let config = dir.path().join("serve.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\nlog_format = \"json\"\n[provider]\nkind = \"e2b\"\n\
-             api_url = \"{provider_url}\"\nsandbox_url = \"{provider_url}\"\napi_key_env = \"BENCH_PROVIDER_KEY\"\n"
-        ),
-    )?;
-    let serve = spawn_waiting(
-        bin,
-        &["serve", "--config", config.to_str().context("path")?],
-        &[("BENCH_PROVIDER_KEY", PROVIDER_KEY), ("RUST_LOG", "warn,sandbox_mcp::gateway::server=info")],
-        false,
-        |line| {
-            let v: Value = serde_json::from_str(line).ok()?;
-            if v["message"].as_str()?.contains("gateway listening") {
-                v["addr"].as_str().map(str::to_string)
-            } else {
-                None
-            }
-        },
-    );
-    let (child, addr) = match serve {
-        Ok(found) => found,
-        Err(err) => {
-            stop(&mut provider);
-            return Err(err);
-        }
-    };
-    Ok(Gateway { child, provider, provider_url, url: format!("http://{addr}/mcp"), _dir: dir })
+fn start_gateway(bin: &PathBuf) -> anyhow::Result<(Provider, Gateway)> {
+    let provider = Provider::builder().bin(bin).echo(false).try_start().map_err(anyhow::Error::msg)?;
+    let gateway = GatewayBuilder::provider(&provider, "[server]\nlog_format = \"json\"\n")
+        .bin(bin)
+        .log_filter("warn")
+        .try_start()
+        .map_err(anyhow::Error::msg)?;
+    Ok((provider, gateway))
 }
 
 /// Times `argv` run through envd directly (no gateway, no MCP).
@@ -204,13 +87,13 @@ async fn main() -> anyhow::Result<()> {
     let bin = match arg("--bin") {
         Some(path) => PathBuf::from(path),
         // target/<profile>/examples/bench_tasks -> target/<profile>/sandbox-mcp
-        None => std::env::current_exe()?.parent().and_then(|p| p.parent()).context("exe dir")?.join("sandbox-mcp"),
+        None => common::binary(),
     };
     if !nix::unistd::geteuid().is_root() {
         bail!("run as root: the embedded local provider needs namespaces");
     }
-    let gateway = start_gateway(&bin)?;
-    let client = ClientConfig::default().serve(StreamableHttpClientTransport::from_uri(gateway.url.clone())).await?;
+    let (provider, gateway) = start_gateway(&bin)?;
+    let client = common::mcp::try_connect_as(&gateway.mcp_url(), None, ProtocolVersion::LATEST).await?;
     let sandbox = call(&client, "create_sandbox", json!({"timeout": 1800})).await?;
     let sid = sandbox["sandbox_id"].as_str().context("sandbox_id")?.to_string();
     println!("sandbox {sid}; n = {n}; binary {}", bin.display());
@@ -318,14 +201,7 @@ async fn main() -> anyhow::Result<()> {
     .await?;
 
     // Where the time goes: the same work through envd directly (no gateway, no MCP).
-    let origin = url::Url::parse(&gateway.provider_url)?;
-    let direct = E2bClient::new(ProviderEndpoint {
-        api_url: origin.clone(),
-        sandbox_url: Some(origin),
-        domain: "localhost".into(),
-        api_key: Some(PROVIDER_KEY.into()),
-        request_timeout: Duration::from_secs(30),
-    })?;
+    let direct = provider.client();
     let envd = direct.envd(&direct.connect_sandbox(&sid, None).await?);
     let envd_true = time_envd(&envd, &["/bin/true"], n).await?;
     let envd_python = time_envd(&envd, &["python3", "-I", "-S", "-c", "pass"], n).await?;
@@ -351,7 +227,7 @@ async fn main() -> anyhow::Result<()> {
     }
 
     // The supervisor's `start`, invoked exactly as the gateway does.
-    let service = TaskService::new(Vec::<String>::new());
+    let service = TaskService::new(Masker::default());
     let mut envd_start = Vec::new();
     for _ in 0..n {
         let spec = TaskSpec::new("sleep 600".into(), None, Default::default(), Some(600))?;
@@ -361,6 +237,7 @@ async fn main() -> anyhow::Result<()> {
     }
 
     println!();
+    print_header();
     summary("start_task -> response", 30.0, starts);
     summary("get_task, 16 KiB page", 10.0, gets);
     summary("get_task, 16 KiB page, running task", 10.0, live_gets);
@@ -376,5 +253,6 @@ async fn main() -> anyhow::Result<()> {
     let _ = call(&client, "kill_sandbox", json!({"sandbox_id": sid})).await;
     let _ = client.cancel().await;
     drop(gateway);
+    drop(provider);
     Ok(())
 }

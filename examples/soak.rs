@@ -13,39 +13,20 @@
 //! descriptors stayed flat (last sample within 25 % + 16 MiB / + 32 fds of the first
 //! after warm-up).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use rmcp::model::{CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, ProtocolVersion};
-use rmcp::service::RunningService;
-use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::{RoleClient, ServiceExt};
+use common::mcp::{McpClient, tool};
+use common::{GatewayBuilder, rss_kib, tokens_config};
 use serde_json::json;
 
 const TOKENS: [(&str, &str); 2] = [("a", "soak-tenant-a-token-0123456789"), ("b", "soak-tenant-b-token-0123456789")];
 const SAMPLE_EVERY: Duration = Duration::from_secs(30);
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        for _ in 0..600 {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 #[derive(Default)]
 struct Counts {
@@ -57,46 +38,19 @@ struct Counts {
 }
 
 fn binary() -> anyhow::Result<std::path::PathBuf> {
-    let exe = std::env::current_exe()?;
-    let bin = exe.parent().and_then(|p| p.parent()).map(|p| p.join("sandbox-mcp")).context("locating target dir")?;
+    let bin = common::binary();
     if !bin.exists() {
         bail!("{} not found: run `cargo build --release --bin sandbox-mcp` first", bin.display());
     }
     Ok(bin)
 }
 
-fn status_kib(pid: u32, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with(key)).map(str::to_string))
-        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        .unwrap_or(0)
-}
-
 fn fds(pid: u32) -> u64 {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count() as u64).unwrap_or(0)
 }
 
-async fn client(url: &str, token: &str) -> anyhow::Result<RunningService<RoleClient, ClientConfig>> {
-    let config = StreamableHttpClientTransportConfig::with_uri(url.to_string()).auth_header(token.to_string());
-    let transport = StreamableHttpClientTransport::from_config(config);
-    let info = ClientConfig::new(ClientCapabilities::default(), Implementation::new("soak", "0"))
-        .with_protocol_version(ProtocolVersion::V_2025_11_25);
-    Ok(info.serve(transport).await?)
-}
-
-async fn tool(
-    client: &rmcp::Peer<RoleClient>,
-    name: &str,
-    args: serde_json::Value,
-) -> anyhow::Result<serde_json::Value> {
-    let serde_json::Value::Object(map) = args else { bail!("args") };
-    let call = client.call_tool(CallToolRequestParams::new(name.to_string()).with_arguments(map));
-    let result = tokio::time::timeout(Duration::from_secs(120), call).await.context("no answer in 120 s")??;
-    if result.is_error == Some(true) {
-        bail!("{name} failed: {:?}", result.content);
-    }
-    result.structured_content.context("no structured content")
+async fn client(url: &str, token: &str) -> anyhow::Result<McpClient> {
+    common::mcp::try_connect(url, Some(token)).await
 }
 
 /// One session's life: create, use, close (the gateway kills the session's sandbox).
@@ -135,45 +89,19 @@ async fn main() -> anyhow::Result<()> {
     let secs: u64 = std::env::var("SOAK_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(600).min(600);
     let bin = binary()?;
     let dir = tempfile::tempdir()?;
-    let tokens: Vec<String> = TOKENS
-        .iter()
-        .map(|(t, tok)| {
-            format!("{{ tenant = \"{t}\", sha256 = \"{}\" }}", sandbox_mcp::gateway::auth::token_hash_hex(tok))
-        })
-        .collect();
     let config = format!(
-        "[auth]\ntokens = [{}]\n[local]\nstate_dir = \"{}\"\nmemory_limit_mb = 256\nmax_sandboxes = 40\n",
-        tokens.join(", "),
+        "{}[local]\nstate_dir = \"{}\"\nmemory_limit_mb = 256\nmax_sandboxes = 40\n",
+        tokens_config(&TOKENS),
         dir.path().join("state").display()
     );
     std::fs::write(dir.path().join("config.toml"), config)?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let mut child = Command::new(&bin)
-        .args(["serve", "--config"])
-        .arg(dir.path().join("config.toml"))
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let stderr = child.stderr.take().context("stderr")?;
-    let warnings = Arc::new(AtomicU64::new(0));
-    let sink = Arc::clone(&warnings);
-    std::thread::spawn(move || {
-        for _ in BufReader::new(stderr).lines().map_while(Result::ok) {
-            sink.fetch_add(1, Ordering::Relaxed);
-        }
-    });
-    let serve = Proc(child);
-    let pid = serve.0.id();
-    let url = format!("http://127.0.0.1:{port}/mcp");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while reqwest::get(format!("http://127.0.0.1:{port}/healthz")).await.is_err() {
-        if Instant::now() > deadline {
-            bail!("serve did not start");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let serve = GatewayBuilder::config_file(&dir.path().join("config.toml"))
+        .bin(&bin)
+        .state_dir(dir.path().join("state"))
+        .log_filter("warn")
+        .try_start()
+        .map_err(anyhow::Error::msg)?;
+    let (pid, port, url) = (serve.pid(), serve.addr.port(), serve.mcp_url());
     println!("soak: {secs} s against serve pid {pid} on port {port}");
     let counts = Arc::new(Counts::default());
     let end = Instant::now() + Duration::from_secs(secs);
@@ -243,7 +171,7 @@ async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let mut samples = Vec::new();
     while Instant::now() < end {
-        let sample = (started.elapsed().as_secs(), status_kib(pid, "VmRSS:"), fds(pid));
+        let sample = (started.elapsed().as_secs(), rss_kib(pid), fds(pid));
         println!(
             "t={:>4}s rss={:>7} KiB fds={:>5} ops={} sessions={} errors={}",
             sample.0,
@@ -272,7 +200,7 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let last = (started.elapsed().as_secs(), status_kib(pid, "VmRSS:"), fds(pid));
+    let last = (started.elapsed().as_secs(), rss_kib(pid), fds(pid));
     samples.push(last);
     println!("t={:>4}s rss={:>7} KiB fds={:>5} (after the load)", last.0, last.1, last.2);
     // The first sample after warm-up (a minute in, or the second sample) is the baseline.
@@ -281,6 +209,11 @@ async fn main() -> anyhow::Result<()> {
     let peak_fds = samples.iter().map(|s| s.2).max().unwrap_or(0);
     let rss_flat = last.1 <= base.1 + base.1 / 4 + 16 * 1024;
     let fds_flat = last.2 <= base.2 + 32;
+    let warnings = serve
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("\"level\":\"WARN\"") || l.contains("\"level\":\"ERROR\""))
+        .count();
     println!(
         "soak done: {} s, {} sessions, {} tool ops, {} misbehaviour rounds, {} flood connections, {} errors, \
          {} log lines at warn+",
@@ -290,7 +223,7 @@ async fn main() -> anyhow::Result<()> {
         counts.misbehaviour.load(Ordering::Relaxed),
         counts.flood_connections.load(Ordering::Relaxed),
         counts.errors.load(Ordering::Relaxed),
-        warnings.load(Ordering::Relaxed)
+        warnings
     );
     println!(
         "serve RSS: baseline {} KiB (t={}s), peak {peak_rss} KiB, end {} KiB -> {}; fds: baseline {}, peak {peak_fds}, end {} -> {}",

@@ -5,6 +5,7 @@
 //! container convenience `SANDBOX_MCP_TOKENS="tenant:sha256hex,..."`, and
 //! finally the CLI flags (applied by the caller). See `config/local.toml`.
 
+pub use crate::tenant::is_valid_tenant;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -460,11 +461,6 @@ impl Config {
     pub fn has_auth(&self) -> bool {
         !self.auth.tokens.is_empty() || self.auth.oauth.is_enabled()
     }
-}
-
-/// Tenant names: 1-64 of `[A-Za-z0-9_.-]` (they go into provider metadata and logs).
-pub fn is_valid_tenant(name: &str) -> bool {
-    !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
 }
 
 /// Parses `tenant:sha256hex,tenant2:sha256hex`.

@@ -2,6 +2,14 @@
 //! an E2B-compatible provider client, and an embedded E2B-compatible local
 //! provider. See `docs/architecture.md` for the architecture and
 //! `docs/provider-contract.md` for what it relies on from E2B's API.
+//!
+//! Crate rules (checked by the compiler and by `tests/crate_rules.rs`):
+//! - `unsafe` is denied everywhere except in the modules of the local provider
+//!   that make system calls (each allowed by name in `local/mod.rs` and
+//!   `local/envd/mod.rs`, each `unsafe` block with a `SAFETY:` comment);
+//! - every source file opens with a `//!` comment saying what it owns.
+
+#![deny(unsafe_code)]
 
 pub mod config;
 pub mod connect_rpc;
@@ -12,4 +20,6 @@ pub mod healthcheck;
 pub mod listen;
 pub mod local;
 pub mod logging;
+pub mod masking;
 pub mod tasks;
+pub mod tenant;

@@ -2,6 +2,8 @@
 //! embedded E2B-compatible local provider alone) and `envd` (the in-sandbox
 //! agent, internal).
 
+#![deny(unsafe_code)]
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -27,6 +29,11 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // envd runs once per sandbox: parse only its own arguments, so that its start touches (and keeps
+    // resident) none of the code that builds the full command line of `serve` and `provider`.
+    if std::env::args_os().nth(1).is_some_and(|arg| arg == "envd") {
+        return report(sandbox_mcp::local::run_envd_from_args(std::env::args_os().skip(2)));
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => sandbox_mcp::gateway::run_serve(args),
@@ -35,6 +42,10 @@ fn main() -> ExitCode {
         Command::Envd(args) => sandbox_mcp::local::run_envd(args),
         Command::Healthcheck(args) => sandbox_mcp::healthcheck::run(args),
     };
+    report(result)
+}
+
+fn report(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

@@ -875,9 +875,13 @@ class Masker:
 
     def __init__(self, values):
         import re
-        ordered = sorted(values, key=lambda v: (-len(v), v))  # longest first
-        self.regex = re.compile(b"|".join(re.escape(v) for v in ordered))
-        self.hold = len(ordered[0]) - 1
+        # The gateway's masker (src/masking.rs) follows the same rule: values
+        # under MIN_SECRET_LEN bytes are ignored, leftmost match, the longest
+        # value winning at a position (supervisor/testdata/mask_vectors.json).
+        ordered = sorted(set(v for v in values if len(v) >= MIN_SECRET_LEN),
+                         key=lambda v: (-len(v), v))  # longest first
+        self.regex = re.compile(b"|".join(re.escape(v) for v in ordered)) if ordered else None
+        self.hold = len(ordered[0]) - 1 if ordered else 0
 
     def feed(self, buf):
         """Mask `buf` (= carry + new data). Returns (masked output, new carry).
@@ -888,6 +892,8 @@ class Masker:
         read completes. The result is identical to masking the whole stream
         at once.
         """
+        if self.regex is None:
+            return buf, b""
         cut = len(buf) - self.hold
         if cut <= 0:
             return b"", buf
@@ -905,7 +911,7 @@ class Masker:
         return b"".join(pieces), buf[end:]
 
     def flush(self, buf):
-        return self.regex.sub(MASK, buf)
+        return self.regex.sub(MASK, buf) if self.regex is not None else buf
 
 
 class Stream:

@@ -704,6 +704,23 @@ class PureFunctionTests(unittest.TestCase):
                     out += masker.flush(carry)
                     self.assertEqual(out, expected, (data, i, j))
 
+    def test_shared_mask_vectors(self):
+        """The vectors src/masking.rs also runs: whole stream and every two-way split agree."""
+        with open(os.path.join(HERE, "testdata", "mask_vectors.json"), encoding="utf-8") as f:
+            spec = json.load(f)
+        self.assertEqual(spec["mask"].encode(), self.sup.MASK)
+        self.assertEqual(spec["min_secret_len"], self.sup.MIN_SECRET_LEN)
+        self.assertGreaterEqual(len(spec["vectors"]), 10)
+        for v in spec["vectors"]:
+            masker = self.sup.Masker([s.encode("utf-8") for s in v["secrets"]])
+            data = v["input"].encode("utf-8")
+            expected = v["output"].encode("utf-8")
+            self.assertEqual(masker.flush(data), expected, v["name"])
+            for i in range(len(data) + 1):
+                out, carry = masker.feed(data[:i])
+                out2, carry = masker.feed(carry + data[i:])
+                self.assertEqual(out + out2 + masker.flush(carry), expected, (v["name"], i))
+
     def test_secret_selection(self):
         old = dict(os.environ)
         try:

@@ -3,47 +3,28 @@
 //! `$SANDBOX_MCP_PYTHON` (which must have the SDK installed). Skips loudly when
 //! that variable is unset or when not running as root.
 
-#[path = "support/provider_process.rs"]
-mod provider_process;
-#[path = "network_support/testnet.rs"]
-mod testnet;
+mod common;
 
 use std::path::Path;
 use std::process::Command;
 
-use provider_process::{ProviderProcess, TEST_API_KEY, is_root};
+use common::{API_KEY, Provider, require_env, require_root, testnet};
 
 #[tokio::test]
 async fn official_python_sdk_works_against_the_local_provider() {
-    let Some(python) = std::env::var_os("SANDBOX_MCP_PYTHON").filter(|p| !p.is_empty()) else {
-        eprintln!("SKIPPED: set SANDBOX_MCP_PYTHON to a python with e2b==2.63.0 installed to run the SDK interop test");
-        assert!(
-            std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
-            "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
-        );
-        return;
-    };
-    if !is_root() {
-        eprintln!("SKIPPED: the SDK interop test needs root (the local provider uses namespaces)");
-        assert!(
-            std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
-            "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
-        );
-        return;
-    }
+    let python = require_env!("SANDBOX_MCP_PYTHON", "a python with e2b==2.63.0");
+    require_root!();
     let mut net = testnet::TestNet::new();
     net.http(net.internet_addr, 8080, "internet-ok");
     let test_host = format!("{}:8080", net.internet_addr);
-    let provider =
-        ProviderProcess::spawn_with(Path::new(env!("CARGO_BIN_EXE_sandbox-mcp")), &["--domain", "sandbox.test"])
-            .expect("start the provider");
+    let provider = Provider::start_with(&["--domain", "sandbox.test"]);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop/e2b_sdk_compat.py");
-    let url = provider.url.as_str().trim_end_matches('/').to_owned();
+    let url = provider.url();
     let output = tokio::task::spawn_blocking(move || {
         Command::new(python)
             .arg(script)
             .env("PROVIDER_URL", url)
-            .env("E2B_API_KEY", TEST_API_KEY)
+            .env("E2B_API_KEY", API_KEY)
             .env("NETWORK_TEST_HOST", test_host)
             .output()
     })

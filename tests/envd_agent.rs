@@ -2,6 +2,7 @@
 //! socket, driven with real HTTP/1.1 requests (hyper client), real processes
 //! and real files. Needs root (user switching); skips loudly otherwise.
 
+mod common;
 #[path = "envd_agent/support.rs"]
 mod support;
 
@@ -9,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use bytes::Bytes;
+use common::require_root;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use sandbox_mcp::connect_rpc::{FLAG_MESSAGE, encode_envelope};
@@ -38,9 +40,7 @@ async fn health_envs_and_metrics() {
 
 #[tokio::test]
 async fn start_streams_output_and_exit_codes() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let envd = start_envd().await;
     let ok = envd.run("echo hi", json!({}), &[]).await;
     assert!(ok.pid > 0);
@@ -66,9 +66,7 @@ async fn start_streams_output_and_exit_codes() {
 
 #[tokio::test]
 async fn eight_mib_of_output_is_byte_exact() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let envd = start_envd().await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("big.bin");
@@ -85,9 +83,7 @@ async fn eight_mib_of_output_is_byte_exact() {
 
 #[tokio::test]
 async fn stdin_input_and_close() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let envd = start_envd().await;
     let request = json!({"process": {"cmd": "cat"}, "stdin": true});
     let mut stream = envd.open_stream("process.Process/Start", request, &[]).await;
@@ -130,9 +126,7 @@ async fn stdin_input_and_close() {
 
 #[tokio::test]
 async fn cwd_env_and_user_switching() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let envd = start_envd().await;
     let script = "pwd; echo \"$FOO $SANDBOX_VAR $USER $HOME\"; id -u; id -g";
     let extra = json!({"process": {"cwd": "/tmp", "envs": {"FOO": "bar"}}});
@@ -186,9 +180,7 @@ async fn cwd_env_and_user_switching() {
 
 #[tokio::test]
 async fn background_children_do_not_hold_back_the_end_event() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let envd = start_envd().await;
     let started = Instant::now();
     let script = "(for i in $(seq 40); do echo bg; sleep 0.05; done) & echo fg; exit 5";
@@ -206,9 +198,7 @@ async fn background_children_do_not_hold_back_the_end_event() {
 
 #[tokio::test]
 async fn connect_timeout_kills_the_process_group() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let envd = start_envd().await;
     let started = Instant::now();
     let result = envd.run("sleep 30 & sleep 30; echo never", json!({}), &[("connect-timeout-ms", "300")]).await;
@@ -219,9 +209,7 @@ async fn connect_timeout_kills_the_process_group() {
 
 #[tokio::test]
 async fn connect_list_signal_and_late_connect() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let envd = start_envd().await;
     let request = json!({
         "process": {"cmd": "/bin/bash", "args": ["-c", "for i in $(seq 300); do echo tick; sleep 0.1; done"]},
@@ -281,9 +269,7 @@ async fn connect_list_signal_and_late_connect() {
 
 #[tokio::test]
 async fn files_round_trip_and_errors() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let envd = start_envd().await;
     let dir = tempfile::tempdir().unwrap();
     let text_path = dir.path().join("nested/deeper/hello.txt");
@@ -379,9 +365,7 @@ async fn upload_encoded(
 
 #[tokio::test]
 async fn gzip_uploads_are_decoded() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let envd = start_envd().await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("unzipped.bin");
@@ -431,9 +415,7 @@ async fn get_with(envd: &TestEnvd, uri: &str, headers: &[(&str, &str)]) -> (Stat
 #[tokio::test]
 async fn downloads_are_gzipped_when_asked_unless_ranged() {
     use tokio::io::AsyncReadExt;
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let envd = start_envd().await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("data.txt");
@@ -471,9 +453,7 @@ async fn downloads_are_gzipped_when_asked_unless_ranged() {
 #[tokio::test]
 async fn uploads_keep_the_identity_of_what_they_replace() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let envd = start_envd().await;
     let dir = tempfile::tempdir().unwrap();
     let put = |path: &std::path::Path, data: &'static [u8]| {
@@ -532,9 +512,7 @@ fn dir_names(dir: &std::path::Path) -> Vec<String> {
 #[tokio::test]
 async fn uploads_keep_metadata_and_group_of_what_they_replace() {
     use std::os::unix::fs::MetadataExt;
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let envd = start_envd().await;
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path().to_str().unwrap().to_owned();
@@ -597,9 +575,7 @@ async fn uploads_keep_metadata_and_group_of_what_they_replace() {
 #[tokio::test]
 async fn uploads_write_in_place_where_the_user_cannot_create_files() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let envd = start_envd().await;
     // A root-owned directory nobody may enter but not write, holding a file of nobody.
     let dir = tempfile::tempdir().unwrap();
@@ -625,9 +601,7 @@ async fn uploads_write_in_place_where_the_user_cannot_create_files() {
 
 #[tokio::test]
 async fn files_run_as_the_requesting_user() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let envd = start_envd().await;
     let dir = tempfile::tempdir().unwrap();
@@ -665,9 +639,7 @@ async fn files_run_as_the_requesting_user() {
 
 #[tokio::test]
 async fn filesystem_rpcs() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let envd = start_envd().await;
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path().to_str().unwrap().to_owned();
@@ -772,9 +744,7 @@ async fn protocol_errors_are_clean() {
 
 #[tokio::test]
 async fn keepalives_arrive_at_the_requested_interval() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let envd = start_envd().await;
     let request = json!({"process": {"cmd": "/bin/bash", "args": ["-c", "sleep 2.5"]}, "stdin": false});
     let mut reader = envd.open_stream("process.Process/Start", request, &[("keepalive-ping-interval", "1")]).await;
@@ -784,9 +754,7 @@ async fn keepalives_arrive_at_the_requested_interval() {
 
 #[tokio::test]
 async fn latency_of_true() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let envd = start_envd().await;
     let mut samples = Vec::new();
     let mut to_start = Vec::new();

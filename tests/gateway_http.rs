@@ -3,11 +3,11 @@
 //! probes, protocol-version capping, and the refusal to listen publicly
 //! without auth.
 
-mod gateway_support;
+mod common;
 
 use std::time::Duration;
 
-use gateway_support::*;
+use common::*;
 use serde_json::json;
 
 const TOKEN_ACME: &str = "acme-token-0123456789abcdef";
@@ -15,10 +15,8 @@ const TOKEN_BETA: &str = "beta-token-0123456789abcdef";
 
 fn auth_config() -> String {
     format!(
-        "[auth]\ntokens = [ {{ tenant = \"acme\", sha256 = \"{}\" }}, {{ tenant = \"beta\", sha256 = \"{}\" }} ]\n\
-         [server]\nallowed_origins = [\"https://app.example.com\"]\n",
-        sha256_hex(TOKEN_ACME),
-        sha256_hex(TOKEN_BETA)
+        "{}[server]\nallowed_origins = [\"https://app.example.com\"]\n",
+        tokens_config(&[("acme", TOKEN_ACME), ("beta", TOKEN_BETA)])
     )
 }
 
@@ -27,7 +25,7 @@ fn initialize_body() -> serde_json::Value {
         "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})
 }
 
-async fn post_initialize(gateway: &GatewayProc, headers: &[(&str, &str)]) -> reqwest::Response {
+async fn post_initialize(gateway: &Gateway, headers: &[(&str, &str)]) -> reqwest::Response {
     let mut request = reqwest::Client::new()
         .post(gateway.mcp_url())
         .header("accept", "application/json, text/event-stream")
@@ -40,11 +38,9 @@ async fn post_initialize(gateway: &GatewayProc, headers: &[(&str, &str)]) -> req
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auth_tenants_and_dns_rebinding_protection() {
-    if !require_root("auth_tenants_and_dns_rebinding_protection") {
-        return;
-    }
-    let provider = ProviderProc::start();
-    let gateway = GatewayProc::start_e2b(&provider, &auth_config(), &[]);
+    require_root!();
+    let provider = Provider::start();
+    let gateway = Gateway::start_e2b(&provider, &auth_config(), &[]);
     let direct = provider.client();
 
     // Missing and wrong tokens: 401 with a Bearer challenge.
@@ -121,11 +117,9 @@ async fn auth_tenants_and_dns_rebinding_protection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn protocol_versions_are_capped_to_keep_sessions() {
-    if !require_root("protocol_versions_are_capped_to_keep_sessions") {
-        return;
-    }
-    let provider = ProviderProc::start();
-    let gateway = GatewayProc::start_e2b(&provider, "", &[]);
+    require_root!();
+    let provider = Provider::start();
+    let gateway = Gateway::start_e2b(&provider, "", &[]);
     let response = reqwest::Client::new()
         .post(gateway.mcp_url())
         .header("accept", "application/json, text/event-stream")
@@ -143,8 +137,8 @@ async fn protocol_versions_are_capped_to_keep_sessions() {
 #[test]
 fn refuses_public_listener_without_auth() {
     let tmp = tempfile::tempdir().unwrap();
-    let output = std::process::Command::new(BIN)
-        .args(["serve", "--listen", &format!("0.0.0.0:{}", free_port())])
+    let output = std::process::Command::new(binary())
+        .args(["serve", "--listen", "0.0.0.0:0"])
         .env("SANDBOX_MCP_LOCAL__STATE_DIR", tmp.path())
         .output()
         .unwrap();
@@ -154,7 +148,7 @@ fn refuses_public_listener_without_auth() {
 
     let bad_config = tmp.path().join("bad.toml");
     std::fs::write(&bad_config, "[server]\nlisten_address = \"x\"\n").unwrap();
-    let output = std::process::Command::new(BIN).args(["serve", "--config"]).arg(&bad_config).output().unwrap();
+    let output = std::process::Command::new(binary()).args(["serve", "--config"]).arg(&bad_config).output().unwrap();
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("listen_address"));
 }

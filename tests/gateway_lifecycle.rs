@@ -3,14 +3,14 @@
 //! embedded local provider (the default with no config), and graceful
 //! shutdown (readiness off, in-flight calls finish, owned sandboxes killed).
 
-mod gateway_support;
+mod common;
 
 use std::time::Duration;
 
-use gateway_support::*;
+use common::*;
 use serde_json::json;
 
-async fn readyz(gateway: &GatewayProc) -> (u16, String) {
+async fn readyz(gateway: &Gateway) -> (u16, String) {
     match reqwest::Client::new().get(format!("{}/readyz", gateway.base())).send().await {
         Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
         Err(e) => (0, e.to_string()),
@@ -19,11 +19,9 @@ async fn readyz(gateway: &GatewayProc) -> (u16, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provider_down_gives_clear_errors_and_recovers() {
-    if !require_root("provider_down_gives_clear_errors_and_recovers") {
-        return;
-    }
-    let mut provider = ProviderProc::start();
-    let gateway = GatewayProc::start_e2b(&provider, "", &[]);
+    require_root!();
+    let mut provider = Provider::start();
+    let gateway = Gateway::start_e2b(&provider, "", &[]);
     let client = connect(&gateway.mcp_url(), None).await;
     let id = ok(&client, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_string();
     ok(&client, "write_file", json!({"path": "keep.txt", "content": "still here"})).await;
@@ -42,7 +40,7 @@ async fn provider_down_gives_clear_errors_and_recovers() {
     assert!(!message.contains(&provider.api_key));
 
     // Same address, same state: the provider re-adopts the sandbox and the gateway recovers.
-    let restarted = ProviderProc::start_at(&provider.state_dir, provider.addr, &provider.api_key);
+    provider.restart_on_same_address();
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     while readyz(&gateway).await.0 != 200 {
         assert!(std::time::Instant::now() < deadline, "readyz did not recover");
@@ -53,16 +51,14 @@ async fn provider_down_gives_clear_errors_and_recovers() {
     let out = ok(&client, "run_command", json!({"command": "echo back"})).await;
     assert_eq!(out["stdout"], json!("back\n"));
     close(client).await;
-    assert!(wait_gone(&restarted.client(), &id, Duration::from_secs(15)).await);
+    assert!(wait_gone(&provider.client(), &id, Duration::from_secs(15)).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_provider_and_graceful_shutdown() {
-    if !require_root("embedded_provider_and_graceful_shutdown") {
-        return;
-    }
+    require_root!();
     // No provider section at all: the embedded local provider on a private port.
-    let mut gateway = GatewayProc::start("", &[]);
+    let mut gateway = Gateway::start("", &[]);
     assert_eq!(readyz(&gateway).await.0, 200);
     let client = connect(&gateway.mcp_url(), None).await;
     let created = ok(&client, "create_sandbox", json!({})).await;
@@ -88,7 +84,7 @@ async fn embedded_provider_and_graceful_shutdown() {
     drop(client);
 
     // The owned sandbox is really gone: a provider on the same state dir finds nothing to re-adopt.
-    let provider = ProviderProc::start_at(&gateway.state_dir, "127.0.0.1:0".parse().unwrap(), "check-key-0123456789");
+    let provider = Provider::builder().state_dir(&gateway.state_dir).start();
     let left = provider.client().list_all_sandboxes(&[]).await.unwrap();
     assert!(left.iter().all(|s| s.sandbox_id != id), "sandbox {id} survived the gateway's shutdown: {left:?}");
 }

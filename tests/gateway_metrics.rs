@@ -2,11 +2,11 @@
 //! provider`): counters and gauges after real tool calls, bearer auth on the
 //! main listener, the unauthenticated admin listener, and `enabled = false`.
 
-mod gateway_support;
+mod common;
 
 use std::time::{Duration, Instant};
 
-use gateway_support::*;
+use common::*;
 use serde_json::json;
 
 const TOKEN: &str = "metrics-test-token-0123456789";
@@ -14,7 +14,7 @@ const TOKEN: &str = "metrics-test-token-0123456789";
 const SCRAPE: &str = "metrics-scrape-token-9876543210";
 
 fn auth_config() -> String {
-    format!("[auth]\ntokens = [ {{ tenant = \"acme\", sha256 = \"{}\" }} ]\n", sha256_hex(TOKEN))
+    tokens_config(&[("acme", TOKEN)])
 }
 
 fn auth_and_scrape_config() -> String {
@@ -40,11 +40,9 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_on_main_listener_count_calls_behind_auth() {
-    if !require_root("metrics_on_main_listener_count_calls_behind_auth") {
-        return;
-    }
-    let provider = ProviderProc::start();
-    let gateway = GatewayProc::start_e2b(&provider, &auth_and_scrape_config(), &[]);
+    require_root!();
+    let provider = Provider::start();
+    let gateway = Gateway::start_e2b(&provider, &auth_and_scrape_config(), &[]);
     let url = format!("{}/metrics", gateway.base());
 
     let (status, _, _) = get(&url, None).await;
@@ -102,17 +100,15 @@ async fn metrics_on_main_listener_count_calls_behind_auth() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_admin_listener_serves_without_auth_and_can_be_disabled() {
-    if !require_root("metrics_admin_listener_serves_without_auth_and_can_be_disabled") {
-        return;
-    }
-    let provider = ProviderProc::start();
-    let admin_port = free_port();
-    let config = format!("{}[metrics]\nlisten = \"127.0.0.1:{admin_port}\"\n", auth_config());
-    let gateway = GatewayProc::start_e2b(&provider, &config, &[]);
+    require_root!();
+    let provider = Provider::start();
+    let config = format!("{}[metrics]\nlisten = \"127.0.0.1:0\"\n", auth_config());
+    let gateway = Gateway::start_e2b(&provider, &config, &[]);
+    let admin = gateway.logged_addr("metrics admin listener").expect("the admin listener logs its address");
     let client = connect(&gateway.mcp_url(), Some(TOKEN)).await;
     ok(&client, "list_sandboxes", empty()).await;
 
-    let admin_url = format!("http://127.0.0.1:{admin_port}/metrics");
+    let admin_url = format!("http://{admin}/metrics");
     let (status, _, text) = get(&admin_url, None).await;
     assert_eq!(status, 200, "admin listener must serve /metrics without auth: {text}");
     assert_eq!(sample(&text, r#"sandbox_mcp_tool_calls_total{tool="list_sandboxes",outcome="ok"}"#), Some(1.0));
@@ -123,12 +119,12 @@ async fn metrics_admin_listener_serves_without_auth_and_can_be_disabled() {
     drop(gateway);
 
     // Auth on, no admin listener and no scrape token: no /metrics on the main listener at all.
-    let closed = GatewayProc::start_e2b(&provider, &auth_config(), &[]);
+    let closed = Gateway::start_e2b(&provider, &auth_config(), &[]);
     let (status, _, _) = get(&format!("{}/metrics", closed.base()), Some(TOKEN)).await;
     assert_eq!(status, 404, "tenant tokens must not read /metrics");
     drop(closed);
 
-    let disabled = GatewayProc::start_e2b(&provider, "[metrics]\nenabled = false\n", &[]);
+    let disabled = Gateway::start_e2b(&provider, "[metrics]\nenabled = false\n", &[]);
     let (status, _, _) = get(&format!("{}/metrics", disabled.base()), None).await;
     assert_eq!(status, 404, "metrics.enabled = false must remove the endpoint");
 }

@@ -5,11 +5,11 @@
 //! (tenant-bound ids, cancel, another replica, a SIGKILLed and restarted
 //! gateway), and the legacy session DELETE answers (204, then 404).
 
-mod gateway_support;
+mod common;
 
 use std::time::{Duration, Instant};
 
-use gateway_support::{GatewayProc, ProviderProc, require_root, sha256_hex};
+use common::{Gateway, Provider, require_root, tokens_config};
 use reqwest::header::CONTENT_TYPE;
 use serde_json::{Value, json};
 
@@ -18,11 +18,7 @@ const TOKEN_BETA: &str = "modern-token-beta-0123456789";
 const TASKS: &str = "io.modelcontextprotocol/tasks";
 
 fn auth_config() -> String {
-    format!(
-        "[auth]\ntokens = [ {{ tenant = \"acme\", sha256 = \"{}\" }}, {{ tenant = \"beta\", sha256 = \"{}\" }} ]\n",
-        sha256_hex(TOKEN_ACME),
-        sha256_hex(TOKEN_BETA)
-    )
+    tokens_config(&[("acme", TOKEN_ACME), ("beta", TOKEN_BETA)])
 }
 
 /// A 2026-07-28 client: every request carries its version, client info and capabilities.
@@ -126,12 +122,10 @@ impl Modern {
     }
 }
 
-fn start_pair() -> Option<(ProviderProc, GatewayProc)> {
-    if !require_root("gateway_modern") {
-        return None;
-    }
-    let provider = ProviderProc::start();
-    let gateway = GatewayProc::start_e2b(&provider, &auth_config(), &[]);
+fn start_pair() -> Option<(Provider, Gateway)> {
+    require_root!(None);
+    let provider = Provider::start();
+    let gateway = Gateway::start_e2b(&provider, &auth_config(), &[]);
     Some((provider, gateway))
 }
 
@@ -193,7 +187,7 @@ async fn sessionless_requests_discover_list_and_run() {
 #[tokio::test(flavor = "multi_thread")]
 async fn mcp_tasks_are_sandbox_tasks_across_replicas_and_tenants() {
     let Some((provider, gateway_a)) = start_pair() else { return };
-    let gateway_b = GatewayProc::start_e2b(&provider, &auth_config(), &[]);
+    let gateway_b = Gateway::start_e2b(&provider, &auth_config(), &[]);
     let a = Modern::new(gateway_a.mcp_url(), TOKEN_ACME, true);
     let b = Modern::new(gateway_b.mcp_url(), TOKEN_ACME, true);
 
@@ -274,11 +268,8 @@ async fn mcp_task_survives_gateway_sigkill() {
     let task_id = started["taskId"].as_str().expect("a task").to_string();
 
     // SIGKILL: no shutdown, no cleanup.
-    if let Some(mut child) = gateway.child.take() {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    let restarted = GatewayProc::start_e2b(&provider, &auth_config(), &[]);
+    gateway.kill9();
+    let restarted = Gateway::start_e2b(&provider, &auth_config(), &[]);
     let fresh = Modern::new(restarted.mcp_url(), TOKEN_ACME, true);
     let done = fresh.wait_terminal(&task_id, Duration::from_secs(30)).await;
     assert_eq!(done["status"], "completed", "{done}");

@@ -7,43 +7,30 @@
 //! and runs `npm ci` in tests/oauth) and `$SANDBOX_MCP_PYTHON` for the SDK
 //! flow; skipped loudly when missing.
 
-mod gateway_support;
+mod common;
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
-use gateway_support::*;
+use common::*;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Value, json};
 
 const OAUTH_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/oauth");
 
-fn skip(test: &str, why: &str) -> bool {
-    eprintln!("SKIPPED {test}: {why}");
-    assert!(
-        std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
-        "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
-    );
-    false
-}
+/// A resource URI that is not the gateway's (tokens for it must be refused); nothing listens there.
+const OTHER_RESOURCE: &str = "http://127.0.0.1:9/other";
 
 /// Node 24 with the pinned oidc-provider installed, and root (the gateway's sandboxes).
-fn prerequisites(test: &str) -> Option<PathBuf> {
-    let Some(dir) = std::env::var_os("SANDBOX_MCP_NODE_BIN") else {
-        skip(test, "set SANDBOX_MCP_NODE_BIN to a Node >= 22 bin dir (scripts/test.sh does)");
-        return None;
-    };
-    if !PathBuf::from(OAUTH_DIR).join("node_modules/oidc-provider").is_dir() {
-        skip(test, "run `npm ci` in tests/oauth (scripts/test.sh does)");
+fn prerequisites() -> Option<PathBuf> {
+    let dir = require_env!("SANDBOX_MCP_NODE_BIN", "a Node >= 22 bin dir", None);
+    let installed = PathBuf::from(OAUTH_DIR).join("node_modules/oidc-provider").is_dir();
+    if !common::gate::or_skip(installed, "run `npm ci` in tests/oauth (scripts/test.sh does)") {
         return None;
     }
-    if !require_root(test) {
-        return None;
-    }
+    require_root!(None);
     Some(PathBuf::from(dir).join("node"))
 }
 
@@ -53,27 +40,29 @@ struct Idp {
     port: u16,
     state: PathBuf,
     resources: (String, String),
-    child: Option<Child>,
+    process: Option<ProcessGuard>,
     _tmp: tempfile::TempDir,
 }
 
 impl Idp {
-    fn start(node: PathBuf, jwt_resources: &[&str], opaque_resources: &[&str]) -> Self {
-        let tmp = tempfile::tempdir().expect("tempdir");
+    /// The IdP on `port`; the error holds its output (a port collision among others).
+    fn start(node: &Path, port: u16, jwt_resources: &[&str], opaque_resources: &[&str]) -> Result<Self, String> {
+        let tmp = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
         let mut idp = Self {
-            node,
-            port: free_port(),
+            node: node.to_path_buf(),
+            port,
             state: tmp.path().join("idp-state.json"),
             resources: (jwt_resources.join(","), opaque_resources.join(",")),
-            child: None,
+            process: None,
             _tmp: tmp,
         };
-        idp.launch(false);
-        idp
+        idp.launch(false)?;
+        Ok(idp)
     }
 
-    fn launch(&mut self, rotate: bool) {
-        let mut child = Command::new(&self.node)
+    fn launch(&mut self, rotate: bool) -> Result<(), String> {
+        let mut command = Command::new(&self.node);
+        command
             .arg(format!("{OAUTH_DIR}/idp.mjs"))
             .current_dir(OAUTH_DIR)
             .env("IDP_PORT", self.port.to_string())
@@ -82,20 +71,23 @@ impl Idp {
             .env("IDP_JWT_RESOURCES", &self.resources.0)
             .env("IDP_OPAQUE_RESOURCES", &self.resources.1)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn node idp.mjs");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).expect("idp stdout");
-        assert!(line.starts_with("ready "), "idp did not start: {line:?}");
-        self.child = Some(child);
+            .stderr(Stdio::piped());
+        let ready = |line: &str| line.starts_with("ready ").then_some(());
+        let (process, ()) = common::process::spawn_until(
+            &mut command,
+            Duration::ZERO,
+            &Log::default(),
+            None,
+            Duration::from_secs(60),
+            ready,
+        )?;
+        self.process = Some(process);
+        Ok(())
     }
 
     fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(mut process) = self.process.take() {
+            process.kill9();
         }
     }
 
@@ -158,7 +150,7 @@ struct Answer {
 }
 
 /// POSTs an MCP `initialize` (or `tools/list` on a session) with a bearer token.
-async fn post_mcp(gateway: &GatewayProc, token: Option<&str>, session: Option<&str>) -> Answer {
+async fn post_mcp(gateway: &Gateway, token: Option<&str>, session: Option<&str>) -> Answer {
     let body = match session {
         None => json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "oauth-test", "version": "0"}}}),
@@ -193,22 +185,36 @@ fn oauth_config(idp: &Idp, audience: &str, extra: &str) -> String {
     )
 }
 
-fn gateway_addr() -> (SocketAddr, String) {
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    (addr, format!("http://{addr}/mcp"))
+/// The IdP (on a free port) and a gateway on an address it knows as its audience (the two
+/// started again on other ports after a port collision). `resources(audience)` gives the IdP's
+/// JWT and opaque-token resources; `extra(idp)` more gateway config.
+fn idp_and_gateway(
+    node: &Path,
+    resources: impl Fn(&str) -> (Vec<String>, Vec<String>),
+    extra: impl Fn(&Idp) -> String,
+    env: &[(&str, &str)],
+) -> (Idp, Gateway, String) {
+    with_free_port(|gateway_port| {
+        let audience = format!("http://127.0.0.1:{gateway_port}/mcp");
+        let (jwt, opaque) = resources(&audience);
+        let (jwt, opaque): (Vec<&str>, Vec<&str>) =
+            (jwt.iter().map(String::as_str).collect(), opaque.iter().map(String::as_str).collect());
+        let idp = with_free_port(|port| Idp::start(node, port, &jwt, &opaque));
+        let gateway = GatewayBuilder::new(&oauth_config(&idp, &audience, &extra(&idp)))
+            .envs(env)
+            .listen(([127, 0, 0, 1], gateway_port).into())
+            .try_start()?;
+        Ok((idp, gateway, audience))
+    })
 }
 
 /// The whole MCP authorization flow with the official Python SDK's OAuth client.
 #[test]
 fn python_sdk_oauth_client_full_flow() {
-    let Some(node) = prerequisites("python_sdk_oauth_client_full_flow") else { return };
-    let Some(python) = std::env::var_os("SANDBOX_MCP_PYTHON") else {
-        skip("python_sdk_oauth_client_full_flow", "set SANDBOX_MCP_PYTHON to a python with mcp==1.30.0");
-        return;
-    };
-    let (addr, audience) = gateway_addr();
-    let idp = Idp::start(node, &[&audience], &[]);
-    let gateway = GatewayProc::start_on(addr, &oauth_config(&idp, &audience, ""), &[]);
+    let Some(node) = prerequisites() else { return };
+    let python = require_env!("SANDBOX_MCP_PYTHON", "a python with mcp==1.30.0");
+    let (_idp, gateway, audience) =
+        idp_and_gateway(&node, |audience| (vec![audience.to_string()], vec![]), |_| String::new(), &[]);
     let output = Command::new(python)
         .arg(format!("{OAUTH_DIR}/mcp_oauth_client.py"))
         .arg(&audience)
@@ -237,11 +243,15 @@ fn python_sdk_oauth_client_full_flow() {
 /// Metadata, challenges, minted and forged tokens, tenancy, session binding, key rotation, IdP outage.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn minted_and_forged_tokens() {
-    let Some(node) = prerequisites("minted_and_forged_tokens") else { return };
-    let (addr, audience) = gateway_addr();
-    let other = format!("http://127.0.0.1:{}/other", free_port());
-    let mut idp = Idp::start(node, &[&audience, &other], &[]);
-    let gateway = GatewayProc::start_on(addr, &oauth_config(&idp, &audience, ""), &[]);
+    let Some(node) = prerequisites() else { return };
+    let other = OTHER_RESOURCE.to_string();
+    let (mut idp, gateway, audience) = idp_and_gateway(
+        &node,
+        |audience| (vec![audience.to_string(), OTHER_RESOURCE.to_string()], vec![]),
+        |_| String::new(),
+        &[],
+    );
+    let addr = gateway.addr;
     let http = reqwest::Client::new();
 
     // RFC 9728 metadata, bare and path-suffixed, outside auth, behind the Host check.
@@ -352,7 +362,7 @@ async fn minted_and_forged_tokens() {
     // Rotation: the server publishes the spare key; the token signed with it is now accepted.
     let rotated = forge(&spare_kid, &spare_key, good.clone());
     idp.stop();
-    idp.launch(true);
+    idp.launch(true).expect("restart the IdP with rotated keys");
     tokio::time::sleep(Duration::from_millis(1200)).await; // jwks_min_refresh_secs = 1
     assert_eq!(post_mcp(&gateway, Some(&rotated), None).await.status, 200, "rotated key not picked up");
     let minted_after = idp.mint("tester-b", &audience, "sandbox").await;
@@ -378,16 +388,21 @@ async fn minted_and_forged_tokens() {
 /// Opaque tokens through RFC 7662 introspection (with the gateway's client credentials).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opaque_tokens_by_introspection() {
-    let Some(node) = prerequisites("opaque_tokens_by_introspection") else { return };
-    let (addr, audience) = gateway_addr();
-    let other = format!("http://127.0.0.1:{}/other", free_port());
-    let mut idp = Idp::start(node, &[], &[&audience, &other]);
-    let extra = format!(
-        "introspection_endpoint = \"{}/token/introspection\"\nintrospection_client_id = \"gateway-introspector\"\n",
-        idp.issuer()
-    );
+    let Some(node) = prerequisites() else { return };
+    let other = OTHER_RESOURCE.to_string();
+    let extra = |idp: &Idp| {
+        format!(
+            "introspection_endpoint = \"{}/token/introspection\"\nintrospection_client_id = \"gateway-introspector\"\n",
+            idp.issuer()
+        )
+    };
     let secret = [("SANDBOX_MCP_OAUTH_CLIENT_SECRET", "gateway-introspector-secret-0123456789")];
-    let gateway = GatewayProc::start_on(addr, &oauth_config(&idp, &audience, &extra), &secret);
+    let (mut idp, gateway, audience) = idp_and_gateway(
+        &node,
+        |audience| (vec![], vec![audience.to_string(), OTHER_RESOURCE.to_string()]),
+        extra,
+        &secret,
+    );
 
     let token_a = idp.mint("tester-a", &audience, "sandbox").await;
     assert!(!token_a.starts_with("eyJ"), "expected an opaque token");

@@ -4,33 +4,20 @@
 //! Needs `$SANDBOX_MCP_PYTHON` (a python with `mcp` installed, e.g.
 //! /work/venv-mcp/bin/python); skipped loudly when unset.
 
-mod gateway_support;
+mod common;
 
-use gateway_support::*;
+use common::*;
 
 #[test]
 fn python_sdk_client_session() {
-    let Some(python) = std::env::var_os("SANDBOX_MCP_PYTHON") else {
-        eprintln!("SKIPPED python_sdk_client_session: set SANDBOX_MCP_PYTHON to a python with mcp==1.30.0 installed");
-        assert!(
-            std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
-            "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
-        );
-        return;
-    };
-    if !require_root("python_sdk_client_session") {
-        return;
-    }
+    let python = require_env!("SANDBOX_MCP_PYTHON", "a python with mcp==1.30.0");
+    require_root!();
     let token = "interop-token-0123456789";
-    let config = format!("[auth]\ntokens = [ {{ tenant = \"interop\", sha256 = \"{}\" }} ]\n", sha256_hex(token));
-    let gateway = GatewayProc::start(&config, &[]);
+    let gateway = gateway_with_token("interop", token);
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/mcp_client_session.py");
-    let output =
-        std::process::Command::new(python).arg(script).arg(gateway.mcp_url()).arg(token).output().expect("run python");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let mut python = std::process::Command::new(python);
+    let (stdout, _) = run_checked(python.arg(script).arg(gateway.mcp_url()).arg(token), Some(&gateway));
     println!("{stdout}");
-    assert!(output.status.success(), "python session failed:\n{stdout}\n{stderr}\nserve log:\n{}", gateway.log_text());
     let summary = stdout.lines().last().unwrap_or_default();
     assert!(summary.ends_with(" passed, 0 failed") && !summary.starts_with("0 passed"), "{summary}");
 }

@@ -8,41 +8,19 @@
 //! when unset. Also checks that closing the legacy session logs no
 //! "Session termination failed" (DELETE answers 204).
 
-mod gateway_support;
+mod common;
 
-use gateway_support::*;
+use common::*;
 use serde_json::Value;
 
 fn run_client(mode: &str) {
-    let Some(python) = std::env::var_os("SANDBOX_MCP_PYTHON_V2") else {
-        eprintln!("SKIPPED python v2 interop ({mode}): set SANDBOX_MCP_PYTHON_V2 to a python with mcp==2.3.0");
-        assert!(
-            std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
-            "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
-        );
-        return;
-    };
-    if !require_root("python_v2_interop") {
-        return;
-    }
+    let python = require_env!("SANDBOX_MCP_PYTHON_V2", "a python with mcp==2.3.0");
+    require_root!();
     let token = "interop-v2-token-0123456789";
-    let config = format!("[auth]\ntokens = [ {{ tenant = \"interop\", sha256 = \"{}\" }} ]\n", sha256_hex(token));
-    let gateway = GatewayProc::start(&config, &[]);
+    let gateway = gateway_with_token("interop", token);
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/mcp_v2_client.py");
-    let output = std::process::Command::new(python)
-        .arg(script)
-        .arg(gateway.mcp_url())
-        .arg(token)
-        .arg(mode)
-        .output()
-        .expect("run python");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "python v2 ({mode}) failed:\n{stdout}\n{stderr}\nserve log:\n{}",
-        gateway.log_text()
-    );
+    let mut python = std::process::Command::new(python);
+    let (stdout, stderr) = run_checked(python.arg(script).arg(gateway.mcp_url()).arg(token).arg(mode), Some(&gateway));
     assert!(!stderr.contains("Session termination failed"), "{stderr}");
     let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("summary line");
     println!("{seen}");

@@ -6,37 +6,88 @@
 //! Needs root (the provider) and `redis-server` (installed by scripts/test.sh);
 //! the Python test also needs `$SANDBOX_MCP_PYTHON` (mcp==1.30.0).
 
-mod gateway_support;
-mod redis_support;
+mod common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gateway_support::*;
-use redis_support::*;
+use common::redis_server::Redis;
+use common::*;
 use serde_json::json;
+
+/// The test's redis-server (persistent: it is stopped and started again), None after a loud
+/// skip when redis-server is not installed.
+fn start_redis() -> Option<Redis> {
+    require_command!("redis-server", None);
+    Some(Redis::start(true))
+}
+
+/// A `sandbox-mcp provider` whose log is captured (to count the kill calls it receives).
+struct CountingProvider {
+    inner: Provider,
+}
+
+impl CountingProvider {
+    fn start() -> Self {
+        let inner = Provider::builder().log_filter("warn,sandbox_mcp::local::api=info").echo(false).start();
+        Self { inner }
+    }
+
+    /// Kill calls the provider received for `sandbox_id`.
+    fn kills(&self, sandbox_id: &str) -> usize {
+        self.inner.log.text().lines().filter(|l| l.contains("kill requested") && l.contains(sandbox_id)).count()
+    }
+}
+
+fn redis_config(redis: &Redis, prefix: &str, idle_secs: u64) -> String {
+    format!(
+        "[server]\nsession_idle_timeout_secs = {idle_secs}\n[sessions]\nstore = \"{}\"\nkey_prefix = \"{prefix}\"\n\
+         sweep_interval_secs = 1\ncleanup_lease_secs = 3\ntimeout_ms = 500\n",
+        redis.url()
+    )
+}
+
+fn replica(provider: &CountingProvider, config: &str) -> Gateway {
+    Gateway::start_e2b(&provider.inner, config, &[])
+}
+
+fn unique_prefix(test: &str) -> String {
+    format!("t{}-{test}", std::process::id())
+}
+
+/// The only session id in Redis (the tests run one session per prefix).
+fn session_ids(redis: &Redis, prefix: &str) -> Vec<String> {
+    redis
+        .cli(&["ZRANGE", &format!("{prefix}:expiry"), "0", "-1"])
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+async fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    check()
+}
 
 #[test]
 fn python_client_session_moves_between_replicas() {
-    let Some(python) = std::env::var_os("SANDBOX_MCP_PYTHON") else {
-        eprintln!("SKIPPED python_client_session_moves_between_replicas: set SANDBOX_MCP_PYTHON (mcp==1.30.0)");
-        assert!(
-            std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
-            "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
-        );
-        return;
-    };
-    if !require_root("python_client_session_moves_between_replicas") {
-        return;
-    }
-    let Some(redis) = RedisProc::start("python_client_session_moves_between_replicas") else { return };
+    let python = require_env!("SANDBOX_MCP_PYTHON", "a python with mcp==1.30.0");
+    require_root!();
+    let Some(redis) = start_redis() else { return };
     let provider = CountingProvider::start();
     let config = redis_config(&redis, &unique_prefix("py"), 120);
     let mut r1 = replica(&provider, &config);
     let r2 = replica(&provider, &config);
-    let pid = r1.child.as_ref().map(|c| c.id()).unwrap_or_default();
+    let pid = r1.pid();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/redis_sessions.py");
     let output = Command::new(python)
         .arg(script)
@@ -63,15 +114,13 @@ fn python_client_session_moves_between_replicas() {
     let task_sandbox =
         stdout.lines().find_map(|l| l.strip_prefix("TASK_SANDBOX ")).expect("task sandbox id").trim().to_string();
     assert_eq!(provider.kills(&task_sandbox), 0, "a retained sandbox is never killed\n{logs}");
-    let _ = r1.child.take().map(|mut c| c.wait()); // SIGKILLed by the script
+    r1.wait_exit(Duration::from_secs(10)); // SIGKILLed by the script
 }
 
 #[test]
 fn expiry_cleans_up_once_across_replicas_after_a_crash_and_a_dead_lease() {
-    if !require_root("expiry_cleans_up_once_across_replicas_after_a_crash_and_a_dead_lease") {
-        return;
-    }
-    let Some(redis) = RedisProc::start("expiry_cleans_up_once") else { return };
+    require_root!();
+    let Some(redis) = start_redis() else { return };
     let provider = CountingProvider::start();
     let prefix = unique_prefix("expiry");
     let config = redis_config(&redis, &prefix, 4);
@@ -89,10 +138,7 @@ fn expiry_cleans_up_once_across_replicas_after_a_crash_and_a_dead_lease() {
         assert_eq!(ids.len(), 1, "one session in Redis: {ids:?}");
         let session = ids[0].clone();
         // Replica 1 crashes (no shutdown, no DELETE).
-        if let Some(mut child) = r1.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        r1.kill9();
         drop(client);
         // A replica that died midway through this session's cleanup: it killed c and holds the lease.
         assert!(provider.inner.client().kill_sandbox(&c).await.unwrap());
@@ -124,10 +170,8 @@ fn expiry_cleans_up_once_across_replicas_after_a_crash_and_a_dead_lease() {
 
 #[test]
 fn delete_on_another_replica_ends_the_session_everywhere() {
-    if !require_root("delete_on_another_replica_ends_the_session_everywhere") {
-        return;
-    }
-    let Some(redis) = RedisProc::start("delete_on_another_replica") else { return };
+    require_root!();
+    let Some(redis) = start_redis() else { return };
     let provider = CountingProvider::start();
     let prefix = unique_prefix("delete");
     let config = redis_config(&redis, &prefix, 120);
@@ -175,10 +219,8 @@ fn delete_on_another_replica_ends_the_session_everywhere() {
 
 #[test]
 fn redis_outage_fails_readiness_and_calls_retryably_then_recovers() {
-    if !require_root("redis_outage_fails_readiness_and_calls_retryably_then_recovers") {
-        return;
-    }
-    let Some(mut redis) = RedisProc::start("redis_outage") else { return };
+    require_root!();
+    let Some(mut redis) = start_redis() else { return };
     let provider = CountingProvider::start();
     let prefix = unique_prefix("outage");
     let r1 = replica(&provider, &redis_config(&redis, &prefix, 120));
@@ -218,7 +260,7 @@ fn redis_outage_fails_readiness_and_calls_retryably_then_recovers() {
             .unwrap();
         assert_eq!(init.status().as_u16(), 503, "initialize while Redis is down");
 
-        redis.spawn();
+        redis.spawn().expect("restart redis-server on its port");
         let base = r1.base();
         let recovered = async {
             for _ in 0..100 {
@@ -242,7 +284,7 @@ fn redis_outage_fails_readiness_and_calls_retryably_then_recovers() {
 }
 
 /// Writes the rolling-update balancer's control file atomically (the Python side reads it every 100 ms).
-fn write_control(path: &std::path::Path, backends: &[&GatewayProc], done: bool) {
+fn write_control(path: &std::path::Path, backends: &[&Gateway], done: bool) {
     let text = json!({ "backends": backends.iter().map(|r| r.base()).collect::<Vec<_>>(), "done": done });
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, text.to_string()).expect("write control");
@@ -251,19 +293,9 @@ fn write_control(path: &std::path::Path, backends: &[&GatewayProc], done: bool) 
 
 #[test]
 fn python_client_keeps_its_session_through_a_rolling_update() {
-    let test = "python_client_keeps_its_session_through_a_rolling_update";
-    let Some(python) = std::env::var_os("SANDBOX_MCP_PYTHON") else {
-        eprintln!("SKIPPED {test}: set SANDBOX_MCP_PYTHON (mcp==1.30.0)");
-        assert!(
-            std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
-            "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
-        );
-        return;
-    };
-    if !require_root(test) {
-        return;
-    }
-    let Some(redis) = RedisProc::start(test) else { return };
+    let python = require_env!("SANDBOX_MCP_PYTHON", "a python with mcp==1.30.0");
+    require_root!();
+    let Some(redis) = start_redis() else { return };
     let provider = CountingProvider::start();
     let prefix = unique_prefix("roll");
     let config = redis_config(&redis, &prefix, 120);
@@ -424,10 +456,8 @@ async fn replay(http: &reqwest::Client, url: &str, session: &str, last_event_id:
 
 #[test]
 fn last_event_id_replay_is_bound_to_its_session() {
-    if !require_root("last_event_id_replay_is_bound_to_its_session") {
-        return;
-    }
-    let Some(redis) = RedisProc::start("last_event_id_replay") else { return };
+    require_root!();
+    let Some(redis) = start_redis() else { return };
     let provider = CountingProvider::start();
     let config = redis_config(&redis, &unique_prefix("replay"), 120);
     let r1 = replica(&provider, &config);
@@ -466,16 +496,14 @@ fn last_event_id_replay_is_bound_to_its_session() {
 }
 
 /// The idle deadline of a session in Redis (ms).
-fn deadline_of(redis: &RedisProc, prefix: &str, session: &str) -> u64 {
+fn deadline_of(redis: &Redis, prefix: &str, session: &str) -> u64 {
     redis.cli(&["ZSCORE", &format!("{prefix}:expiry"), session]).trim().parse().unwrap_or(0)
 }
 
 #[test]
 fn a_request_that_fails_auth_neither_refreshes_nor_reads_a_session() {
-    if !require_root("a_request_that_fails_auth_neither_refreshes_nor_reads_a_session") {
-        return;
-    }
-    let Some(redis) = RedisProc::start("auth_before_refresh") else { return };
+    require_root!();
+    let Some(redis) = start_redis() else { return };
     let provider = CountingProvider::start();
     let prefix = unique_prefix("authfirst");
     let (acme, beta) = ("acme-token-0123456789abcdef", "beta-token-0123456789abcdef");

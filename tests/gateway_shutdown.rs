@@ -5,11 +5,11 @@
 //! retained (a task runs there) survives. A restarted gateway then logs the
 //! surviving sandbox of its deployment at start-up.
 
-mod gateway_support;
+mod common;
 
 use std::time::{Duration, Instant};
 
-use gateway_support::*;
+use common::*;
 use serde_json::json;
 
 const GRACE_SECS: u64 = 15;
@@ -23,13 +23,11 @@ async fn status_of(url: String) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_calls_kills_owned_keeps_retained() {
-    if !require_root("sigterm_drains_calls_kills_owned_keeps_retained") {
-        return;
-    }
-    let provider = ProviderProc::start();
+    require_root!();
+    let provider = Provider::start();
     let provider_client = provider.client();
     let extra = format!("deployment = \"shutdown-test\"\n[server]\nshutdown_grace_secs = {GRACE_SECS}\n");
-    let mut gateway = GatewayProc::start_e2b(&provider, &extra, &[]);
+    let mut gateway = Gateway::start_e2b(&provider, &extra, &[]);
     assert_eq!(status_of(format!("{}/readyz", gateway.base())).await, 200);
 
     let client = connect(&gateway.mcp_url(), None).await;
@@ -67,15 +65,14 @@ async fn sigterm_drains_calls_kills_owned_keeps_retained() {
     assert_ne!(finished.is_error, Some(true), "{}", text(&finished));
     assert_eq!(finished.structured_content.unwrap()["stdout"], json!("done\n"));
 
-    let mut child = gateway.child.take().expect("serve process");
+    let mut child = gateway.take_process().expect("serve process");
     let deadline = term_sent + Duration::from_secs(GRACE_SECS + 5);
     let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
+        if let Some(status) = child.try_status() {
             break status;
         }
         if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
+            child.kill9();
             panic!("serve did not exit within the grace period; log:\n{}", gateway.log_text());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -89,7 +86,7 @@ async fn sigterm_drains_calls_kills_owned_keeps_retained() {
     assert!(sandbox_exists(&provider_client, &s2).await, "retained sandbox {s2} was killed by the shutdown");
 
     // A new gateway of the same deployment counts the survivor at start-up.
-    let restarted = GatewayProc::start_e2b(&provider, &extra, &[]);
+    let restarted = Gateway::start_e2b(&provider, &extra, &[]);
     assert!(
         restarted.wait_log("\"alive\":1", Duration::from_secs(15)).await,
         "start-up log lacks the sandbox count; log:\n{}",
@@ -100,14 +97,12 @@ async fn sigterm_drains_calls_kills_owned_keeps_retained() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_overlong_call_still_exits_within_grace() {
-    if !require_root("sigterm_with_overlong_call_still_exits_within_grace") {
-        return;
-    }
+    require_root!();
     const SHORT_GRACE_SECS: u64 = 4;
-    let provider = ProviderProc::start();
+    let provider = Provider::start();
     let provider_client = provider.client();
     let extra = format!("[server]\nshutdown_grace_secs = {SHORT_GRACE_SECS}\n");
-    let mut gateway = GatewayProc::start_e2b(&provider, &extra, &[]);
+    let mut gateway = Gateway::start_e2b(&provider, &extra, &[]);
     let client = connect(&gateway.mcp_url(), None).await;
     let s1 = ok(&client, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_string();
 
@@ -127,14 +122,13 @@ async fn sigterm_with_overlong_call_still_exits_within_grace() {
     gateway.signal_term();
     let term_sent = Instant::now();
 
-    let mut child = gateway.child.take().expect("serve process");
+    let mut child = gateway.take_process().expect("serve process");
     let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
+        if let Some(status) = child.try_status() {
             break status;
         }
         if term_sent.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            let _ = child.wait();
+            child.kill9();
             panic!("serve did not exit; log:\n{}", gateway.log_text());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

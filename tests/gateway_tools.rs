@@ -3,20 +3,18 @@
 //! limits, unknown fields, and cleanup when a session ends (DELETE and idle
 //! expiry), checked against the provider directly.
 
-mod gateway_support;
+mod common;
 
 use std::time::Duration;
 
-use gateway_support::*;
+use common::*;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tools_work_end_to_end_with_session_defaults_and_ownership() {
-    if !require_root("tools_work_end_to_end_with_session_defaults_and_ownership") {
-        return;
-    }
-    let provider = ProviderProc::start();
-    let gateway = GatewayProc::start_e2b(&provider, "", &[]);
+    require_root!();
+    let provider = Provider::start();
+    let gateway = Gateway::start_e2b(&provider, "", &[]);
     let direct = provider.client();
     let client = connect(&gateway.mcp_url(), None).await;
 
@@ -108,7 +106,7 @@ async fn tools_work_end_to_end_with_session_defaults_and_ownership() {
     assert!(message.contains("no such file") && message.contains(&id), "{message}");
     // An error that would quote the provider API key shows it masked (in the answer and the log line).
     let message = err(&client, "read_file", json!({"path": format!("/home/user/{}.txt", provider.api_key)})).await;
-    assert!(message.contains("no such file") && message.contains("/home/user/********.txt"), "{message}");
+    assert!(message.contains("no such file") && message.contains("/home/user/***.txt"), "{message}");
     assert!(!message.contains(&provider.api_key), "the provider API key leaked into a tool error: {message}");
 
     // A second session (same tenant) creates its own sandbox; the first connects to it: default, not owned.
@@ -160,7 +158,7 @@ async fn tools_work_end_to_end_with_session_defaults_and_ownership() {
     }
     let masked_line = log
         .lines()
-        .find(|l| l.contains("\"tool call\"") && l.contains("/home/user/********.txt"))
+        .find(|l| l.contains("\"tool call\"") && l.contains("/home/user/***.txt"))
         .expect("the read_file error quoting the key is logged, masked");
     assert!(masked_line.contains("\"outcome\":\"error\""), "{masked_line}");
     assert!(!log.contains(&provider.api_key), "the provider API key leaked into the log");
@@ -168,14 +166,12 @@ async fn tools_work_end_to_end_with_session_defaults_and_ownership() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn configured_secrets_and_the_provider_key_are_masked_in_output_files_and_errors() {
-    if !require_root("configured_secrets_and_the_provider_key_are_masked_in_output_files_and_errors") {
-        return;
-    }
+    require_root!();
     const SECRET: &str = "gateway-configured-secret-42";
-    const MASK: &str = "********";
-    let provider = ProviderProc::start();
+    const MASK: &str = "***"; // sandbox_mcp::masking::MASK
+    let provider = Provider::start();
     let key = provider.api_key.clone();
-    let gateway = GatewayProc::start_e2b(&provider, &format!("[tasks]\nsecrets = [\"{SECRET}\"]\n"), &[]);
+    let gateway = Gateway::start_e2b(&provider, &format!("[tasks]\nsecrets = [\"{SECRET}\"]\n"), &[]);
     let client = connect(&gateway.mcp_url(), None).await;
     let id = ok(&client, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_string();
 
@@ -217,11 +213,9 @@ async fn configured_secrets_and_the_provider_key_are_masked_in_output_files_and_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_arguments_are_rejected_before_any_provider_call() {
-    if !require_root("bad_arguments_are_rejected_before_any_provider_call") {
-        return;
-    }
-    let provider = ProviderProc::start();
-    let gateway = GatewayProc::start_e2b(&provider, "[server]\nmax_body_bytes = 1048576\n", &[]);
+    require_root!();
+    let provider = Provider::start();
+    let gateway = Gateway::start_e2b(&provider, "[server]\nmax_body_bytes = 1048576\n", &[]);
     let direct = provider.client();
     let client = connect(&gateway.mcp_url(), None).await;
 
@@ -279,11 +273,9 @@ async fn bad_arguments_are_rejected_before_any_provider_call() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_session_expiry_kills_owned_sandboxes() {
-    if !require_root("idle_session_expiry_kills_owned_sandboxes") {
-        return;
-    }
-    let provider = ProviderProc::start();
-    let gateway = GatewayProc::start_e2b(&provider, "[server]\nsession_idle_timeout_secs = 2\n", &[]);
+    require_root!();
+    let provider = Provider::start();
+    let gateway = Gateway::start_e2b(&provider, "[server]\nsession_idle_timeout_secs = 2\n", &[]);
     let direct = provider.client();
     let client = connect(&gateway.mcp_url(), None).await;
     let id = ok(&client, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_string();
@@ -306,11 +298,9 @@ async fn idle_session_expiry_kills_owned_sandboxes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn using_a_sandbox_renews_its_timeout() {
-    if !require_root("using_a_sandbox_renews_its_timeout") {
-        return;
-    }
-    let provider = ProviderProc::start();
-    let gateway = GatewayProc::start_e2b(&provider, "[sandbox]\nrenew_on_use_secs = 900\n", &[]);
+    require_root!();
+    let provider = Provider::start();
+    let gateway = Gateway::start_e2b(&provider, "[sandbox]\nrenew_on_use_secs = 900\n", &[]);
     let direct = provider.client();
     let client = connect(&gateway.mcp_url(), None).await;
     let id = ok(&client, "create_sandbox", json!({"timeout": 20})).await["sandbox_id"].as_str().unwrap().to_string();
@@ -331,19 +321,14 @@ async fn using_a_sandbox_renews_its_timeout() {
     close(client).await;
 }
 
-#[path = "network_support/testnet.rs"]
-mod testnet;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_sandbox_network_rules_apply_and_the_gateway_is_unreachable_from_inside() {
-    if !require_root("create_sandbox_network_rules_apply_and_the_gateway_is_unreachable_from_inside") {
-        return;
-    }
+    require_root!();
     let mut net = testnet::TestNet::new();
     net.http(net.internet_addr, 8080, "internet-ok");
     let internet = net.internet_addr.to_string();
     // The default deployment: `serve` with its embedded provider, no auth, on loopback.
-    let gateway = GatewayProc::start("", &[]);
+    let gateway = Gateway::start("", &[]);
     let client = connect(&gateway.mcp_url(), None).await;
     let probe = |host: &str, port: u16| json!({"command": testnet::probe_script(host, port)});
     let stdout = |v: &serde_json::Value| v["stdout"].as_str().unwrap_or_default().trim().to_owned();

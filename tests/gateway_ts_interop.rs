@@ -7,45 +7,21 @@
 //! session: create -> run -> start_task / get_task / cancel_task -> kill. The SDK must print no
 //! warning (AJV schema warnings included). Skipped loudly when either variable is unset.
 
-mod gateway_support;
+mod common;
 
-use gateway_support::*;
+use common::*;
 use serde_json::Value;
 
 fn run_client(mode: &str) -> Option<Value> {
-    let test = format!("typescript_client ({mode})");
-    let (Some(node_bin), Some(client_dir)) =
-        (std::env::var_os("SANDBOX_MCP_NODE_BIN"), std::env::var_os("SANDBOX_MCP_TS_CLIENT_DIR"))
-    else {
-        eprintln!("SKIPPED {test}: set SANDBOX_MCP_NODE_BIN and SANDBOX_MCP_TS_CLIENT_DIR");
-        assert!(
-            std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
-            "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
-        );
-        return None;
-    };
-    if !require_root(&test) {
-        return None;
-    }
+    let node_bin = require_env!("SANDBOX_MCP_NODE_BIN", "the Node 24 bin dir", None);
+    let client_dir = require_env!("SANDBOX_MCP_TS_CLIENT_DIR", "the pinned TypeScript client install", None);
+    require_root!(None);
     let token = "ts-interop-token-0123456789";
-    let config = format!("[auth]\ntokens = [ {{ tenant = \"ts\", sha256 = \"{}\" }} ]\n", sha256_hex(token));
-    let gateway = GatewayProc::start(&config, &[]);
+    let gateway = gateway_with_token("ts", token);
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/ts_client.mjs");
-    let output = std::process::Command::new(std::path::Path::new(&node_bin).join("node"))
-        .arg(script)
-        .arg(gateway.mcp_url())
-        .arg(token)
-        .arg(&client_dir)
-        .arg(mode)
-        .output()
-        .expect("run node");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "TypeScript client ({mode}) failed:\n{stdout}\n{stderr}\nserve log:\n{}",
-        gateway.log_text()
-    );
+    let mut node = std::process::Command::new(std::path::Path::new(&node_bin).join("node"));
+    let (stdout, _) =
+        run_checked(node.arg(script).arg(gateway.mcp_url()).arg(token).arg(&client_dir).arg(mode), Some(&gateway));
     let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("summary line");
     println!("{seen}");
     assert_eq!(seen["tools"], 12, "{seen}");

@@ -1,6 +1,7 @@
 //! Integration tests of `sandbox-mcp provider`: the real binary, real
 //! namespaces and mounts, raw HTTP. Needs root (skips loudly otherwise).
 
+mod common;
 #[path = "local_provider_support/harness.rs"]
 mod harness;
 
@@ -15,9 +16,7 @@ use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn lifecycle_create_get_connect_timeout_pause_resume_kill() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let p = Provider::start(&[]);
     let (status, v1) =
         p.call(reqwest::Method::POST, "/sandboxes", Some(json!({"templateID": "base", "secure": true}))).await;
@@ -95,9 +94,7 @@ async fn lifecycle_create_get_connect_timeout_pause_resume_kill() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn list_filters_by_metadata_and_state_and_pages() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let p = Provider::start(&[]);
     let mut ids = Vec::new();
     for i in 0..3 {
@@ -117,13 +114,14 @@ async fn list_filters_by_metadata_and_state_and_pages() {
     assert_eq!(listed.as_array().unwrap().len(), 0);
 
     // Paging: 2 + 2, stable order, X-Next-Token only while more remain.
-    let first = p.http.get(p.url("/v2/sandboxes?limit=2&state=running")).header("X-API-Key", KEY).send().await.unwrap();
+    let first =
+        p.http.get(p.url("/v2/sandboxes?limit=2&state=running")).header("X-API-Key", API_KEY).send().await.unwrap();
     let token = first.headers().get("x-next-token").expect("next token").to_str().unwrap().to_owned();
     let page1: Vec<Value> = first.json().await.unwrap();
     let second = p
         .http
         .get(p.url(&format!("/v2/sandboxes?limit=2&nextToken={token}")))
-        .header("X-API-Key", KEY)
+        .header("X-API-Key", API_KEY)
         .send()
         .await
         .unwrap();
@@ -159,9 +157,7 @@ async fn list_filters_by_metadata_and_state_and_pages() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_input_gets_contract_errors_and_provider_keeps_serving() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     // A template root that vanishes after the provider started: its sandboxes cannot start.
     let vanishing = tempfile::Builder::new().prefix("sbx-template-test").tempdir_in("/var/tmp").unwrap();
     std::fs::create_dir(vanishing.path().join("etc")).unwrap();
@@ -183,23 +179,24 @@ async fn bad_input_gets_contract_errors_and_provider_keeps_serving() {
     }
     check(post("/v2/sandboxes", Some("wrong"), r#"{"templateID":"base"}"#).await.unwrap(), 401).await;
     check(post("/v2/sandboxes", None, r#"{"templateID":"base"}"#).await.unwrap(), 401).await;
-    check(post("/v2/sandboxes", Some(KEY), r#"{"templateID":"#).await.unwrap(), 400).await;
-    check(post("/v2/sandboxes", Some(KEY), r#"{"timeout":5}"#).await.unwrap(), 400).await;
-    check(post("/v2/sandboxes", Some(KEY), r#"{"templateID":"nope"}"#).await.unwrap(), 404).await;
-    check(post("/v2/sandboxes", Some(KEY), r#"{"templateID":"base","timeout":99999999}"#).await.unwrap(), 400).await;
-    check(post("/sandboxes/doesnotexist0000000/timeout", Some(KEY), r#"{"timeout":5}"#).await.unwrap(), 404).await;
-    check(post("/sandboxes/..%2F..%2Fetc/connect", Some(KEY), "{}").await.unwrap(), 404).await;
+    check(post("/v2/sandboxes", Some(API_KEY), r#"{"templateID":"#).await.unwrap(), 400).await;
+    check(post("/v2/sandboxes", Some(API_KEY), r#"{"timeout":5}"#).await.unwrap(), 400).await;
+    check(post("/v2/sandboxes", Some(API_KEY), r#"{"templateID":"nope"}"#).await.unwrap(), 404).await;
+    check(post("/v2/sandboxes", Some(API_KEY), r#"{"templateID":"base","timeout":99999999}"#).await.unwrap(), 400)
+        .await;
+    check(post("/sandboxes/doesnotexist0000000/timeout", Some(API_KEY), r#"{"timeout":5}"#).await.unwrap(), 404).await;
+    check(post("/sandboxes/..%2F..%2Fetc/connect", Some(API_KEY), "{}").await.unwrap(), 404).await;
     let (status, v) = p.call(reqwest::Method::GET, "/sandboxes/doesnotexist0000000", None).await;
     assert_eq!((status, v["code"].as_i64()), (StatusCode::NOT_FOUND, Some(404)));
     let (status, v) = p.call(reqwest::Method::GET, "/no/such/route", None).await;
     assert_eq!((status, v["code"].as_i64()), (StatusCode::NOT_FOUND, Some(404)));
     // A sandbox that fails to start reports why and leaves nothing behind.
-    let v = check(post("/v2/sandboxes", Some(KEY), r#"{"templateID":"broken"}"#).await.unwrap(), 500).await;
+    let v = check(post("/v2/sandboxes", Some(API_KEY), r#"{"templateID":"broken"}"#).await.unwrap(), 500).await;
     assert!(v["message"].as_str().unwrap().contains("open_tree"), "{v}");
     assert_eq!(std::fs::read_dir(p.state.join("sandboxes")).unwrap().count(), 0);
     // Oversized control-plane body.
     let big = format!(r#"{{"templateID":"base","metadata":{{"x":"{}"}}}}"#, "a".repeat(2 * 1024 * 1024));
-    let resp = p.http.post(p.url("/v2/sandboxes")).header("X-API-Key", KEY).body(big).send().await.unwrap();
+    let resp = p.http.post(p.url("/v2/sandboxes")).header("X-API-Key", API_KEY).body(big).send().await.unwrap();
     check(resp, 413).await;
     // Unknown sandbox on the envd route.
     let resp = p.http.get(p.url("/health")).header("E2b-Sandbox-Id", "doesnotexist0000000").send().await.unwrap();
@@ -233,9 +230,7 @@ async fn bad_input_gets_contract_errors_and_provider_keeps_serving() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn deadline_expiry_and_kill_while_busy_leave_nothing_behind() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let p = Provider::start(&["--memory-limit-mb", "256", "--pids-limit", "200"]);
     let short = p.create(json!({"templateID": "base", "timeout": 2})).await;
     let busy = p.create(json!({"templateID": "base", "timeout": 300})).await;
@@ -291,9 +286,7 @@ async fn deadline_expiry_and_kill_while_busy_leave_nothing_behind() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sandboxes_are_isolated_from_each_other_and_the_host() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let p = Provider::start(&[]);
     let a = p.create(json!({"templateID": "base"})).await;
     let b = p.create(json!({"templateID": "base", "allow_internet_access": false})).await;
@@ -358,9 +351,7 @@ async fn sandboxes_are_isolated_from_each_other_and_the_host() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn provider_restart_readopts_running_and_cleans_dead_sandboxes() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let mut p = Provider::start(&[]);
     let keep = p.create(json!({"templateID": "base", "metadata": {"role": "keep"}})).await;
     let dead = p.create(json!({"templateID": "base"})).await;
@@ -391,9 +382,7 @@ async fn provider_restart_readopts_running_and_cleans_dead_sandboxes() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn max_sandboxes_is_enforced_with_429() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let p = Provider::start(&["--max-sandboxes", "2"]);
     let a = p.create(json!({"templateID": "base"})).await;
     let _b = p.create(json!({"templateID": "base"})).await;
@@ -407,9 +396,7 @@ async fn max_sandboxes_is_enforced_with_429() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn fifty_sandboxes_alive_at_once_then_all_killed_cleanly() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let p = Provider::start(&[]);
     let mut sandboxes = Vec::new();
     for _ in 0..5 {
@@ -435,16 +422,14 @@ async fn fifty_sandboxes_alive_at_once_then_all_killed_cleanly() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_stops_the_provider_but_not_its_sandboxes() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let mut p = Provider::start(&[]);
     let sbx = p.create(json!({"templateID": "base"})).await;
     let id = id_of(&sbx);
     let pid = p.record(&id)["envd_pid"].as_i64().unwrap() as i32;
-    let mut child = p.child.take().unwrap();
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
-    let status = child.wait().unwrap();
+    let mut process = p.take_process();
+    process.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = process.wait_timeout(Duration::from_secs(30)).expect("the provider exits on SIGTERM");
     assert!(status.success(), "graceful exit: {status:?}");
     // The agent leads its own session, so the provider's terminal signals never reach it.
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
@@ -460,9 +445,7 @@ async fn sigterm_stops_the_provider_but_not_its_sandboxes() {
 
 #[test]
 fn without_namespace_permission_it_exits_with_one_clear_sentence() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     use std::os::unix::process::CommandExt;
     let tmp = tempfile::Builder::new().prefix("sbx-provider-test").tempdir_in("/var/tmp").unwrap();
     let state = tmp.path().join("state");
@@ -485,13 +468,11 @@ fn without_namespace_permission_it_exits_with_one_clear_sentence() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn library_entry_point_serves_and_kills_all_on_request() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let tmp = tempfile::Builder::new().prefix("sbx-provider-test").tempdir_in("/var/tmp").unwrap();
     let cfg = sandbox_mcp::local::LocalProviderConfig {
         state_dir: tmp.path().join("state"),
-        api_key: Some(KEY.into()),
+        api_key: Some(API_KEY.into()),
         agent_binary: env!("CARGO_BIN_EXE_sandbox-mcp").into(),
         max_data_body_bytes: 1024,
         ..Default::default()
@@ -501,7 +482,7 @@ async fn library_entry_point_serves_and_kills_all_on_request() {
     let base = format!("http://{}", running.addr);
     let resp = reqwest::Client::new()
         .post(format!("{base}/v2/sandboxes"))
-        .header("X-API-Key", KEY)
+        .header("X-API-Key", API_KEY)
         .json(&json!({"templateID": "base"}))
         .send()
         .await

@@ -3,29 +3,21 @@
 //! deadlines, kill, isolation and error reporting. Needs root (namespaces);
 //! skips loudly otherwise.
 
-#[path = "support/provider_process.rs"]
-mod provider_process;
+mod common;
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
-use provider_process::{ProviderProcess, is_root};
+use common::{Provider, require_root};
 use sandbox_mcp::connect_rpc::Code;
 use sandbox_mcp::e2b::wire::{self, ProcessEvent};
 use sandbox_mcp::e2b::{CallOptions, E2bClient, E2bError, EnvdClient, OutputLimits, Signal};
 
-fn provider() -> Option<ProviderProcess> {
-    if !is_root() {
-        eprintln!("SKIPPED: provider_client tests need root (namespaces, mounts, cgroups)");
-        assert!(
-            std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
-            "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
-        );
-        return None;
-    }
-    Some(ProviderProcess::spawn(Path::new(env!("CARGO_BIN_EXE_sandbox-mcp"))).expect("start the provider"))
+fn provider() -> Option<Provider> {
+    require_root!(None);
+    Some(Provider::start())
 }
 
 fn new_sandbox(timeout: u64) -> wire::NewSandbox {

@@ -6,9 +6,9 @@
 //! Claude Code command and the VS Code / Cursor `mcp.json` are checked for shape (transport,
 //! URL on /mcp, bearer header).
 
-mod gateway_support;
+mod common;
 
-use gateway_support::*;
+use common::*;
 use serde_json::Value;
 
 /// The README's `readme-test` blocks: (info string, body).
@@ -41,54 +41,29 @@ fn block(tag: &str) -> String {
 #[test]
 fn readme_python_v2_snippet_runs() {
     let snippet = block("python readme-test");
-    let Some(python) = std::env::var_os("SANDBOX_MCP_PYTHON_V2") else {
-        eprintln!("SKIPPED readme_python_v2_snippet_runs: set SANDBOX_MCP_PYTHON_V2 to a python with mcp==2.3.0");
-        assert!(
-            std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
-            "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
-        );
-        return;
-    };
-    if !require_root("readme_python_v2_snippet_runs") {
-        return;
-    }
+    let python = require_env!("SANDBOX_MCP_PYTHON_V2", "a python with mcp==2.3.0");
+    require_root!();
     let token = "readme-token-0123456789";
-    let config = format!("[auth]\ntokens = [ {{ tenant = \"readme\", sha256 = \"{}\" }} ]\n", sha256_hex(token));
-    let gateway = GatewayProc::start(&config, &[]);
+    let gateway = gateway_with_token("readme", token);
     let dir = tempfile::tempdir().expect("tempdir");
     let script = dir.path().join("snippet.py");
     std::fs::write(&script, snippet).expect("write snippet");
-    let output = std::process::Command::new(python)
-        .arg(&script)
-        .env("SANDBOX_MCP_URL", gateway.mcp_url())
-        .env("SANDBOX_MCP_TOKEN", token)
-        .output()
-        .expect("run snippet");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "README snippet failed:\n{stdout}\n{stderr}");
+    let mut python = std::process::Command::new(python);
+    let (stdout, stderr) = run_checked(
+        python.arg(&script).env("SANDBOX_MCP_URL", gateway.mcp_url()).env("SANDBOX_MCP_TOKEN", token),
+        Some(&gateway),
+    );
     assert_eq!(stdout.trim(), "Linux", "{stdout}\n{stderr}");
 }
 
 #[test]
 fn readme_typescript_snippet_runs() {
     let snippet = block("js readme-test");
-    let (Some(node_bin), Some(client_dir)) =
-        (std::env::var_os("SANDBOX_MCP_NODE_BIN"), std::env::var_os("SANDBOX_MCP_TS_CLIENT_DIR"))
-    else {
-        eprintln!("SKIPPED readme_typescript_snippet_runs: set SANDBOX_MCP_NODE_BIN and SANDBOX_MCP_TS_CLIENT_DIR");
-        assert!(
-            std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
-            "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
-        );
-        return;
-    };
-    if !require_root("readme_typescript_snippet_runs") {
-        return;
-    }
+    let node_bin = require_env!("SANDBOX_MCP_NODE_BIN", "the Node 24 bin dir");
+    let client_dir = require_env!("SANDBOX_MCP_TS_CLIENT_DIR", "the pinned TypeScript client install");
+    require_root!();
     let token = "readme-ts-token-0123456789";
-    let config = format!("[auth]\ntokens = [ {{ tenant = \"readme\", sha256 = \"{}\" }} ]\n", sha256_hex(token));
-    let gateway = GatewayProc::start(&config, &[]);
+    let gateway = gateway_with_token("readme", token);
     // Beside the installed client's node_modules, so the bare import resolves.
     let script = std::path::Path::new(&client_dir).join(format!("readme-snippet-{}.mjs", std::process::id()));
     std::fs::write(&script, snippet).expect("write snippet");
@@ -166,19 +141,9 @@ fn inspector_json(stdout: &str) -> Value {
 #[test]
 fn readme_inspector_cli_snippet_runs_without_portability_findings() {
     let snippet = block("sh readme-test inspector");
-    let (Some(node_bin), Some(install_dir)) =
-        (std::env::var_os("SANDBOX_MCP_NODE_BIN"), std::env::var_os("SANDBOX_MCP_INSPECTOR_DIR"))
-    else {
-        eprintln!("SKIPPED readme_inspector_cli_snippet_runs: set SANDBOX_MCP_NODE_BIN and SANDBOX_MCP_INSPECTOR_DIR");
-        assert!(
-            std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
-            "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
-        );
-        return;
-    };
-    if !require_root("readme_inspector_cli_snippet_runs") {
-        return;
-    }
+    let node_bin = require_env!("SANDBOX_MCP_NODE_BIN", "the Node 24 bin dir");
+    let install_dir = require_env!("SANDBOX_MCP_INSPECTOR_DIR", "the pinned MCP Inspector install");
+    require_root!();
     let install_dir = std::path::PathBuf::from(install_dir);
     // The README pins the version scripts/test.sh installs.
     let package =
@@ -194,8 +159,7 @@ fn readme_inspector_cli_snippet_runs_without_portability_findings() {
     }
 
     let token = "readme-inspector-token-0123456789";
-    let config = format!("[auth]\ntokens = [ {{ tenant = \"readme\", sha256 = \"{}\" }} ]\n", sha256_hex(token));
-    let gateway = GatewayProc::start(&config, &[]);
+    let gateway = gateway_with_token("readme", token);
     let url = gateway.mcp_url();
     let env = inspector_env(std::path::Path::new(&node_bin), &install_dir);
     let run = |line: &str, sandbox: &str| {

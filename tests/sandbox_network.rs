@@ -7,18 +7,17 @@
 //! network survives a provider SIGKILL; a killed sandbox leaves nothing.
 //! Needs root (skips loudly otherwise; SANDBOX_MCP_NO_SKIP turns that into a failure).
 
+mod common;
 #[path = "local_provider_support/harness.rs"]
 mod harness;
-#[path = "network_support/testnet.rs"]
-mod testnet;
 
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
+use common::testnet::{self, TestNet, probe_script};
 use harness::*;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use testnet::{TestNet, probe_script};
 
 async fn probe(p: &Provider, sbx: &Value, host: &str, port: u16) -> String {
     let (_, out) = p.run(sbx, &probe_script(host, port), None).await;
@@ -58,14 +57,12 @@ async fn udp_query(p: &Provider, sbx: &Value, server: &str) -> String {
 }
 
 fn provider_port(p: &Provider) -> u16 {
-    p.base.rsplit(':').next().unwrap().parse().unwrap()
+    p.base().rsplit(':').next().unwrap().parse().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn default_egress_reaches_the_internet_and_dns_but_nothing_of_the_host() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let mut net = TestNet::new();
     net.http(net.internet_addr, 8080, "internet-ok");
     net.dns(net.internet_addr);
@@ -118,9 +115,7 @@ async fn default_egress_reaches_the_internet_and_dns_but_nothing_of_the_host() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn siblings_are_unreachable_and_share_no_ports() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let p = Provider::start(&[]);
     let a = p.create(json!({"templateID": "base"})).await;
     let b = p.create(json!({"templateID": "base"})).await;
@@ -157,9 +152,7 @@ async fn siblings_are_unreachable_and_share_no_ports() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn deny_allow_and_update_rules_take_effect() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let mut net = TestNet::new();
     net.http(net.internet_addr, 8080, "internet-ok");
     net.http(net.private_addr, 8080, "private-ok");
@@ -175,10 +168,10 @@ async fn deny_allow_and_update_rules_take_effect() {
     assert_eq!(info["network"]["denyOut"], json!([internet]));
     // PUT replaces the rules; an omitted field is cleared (here through the project's own client).
     let client = sandbox_mcp::e2b::E2bClient::new(sandbox_mcp::e2b::ProviderEndpoint {
-        api_url: p.base.parse().unwrap(),
-        sandbox_url: Some(p.base.parse().unwrap()),
+        api_url: p.base().parse().unwrap(),
+        sandbox_url: Some(p.base().parse().unwrap()),
         domain: "localhost".into(),
-        api_key: Some(KEY.into()),
+        api_key: Some(API_KEY.into()),
         request_timeout: Duration::from_secs(10),
     })
     .unwrap();
@@ -240,9 +233,7 @@ async fn deny_allow_and_update_rules_take_effect() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn inbound_through_the_provider_with_and_without_the_traffic_token() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let p = Provider::start(&["--domain", "sandbox.test"]);
     let public = p.create(json!({"templateID": "base"})).await;
     let private = p.create(json!({"templateID": "base", "network": {"allowPublicTraffic": false}})).await;
@@ -287,7 +278,7 @@ async fn inbound_through_the_provider_with_and_without_the_traffic_token() {
     let upgrade = "python3 - <<'EOF' >/dev/null 2>&1 &\nimport socket\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\ns.bind(('0.0.0.0', 9100)); s.listen(1)\nc,_=s.accept(); c.recv(4096)\nc.sendall(b'HTTP/1.1 101 Switching Protocols\\r\\nConnection: Upgrade\\r\\nUpgrade: echo\\r\\n\\r\\n')\nwhile True:\n    d=c.recv(4096)\n    if not d: break\n    c.sendall(d.upper())\nEOF\nsleep 1";
     let (code, _) = p.run(&public, upgrade, None).await;
     assert_eq!(code, 0);
-    let addr = p.base.trim_start_matches("http://").to_owned();
+    let addr = p.base().trim_start_matches("http://").to_owned();
     let id = id_of(&public);
     let echoed = tokio::task::spawn_blocking(move || {
         let mut s = std::net::TcpStream::connect(addr).unwrap();
@@ -312,9 +303,7 @@ async fn inbound_through_the_provider_with_and_without_the_traffic_token() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn network_survives_a_provider_sigkill_and_kill_leaves_nothing() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let mut net = TestNet::new();
     net.http(net.internet_addr, 8080, "internet-ok");
     let internet = net.internet_addr.to_string();
@@ -356,7 +345,7 @@ async fn network_survives_a_provider_sigkill_and_kill_leaves_nothing() {
     let rec = p.record(&id);
     let pid = rec["envd_pid"].as_i64().unwrap() as i32;
     let netns = std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
-    let provider_pid = p.child.as_ref().unwrap().id();
+    let provider_pid = p.inner.pid();
     let (status, _) = p.call(Method::DELETE, &format!("/sandboxes/{id}"), None).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
     assert_nothing_left(&p, &id, pid, &cgroups_of(&rec));

@@ -2,6 +2,7 @@
 //! `sandbox-mcp provider` binary, real namespaces, commands run through envd. Needs root (skips
 //! loudly otherwise, fails under SANDBOX_MCP_NO_SKIP).
 
+mod common;
 #[path = "local_provider_support/harness.rs"]
 mod harness;
 
@@ -51,9 +52,7 @@ fn uids_of(pid: i32) -> Vec<u32> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn host_secrets_are_invisible_and_sandbox_root_is_unprivileged_on_the_host() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let tag = format!("{}-{}", std::process::id(), rand_suffix());
     let etc_secret = PathBuf::from(format!("/etc/sbx-test-secret-{tag}"));
     let var_lib_secret = PathBuf::from(format!("/var/lib/sbx-test-secret-{tag}"));
@@ -143,9 +142,7 @@ async fn host_secrets_are_invisible_and_sandbox_root_is_unprivileged_on_the_host
 
 #[tokio::test(flavor = "multi_thread")]
 async fn blocked_syscalls_fail_with_eperm_inside() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let p = Provider::start(&[]);
     let sbx = p.create(json!({"templateID": "base"})).await;
     let calls: Vec<(&str, i64, &str)> = vec![
@@ -194,9 +191,7 @@ async fn blocked_syscalls_fail_with_eperm_inside() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn custom_templates_are_used_and_unknown_templates_are_refused() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     // A minimal root filesystem: bash and its libraries, accounts, a marker.
     let tmp = tempfile::Builder::new().prefix("sbx-template-test").tempdir_in("/var/tmp").unwrap();
     let rootfs = tmp.path().join("rootfs");
@@ -245,7 +240,7 @@ async fn custom_templates_are_used_and_unknown_templates_are_refused() {
 
     // A template that is not a root filesystem is refused at start, naming local.templates.
     let out = Command::new(env!("CARGO_BIN_EXE_sandbox-mcp"))
-        .args(["provider", "--listen", "127.0.0.1:0", "--api-key", KEY, "--state-dir"])
+        .args(["provider", "--listen", "127.0.0.1:0", "--api-key", API_KEY, "--state-dir"])
         .arg(tmp.path().join("state2"))
         .args(["--template", &format!("bad={}", tmp.path().join("missing").display())])
         .output()
@@ -262,13 +257,11 @@ async fn custom_templates_are_used_and_unknown_templates_are_refused() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_second_provider_on_the_same_state_directory_is_refused() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let p = Provider::start(&[]);
     let sbx = p.create(json!({"templateID": "base"})).await;
     let out = Command::new(env!("CARGO_BIN_EXE_sandbox-mcp"))
-        .args(["provider", "--listen", "127.0.0.1:0", "--api-key", KEY, "--state-dir"])
+        .args(["provider", "--listen", "127.0.0.1:0", "--api-key", API_KEY, "--state-dir"])
         .arg(&p.state)
         .output()
         .unwrap();
@@ -297,9 +290,7 @@ fn loop_devices_under(dir: &Path) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn writes_past_the_disk_limit_fail_with_enospc_inside_and_spare_the_host() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let p = Provider::start(&["--disk-limit-mb", "64"]);
     let sbx = p.create(json!({"templateID": "base"})).await;
     let id = id_of(&sbx);
@@ -348,9 +339,7 @@ fn userns_of(pid: i32) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn prepared_disks_and_user_namespaces_are_per_sandbox_and_die_with_the_provider() {
-    if !is_root() {
-        return;
-    }
+    require_root!();
     let mut p = Provider::start(&["--disk-limit-mb", "64"]);
     let pool = p.state.join("disk-pool");
     let secs = std::time::Duration::from_secs;
@@ -389,8 +378,8 @@ async fn prepared_disks_and_user_namespaces_are_per_sandbox_and_die_with_the_pro
         assert_nothing_left(&p, &id, rec["envd_pid"].as_i64().unwrap() as i32, &cgroups_of(&rec));
     }
     // A clean stop releases everything too.
-    let mut child = p.child.take().unwrap();
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
-    child.wait().unwrap();
+    let mut process = p.take_process();
+    process.signal(nix::sys::signal::Signal::SIGTERM);
+    process.wait_timeout(secs(30)).expect("the provider exits on SIGTERM");
     assert!(wait_until(secs(10), || loop_devices_under(&p.state).is_empty()), "{:?}", loop_devices_under(&p.state));
 }

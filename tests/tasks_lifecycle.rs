@@ -4,12 +4,14 @@
 //! killed sandbox (clear error), and the argument rejections, including
 //! the 129th task.
 
+mod common;
 mod tasks_support;
 
 use std::time::{Duration, Instant};
 
+use common::require_root;
 use serde_json::{Value, json};
-use tasks_support::{Env, Mcp, can_run};
+use tasks_support::{Env, Mcp};
 
 async fn run(mcp: &Mcp, sandbox_id: &str, command: &str) -> Value {
     mcp.call("run_command", json!({"sandbox_id": sandbox_id, "command": command})).await.ok()
@@ -22,12 +24,8 @@ async fn pid_alive(mcp: &Mcp, sandbox_id: &str, pid: u64) -> bool {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn timeout_cancel_group_cleanup_and_lost_supervisor() {
-    if !can_run() {
-        return;
-    }
-    let env = Env::new();
-    let serve = env.serve(&env.write_config(None, ""));
-    let mcp = Mcp::connect(&serve.url).await;
+    require_root!();
+    let (_env, serve, mcp) = Env::local("").await;
     let sandbox_id = mcp.create_sandbox().await;
 
     // Timeout: TERM at 1 s.
@@ -90,7 +88,7 @@ async fn timeout_cancel_group_cleanup_and_lost_supervisor() {
     assert_ne!(c["state"], "cancelled");
 
     // Killing the sandbox: a clear error, also for a session that had it cached.
-    let other = Mcp::connect(&serve.url).await;
+    let other = Mcp::connect(&serve.mcp_url()).await;
     other.call("kill_sandbox", json!({"sandbox_id": sandbox_id})).await.ok();
     let err = mcp.call("get_task", json!({"sandbox_id": sandbox_id, "task_id": task_id})).await.err();
     assert!(err.contains(&format!("sandbox {sandbox_id} not found or no longer running; its tasks are gone")), "{err}");
@@ -102,12 +100,8 @@ async fn timeout_cancel_group_cleanup_and_lost_supervisor() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_arguments_are_refused_before_any_connection() {
-    if !can_run() {
-        return;
-    }
-    let env = Env::new();
-    let serve = env.serve(&env.write_config(None, ""));
-    let mcp = Mcp::connect(&serve.url).await;
+    require_root!();
+    let (_env, _serve, mcp) = Env::local("").await;
     let tools = mcp.client.list_all_tools().await.unwrap();
     for name in ["start_task", "get_task", "cancel_task", "list_tasks"] {
         let tool = tools.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("{name} is not listed"));

@@ -8,13 +8,15 @@
 //! pages are the stored bytes exactly; binary storage is covered by the
 //! supervisor's own tests.
 
+mod common;
 mod tasks_support;
 
 use std::time::{Duration, Instant};
 
+use common::require_root;
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use tasks_support::{Env, Mcp, can_run};
+use tasks_support::{Env, Mcp};
 
 const MIB: usize = 1 << 20;
 const STDOUT_BYTES: usize = 3 * MIB;
@@ -42,12 +44,8 @@ fn generator_command(seed: u32) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn twenty_concurrent_tasks_keep_exact_prefixes() {
-    if !can_run() {
-        return;
-    }
-    let env = Env::new();
-    let serve = env.serve(&env.write_config(None, ""));
-    let mcp = Mcp::connect(&serve.url).await;
+    require_root!();
+    let (_env, serve, mcp) = Env::local("").await;
     let sandbox_id = mcp.create_sandbox().await;
 
     let starts = (0..20u32).map(|seed| {
@@ -82,20 +80,15 @@ async fn twenty_concurrent_tasks_keep_exact_prefixes() {
     });
     futures_util::future::join_all(checks).await;
     mcp.close().await; // retained: kill it explicitly
-    let admin = Mcp::connect(&serve.url).await;
+    let admin = Mcp::connect(&serve.mcp_url()).await;
     admin.call("kill_sandbox", json!({"sandbox_id": sandbox_id})).await.ok();
     admin.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn secrets_are_masked_and_look_alikes_kept() {
-    if !can_run() {
-        return;
-    }
-    let env = Env::new();
-    let config = env.write_config(None, "[tasks]\nsecrets = [\"gateway-configured-secret-42\"]\n");
-    let serve = env.serve(&config);
-    let mcp = Mcp::connect(&serve.url).await;
+    require_root!();
+    let (_env, _serve, mcp) = Env::local("[tasks]\nsecrets = [\"gateway-configured-secret-42\"]\n").await;
     let sandbox_id = mcp.create_sandbox().await;
 
     // The env secret is written in two pieces, with a pause, so the supervisor sees two pipe reads.
@@ -125,12 +118,8 @@ async fn secrets_are_masked_and_look_alikes_kept() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn split_characters_read_as_replacement_and_wait_returns_early() {
-    if !can_run() {
-        return;
-    }
-    let env = Env::new();
-    let serve = env.serve(&env.write_config(None, ""));
-    let mcp = Mcp::connect(&serve.url).await;
+    require_root!();
+    let (_env, serve, mcp) = Env::local("").await;
     let sandbox_id = mcp.create_sandbox().await;
 
     let v = mcp.start_task(&sandbox_id, "printf 'aé'; sleep 2; echo late; sleep 600", json!({})).await;
@@ -151,7 +140,7 @@ async fn split_characters_read_as_replacement_and_wait_returns_early() {
     assert!(t0.elapsed() < Duration::from_secs(10), "wait did not return on new output: {:?}", t0.elapsed());
 
     // A state change ends the wait early: cancel from a second session while this one waits.
-    let other = Mcp::connect(&serve.url).await;
+    let other = Mcp::connect(&serve.mcp_url()).await;
     let waiting = mcp.get_task(&sandbox_id, &task_id, json!({"stdout_offset": 8, "wait_seconds": 25}));
     let cancelling = async {
         tokio::time::sleep(Duration::from_millis(500)).await;

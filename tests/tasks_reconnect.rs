@@ -3,12 +3,14 @@
 //! whole output and the exit code from a fresh session. Also: session end
 //! kills owned sandboxes without tasks and keeps those with started tasks.
 
+mod common;
 mod tasks_support;
 
 use std::time::Duration;
 
+use common::require_root;
 use serde_json::{Value, json};
-use tasks_support::{Env, Mcp, can_run, sandbox_alive};
+use tasks_support::{Env, Mcp, sandbox_alive};
 
 /// 200 numbered lines on stdout, 3 on stderr, then exit 7 after a short sleep.
 const COMMAND: &str =
@@ -47,13 +49,8 @@ async fn start(mcp: &Mcp, sandbox_id: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn task_outlives_its_session_and_retention_decides_cleanup() {
-    if !can_run() {
-        return;
-    }
-    let env = Env::new();
-    let serve = env.serve(&env.write_config(None, ""));
-
-    let mcp = Mcp::connect(&serve.url).await;
+    require_root!();
+    let (_env, serve, mcp) = Env::local("").await;
     let with_task = mcp.create_sandbox().await;
     let without_task = mcp.create_sandbox().await;
     let task_id = start(&mcp, &with_task).await;
@@ -65,13 +62,13 @@ async fn task_outlives_its_session_and_retention_decides_cleanup() {
 
     // The owned sandbox without a task is killed; the one with a task is kept.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while sandbox_alive(&serve.url, &without_task).await {
+    while sandbox_alive(&serve.mcp_url(), &without_task).await {
         assert!(std::time::Instant::now() < deadline, "owned sandbox without tasks survived its session");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(sandbox_alive(&serve.url, &with_task).await);
+    assert!(sandbox_alive(&serve.mcp_url(), &with_task).await);
 
-    let fresh = Mcp::connect(&serve.url).await;
+    let fresh = Mcp::connect(&serve.mcp_url()).await;
     let listed = fresh.call("list_tasks", json!({"sandbox_id": with_task})).await.ok();
     assert_eq!(listed["tasks"][0]["task_id"], task_id.as_str());
     assert!(listed["tasks"][0]["command_first_line"].as_str().unwrap().starts_with("for i in"));
@@ -79,8 +76,8 @@ async fn task_outlives_its_session_and_retention_decides_cleanup() {
     // get/list never make the sandbox owned: closing this session keeps it.
     fresh.close().await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert!(sandbox_alive(&serve.url, &with_task).await);
-    let last = Mcp::connect(&serve.url).await;
+    assert!(sandbox_alive(&serve.mcp_url(), &with_task).await);
+    let last = Mcp::connect(&serve.mcp_url()).await;
     last.call("kill_sandbox", json!({"sandbox_id": with_task})).await.ok();
     last.close().await;
 }
@@ -100,21 +97,19 @@ async fn task_survives_gateway_sigkill_with_embedded_provider() {
 /// the embedded provider, the restarted gateway's provider re-adopts the
 /// sandbox from its state directory.
 async fn task_survives_gateway_sigkill(external_provider: bool) {
-    if !can_run() {
-        return;
-    }
+    require_root!();
     let env = Env::new();
     let provider = external_provider.then(|| env.provider());
-    let config = env.write_config(provider.as_ref().map(|p| p.url.as_str()), "");
+    let config = env.write_config(provider.as_ref().map(|p| p.url()).as_deref(), "");
     let mut serve = env.serve(&config);
-    let mcp = Mcp::connect(&serve.url).await;
+    let mcp = Mcp::connect(&serve.mcp_url()).await;
     let sandbox_id = mcp.create_sandbox().await;
     let task_id = start(&mcp, &sandbox_id).await;
-    serve.proc.kill9();
+    serve.kill9();
     drop(mcp);
 
     let serve = env.serve(&config);
-    let fresh = Mcp::connect(&serve.url).await;
+    let fresh = Mcp::connect(&serve.mcp_url()).await;
     let v: Value = fresh.call("list_tasks", json!({"sandbox_id": sandbox_id})).await.ok();
     assert_eq!(v["tasks"][0]["task_id"], task_id.as_str(), "{v}");
     check_finished(&fresh, &sandbox_id, &task_id).await;
@@ -129,12 +124,8 @@ async fn summary(mcp: &Mcp, sandbox_id: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn task_tools_retain_but_never_extend_or_own() {
-    if !can_run() {
-        return;
-    }
-    let env = Env::new();
-    let serve = env.serve(&env.write_config(None, ""));
-    let mcp = Mcp::connect(&serve.url).await;
+    require_root!();
+    let (_env, serve, mcp) = Env::local("").await;
     let created = mcp.call("create_sandbox", json!({"timeout": 300})).await.ok();
     let created_at = std::time::Instant::now();
     let sandbox_id = created["sandbox_id"].as_str().unwrap().to_string();
@@ -151,7 +142,7 @@ async fn task_tools_retain_but_never_extend_or_own() {
     assert!(roles.contains("retained") && roles.contains("owned"), "{after}");
 
     // Another session that only inspects the task neither owns nor retains the sandbox.
-    let other = Mcp::connect(&serve.url).await;
+    let other = Mcp::connect(&serve.mcp_url()).await;
     other.get_task(&sandbox_id, &task_id, json!({})).await;
     other.call("list_tasks", json!({"sandbox_id": sandbox_id})).await.ok();
     let seen = summary(&other, &sandbox_id).await;

@@ -5,7 +5,7 @@
 //! defaults omitted). Decoders are lenient the way the SDK's are: snake_case
 //! aliases, numbers or strings for int64, unknown fields ignored.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -205,7 +205,7 @@ pub struct SetTimeout {
 
 /// Control-plane error body: both members are required by the SDK.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ApiError {
+pub struct ErrorBody {
     pub code: i32,
     pub message: String,
 }
@@ -401,6 +401,9 @@ pub struct EntryInfo {
     pub symlink_target: Option<String>,
     #[serde(default, skip_serializing_if = "is_false", alias = "is_symlink")]
     pub is_symlink: bool,
+    /// User metadata (`X-Metadata-*` upload headers, kept as `user.e2b.*` extended attributes).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
 }
 
 /// `StatRequest`, `MakeDirRequest`, `RemoveRequest`.
@@ -444,10 +447,13 @@ pub struct UploadedEntry {
     pub name: String,
     #[serde(rename = "type")]
     pub entry_type: String,
+    /// The metadata stored with the upload, when the request carried some.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<BTreeMap<String, String>>,
 }
 
 /// envd plain-HTTP error body: `{"code": <http status>, "message": "..."}`.
-pub type EnvdHttpError = ApiError;
+pub type EnvdHttpError = ErrorBody;
 
 // ---------------------------------------------------------------- serde helpers
 

@@ -20,6 +20,11 @@ pub const MAX_METADATA_VALUE_BYTES: usize = 512;
 /// Longest template name.
 pub const MAX_TEMPLATE_BYTES: usize = 128;
 
+/// A refused argument: the sentence says which one and how to fix it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidArgument(pub String);
+
 /// Which sandbox user a command or file operation runs as.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
@@ -49,23 +54,23 @@ pub fn clip(text: &str, max: usize) -> String {
 }
 
 /// A path or cwd: non-empty, bounded, no NUL.
-pub fn validate_path(what: &str, path: &str) -> Result<(), String> {
+pub fn validate_path(what: &str, path: &str) -> Result<(), InvalidArgument> {
     if path.is_empty() {
-        return Err(format!("{what} must not be empty"));
+        return Err(InvalidArgument(format!("{what} must not be empty")));
     }
     if path.len() > MAX_PATH_BYTES {
-        return Err(format!("{what} is {} bytes long; the limit is {MAX_PATH_BYTES}", path.len()));
+        return Err(InvalidArgument(format!("{what} is {} bytes long; the limit is {MAX_PATH_BYTES}", path.len())));
     }
     if path.contains('\0') {
-        return Err(format!("{what} must not contain NUL characters"));
+        return Err(InvalidArgument(format!("{what} must not contain NUL characters")));
     }
     Ok(())
 }
 
 /// Environment variables: valid names, bounded count and size.
-pub fn validate_envs(envs: &HashMap<String, String>) -> Result<(), String> {
+pub fn validate_envs(envs: &HashMap<String, String>) -> Result<(), InvalidArgument> {
     if envs.len() > MAX_ENV_VARS {
-        return Err(format!("envs has {} variables; the limit is {MAX_ENV_VARS}", envs.len()));
+        return Err(InvalidArgument(format!("envs has {} variables; the limit is {MAX_ENV_VARS}", envs.len())));
     }
     let mut total = 0;
     for (name, value) in envs {
@@ -73,62 +78,68 @@ pub fn validate_envs(envs: &HashMap<String, String>) -> Result<(), String> {
             && !name.as_bytes()[0].is_ascii_digit()
             && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
         if !valid_name {
-            return Err(format!(
+            return Err(InvalidArgument(format!(
                 "envs: {:?} is not a valid variable name (letters, digits and _, not starting with a digit)",
                 clip(name, 64)
-            ));
+            )));
         }
         if value.contains('\0') {
-            return Err(format!("envs: the value of {name} contains a NUL character"));
+            return Err(InvalidArgument(format!("envs: the value of {name} contains a NUL character")));
         }
         total += name.len() + value.len();
     }
     if total > MAX_ENV_BYTES {
-        return Err(format!("envs total {total} bytes; the limit is {MAX_ENV_BYTES}"));
+        return Err(InvalidArgument(format!("envs total {total} bytes; the limit is {MAX_ENV_BYTES}")));
     }
     Ok(())
 }
 
 /// User metadata: bounded, and not using the gateway's reserved `sandbox_mcp_` keys.
-pub fn validate_metadata(metadata: &HashMap<String, String>, reserved_prefix: &str) -> Result<(), String> {
+pub fn validate_metadata(metadata: &HashMap<String, String>, reserved_prefix: &str) -> Result<(), InvalidArgument> {
     if metadata.len() > MAX_METADATA_ENTRIES {
-        return Err(format!("metadata has {} entries; the limit is {MAX_METADATA_ENTRIES}", metadata.len()));
+        return Err(InvalidArgument(format!(
+            "metadata has {} entries; the limit is {MAX_METADATA_ENTRIES}",
+            metadata.len()
+        )));
     }
     for (key, value) in metadata {
         if key.is_empty() || key.len() > MAX_METADATA_KEY_BYTES {
-            return Err(format!("metadata keys must be 1-{MAX_METADATA_KEY_BYTES} bytes; got {:?}", clip(key, 80)));
+            return Err(InvalidArgument(format!(
+                "metadata keys must be 1-{MAX_METADATA_KEY_BYTES} bytes; got {:?}",
+                clip(key, 80)
+            )));
         }
         if key.starts_with(reserved_prefix) {
-            return Err(format!(
+            return Err(InvalidArgument(format!(
                 "metadata key {key:?} is reserved (keys starting with {reserved_prefix:?} are set by the gateway)"
-            ));
+            )));
         }
         if value.len() > MAX_METADATA_VALUE_BYTES {
-            return Err(format!(
+            return Err(InvalidArgument(format!(
                 "metadata value of {key:?} is {} bytes; the limit is {MAX_METADATA_VALUE_BYTES}",
                 value.len()
-            ));
+            )));
         }
     }
     Ok(())
 }
 
 /// Template names: 1-128 of `[A-Za-z0-9_.:/-]`.
-pub fn validate_template(template: &str) -> Result<(), String> {
+pub fn validate_template(template: &str) -> Result<(), InvalidArgument> {
     let ok = !template.is_empty()
         && template.len() <= MAX_TEMPLATE_BYTES
         && template.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.:/-".contains(&b));
     if ok {
         Ok(())
     } else {
-        Err(format!("invalid template {:?}: use a template name such as \"base\"", clip(template, 80)))
+        Err(InvalidArgument(format!("invalid template {:?}: use a template name such as \"base\"", clip(template, 80))))
     }
 }
 
 /// A number within `min..=max`, naming the argument when it is not.
-pub fn validate_range(what: &str, value: u64, min: u64, max: u64) -> Result<(), String> {
+pub fn validate_range(what: &str, value: u64, min: u64, max: u64) -> Result<(), InvalidArgument> {
     if value < min || value > max {
-        return Err(format!("{what} must be between {min} and {max}; got {value}"));
+        return Err(InvalidArgument(format!("{what} must be between {min} and {max}; got {value}")));
     }
     Ok(())
 }
@@ -139,18 +150,18 @@ mod tests {
 
     #[test]
     fn validators_explain_what_is_wrong() {
-        assert!(validate_path("path", "").unwrap_err().contains("empty"));
-        assert!(validate_path("path", &"a".repeat(MAX_PATH_BYTES + 1)).unwrap_err().contains("limit"));
+        assert!(validate_path("path", "").unwrap_err().0.contains("empty"));
+        assert!(validate_path("path", &"a".repeat(MAX_PATH_BYTES + 1)).unwrap_err().0.contains("limit"));
         assert!(validate_path("path", "/home/user/a.txt").is_ok());
         let bad: HashMap<String, String> = [("1X".to_string(), "v".to_string())].into();
-        assert!(validate_envs(&bad).unwrap_err().contains("valid variable name"));
+        assert!(validate_envs(&bad).unwrap_err().0.contains("valid variable name"));
         let good: HashMap<String, String> = [("MY_VAR".to_string(), "v".to_string())].into();
         assert!(validate_envs(&good).is_ok());
         let reserved: HashMap<String, String> = [("sandbox_mcp_tenant".to_string(), "x".to_string())].into();
-        assert!(validate_metadata(&reserved, "sandbox_mcp_").unwrap_err().contains("reserved"));
+        assert!(validate_metadata(&reserved, "sandbox_mcp_").unwrap_err().0.contains("reserved"));
         assert!(validate_template("base").is_ok());
         assert!(validate_template("a b").is_err());
-        assert!(validate_range("timeout", 0, 1, 600).unwrap_err().contains("between 1 and 600"));
+        assert!(validate_range("timeout", 0, 1, 600).unwrap_err().0.contains("between 1 and 600"));
         assert_eq!(clip("héllo", 2), "hé...");
     }
 }

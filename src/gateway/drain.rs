@@ -1,19 +1,21 @@
 //! Counts `/mcp` POST requests until their response body has been fully sent
 //! (an MCP tool result travels in the SSE body, after the handler returns),
-//! so that graceful shutdown can wait for in-flight calls to be *delivered*;
-//! and, once shutdown has begun, closes each connection after its response
+//! so that graceful shutdown can wait for in-flight calls to be *delivered*:
+//! the [`InFlight`] count and the middleware that keeps it; once shutdown has
+//! begun, the middleware also closes each connection after its response
 //! (`Connection: close`), so a client's next request opens a new connection,
 //! which a load balancer sends to a ready replica.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::Response;
 
-use super::handler::GatewayCore;
+use super::state::GatewayCore;
 
 /// Wraps every `/mcp` POST so it counts as in flight until its body ends or is dropped.
 pub async fn track_in_flight(State(core): State<Arc<GatewayCore>>, request: Request, next: Next) -> Response {
@@ -27,4 +29,49 @@ pub async fn track_in_flight(State(core): State<Arc<GatewayCore>>, request: Requ
         response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     response
+}
+
+/// Counts `/mcp` POST requests in progress, responses included (graceful shutdown waits for zero).
+#[derive(Default)]
+pub struct InFlight {
+    count: AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// Decrements the in-flight count when dropped.
+pub struct InFlightGuard(Arc<GatewayCore>);
+
+impl InFlight {
+    /// Counts one request in flight until the guard is dropped.
+    pub fn enter_owned(&self, core: &Arc<GatewayCore>) -> InFlightGuard {
+        self.count.fetch_add(1, Ordering::SeqCst);
+        InFlightGuard(Arc::clone(core))
+    }
+
+    pub fn current(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    /// Waits until no call is in flight, or the timeout passes; returns the count left.
+    pub async fn wait_idle(&self, timeout: Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.idle.notified();
+            if self.current() == 0 {
+                return 0;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.current();
+            }
+        }
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        let in_flight = &self.0.in_flight;
+        if in_flight.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            in_flight.idle.notify_waiters();
+        }
+    }
 }

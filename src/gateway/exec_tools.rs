@@ -11,7 +11,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::args::{MAX_COMMAND_BYTES, RunAs, validate_envs, validate_path, validate_range};
-use super::handler::{CallContext, Gateway};
+use super::calls::CallContext;
+use super::error::ToolError;
+use super::handler::Gateway;
 use crate::e2b::{CallOptions, E2bError, OutputLimits, wire};
 
 /// Default and longest foreground timeout, seconds.
@@ -82,18 +84,18 @@ impl Gateway {
 }
 
 impl Gateway {
-    async fn run_command_impl(&self, call: &CallContext, args: RunCommandArgs) -> Result<RunCommandResult, String> {
+    async fn run_command_impl(&self, call: &CallContext, args: RunCommandArgs) -> Result<RunCommandResult, ToolError> {
         if args.command.trim().is_empty() {
-            return Err("command must not be empty".into());
+            return Err(ToolError::invalid("command must not be empty"));
         }
         if args.command.len() > MAX_COMMAND_BYTES {
-            return Err(format!(
+            return Err(ToolError::invalid(format!(
                 "command is {} bytes long; the limit is {MAX_COMMAND_BYTES}: write a script with write_file and run it",
                 args.command.len()
-            ));
+            )));
         }
         if args.command.contains('\0') {
-            return Err("command must not contain NUL characters".into());
+            return Err(ToolError::invalid("command must not contain NUL characters"));
         }
         if let Some(cwd) = &args.cwd {
             validate_path("cwd", cwd)?;
@@ -122,14 +124,9 @@ impl Gateway {
         let output = match sandbox.envd.run(&request, &options, limits).await {
             Ok(output) => output,
             Err(E2bError::Timeout { .. }) => {
-                return Err(format!(
-                    "the command did not finish within {timeout} s in sandbox {} and was killed; \
-                     run long work with start_task (it keeps running and can be checked with get_task), \
-                     or raise timeout (at most {RUN_MAX_TIMEOUT_SECS} s)",
-                    sandbox.id
-                ));
+                return Err(ToolError::CommandTimedOut { timeout, sandbox_id: sandbox.id });
             }
-            Err(err) => return Err(self.provider_error("run a command in", &sandbox.id, &err)),
+            Err(err) => return Err(ToolError::sandbox_call("run a command in", &sandbox.id, err)),
         };
         Ok(RunCommandResult {
             sandbox_id: sandbox.id,

@@ -11,7 +11,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::args::{RunAs, validate_path, validate_range};
-use super::handler::{CallContext, Gateway};
+use super::calls::CallContext;
+use super::error::ToolError;
+use super::handler::Gateway;
 use crate::e2b::{CallOptions, E2bError, wire};
 
 /// Largest file `read_file` returns / `write_file` accepts, bytes (decoded).
@@ -188,22 +190,8 @@ impl Gateway {
     }
 }
 
-fn file_error(gateway: &Gateway, action: &str, path: &str, sandbox_id: &str, err: &E2bError) -> String {
-    if err.is_sandbox_gone() {
-        return gateway.provider_error(action, sandbox_id, err);
-    }
-    if err.is_not_found() {
-        return format!("{path}: no such file or directory in sandbox {sandbox_id}");
-    }
-    gateway.core.metrics.record_provider_error(err.op()); // ops (metrics; a missing file is not counted)
-    if let E2bError::TooLarge { limit, .. } = err {
-        return format!("{path} is larger than {limit} bytes; read a part with run_command (head, tail, split)");
-    }
-    format!("could not {action} {path} in sandbox {sandbox_id}: {err}")
-}
-
 impl Gateway {
-    async fn read_file_impl(&self, call: &CallContext, args: ReadFileArgs) -> Result<ReadFileResult, String> {
+    async fn read_file_impl(&self, call: &CallContext, args: ReadFileArgs) -> Result<ReadFileResult, ToolError> {
         validate_path("path", &args.path)?;
         let offset = args.offset.unwrap_or(0);
         let length = args.length.unwrap_or(READ_DEFAULT_BYTES);
@@ -215,7 +203,7 @@ impl Gateway {
             .envd
             .read_file_range(&args.path, offset, length, &options)
             .await
-            .map_err(|e| file_error(self, "read", &args.path, &sandbox.id, &e))?;
+            .map_err(|e| ToolError::file_call("read", &args.path, &sandbox.id, e))?;
         let size = part.size;
         let mut data = part.data;
         let mut truncated = offset + (data.len() as u64) < size;
@@ -233,7 +221,10 @@ impl Gateway {
         let (encoding, content) = match (args.encoding, std::str::from_utf8(&data)) {
             (Some(Encoding::Base64), _) | (None, Err(_)) => (Encoding::Base64, BASE64.encode(&data)),
             (Some(Encoding::Text), Err(_)) => {
-                return Err(format!("{} is not valid UTF-8 text; read it with encoding \"base64\"", args.path));
+                return Err(ToolError::invalid(format!(
+                    "{} is not valid UTF-8 text; read it with encoding \"base64\"",
+                    args.path
+                )));
             }
             (_, Ok(text)) => (Encoding::Text, self.core.masker.mask_clipped(text, truncated)),
         };
@@ -251,16 +242,18 @@ impl Gateway {
         })
     }
 
-    async fn write_file_impl(&self, call: &CallContext, args: WriteFileArgs) -> Result<WriteFileResult, String> {
+    async fn write_file_impl(&self, call: &CallContext, args: WriteFileArgs) -> Result<WriteFileResult, ToolError> {
         validate_path("path", &args.path)?;
         let data = match args.encoding.unwrap_or(Encoding::Text) {
             Encoding::Text => Bytes::from(args.content.into_bytes()),
             Encoding::Base64 => Bytes::from(BASE64.decode(args.content.trim()).map_err(|e| {
-                format!("content is not valid base64 ({e}); send standard base64 or use encoding \"text\"")
+                ToolError::invalid(format!(
+                    "content is not valid base64 ({e}); send standard base64 or use encoding \"text\""
+                ))
             })?),
         };
         if data.len() as u64 > MAX_FILE_BYTES {
-            return Err(format!("content is {} bytes; the limit is {MAX_FILE_BYTES}", data.len()));
+            return Err(ToolError::invalid(format!("content is {} bytes; the limit is {MAX_FILE_BYTES}", data.len())));
         }
         let sandbox = self.resolve_sandbox(call, args.sandbox_id.as_deref()).await?;
         self.renew_on_use(&sandbox.id);
@@ -270,11 +263,11 @@ impl Gateway {
             .envd
             .write_file(&args.path, data, &options)
             .await
-            .map_err(|e| file_error(self, "write", &args.path, &sandbox.id, &e))?;
+            .map_err(|e| ToolError::file_call("write", &args.path, &sandbox.id, e))?;
         Ok(WriteFileResult { sandbox_id: sandbox.id, path: written.path, bytes_written: size })
     }
 
-    async fn list_files_impl(&self, call: &CallContext, args: ListFilesArgs) -> Result<ListFilesResult, String> {
+    async fn list_files_impl(&self, call: &CallContext, args: ListFilesArgs) -> Result<ListFilesResult, ToolError> {
         let path = args.path.unwrap_or_else(|| "/home/user".to_string());
         validate_path("path", &path)?;
         let depth = args.depth.unwrap_or(1);
@@ -284,14 +277,8 @@ impl Gateway {
         let options = CallOptions::user(args.user.unwrap_or_default().name());
         let mut entries = match sandbox.envd.list_dir_capped(&path, depth, MAX_LIST_RESPONSE_BYTES, &options).await {
             Ok(entries) => entries,
-            Err(E2bError::TooLarge { .. }) => {
-                return Err(format!(
-                    "the listing of {path} at depth {depth} is larger than {MAX_LIST_RESPONSE_BYTES} bytes (far more \
-                     than {MAX_LIST_ENTRIES} entries); list a subdirectory or a smaller depth, or use run_command \
-                     (find, ls | head)"
-                ));
-            }
-            Err(e) => return Err(file_error(self, "list", &path, &sandbox.id, &e)),
+            Err(E2bError::TooLarge { .. }) => return Err(ToolError::ListingTooLarge { path, depth }),
+            Err(e) => return Err(ToolError::file_call("list", &path, &sandbox.id, e)),
         };
         let truncated = entries.len() > MAX_LIST_ENTRIES;
         entries.truncate(MAX_LIST_ENTRIES);

@@ -12,7 +12,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use hmac::{Hmac, Mac};
+use hmac::{Hmac, KeyInit, Mac};
 use http::request::Parts;
 use rmcp::ErrorData as McpError;
 use rmcp::model::{
@@ -25,14 +25,15 @@ use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::calls::CallContext;
+use super::error::ToolError;
 use super::exec_tools::{RUN_OUTPUT_CAP_BYTES, RunCommandArgs};
-use super::handler::{CallContext, Gateway, not_found_message};
+use super::handler::Gateway;
 use super::task_tools::{EnvdTransport, StartTaskArgs};
 use crate::config::Config;
 use crate::tasks::TaskId;
 use crate::tasks::page::PageRequest;
 use crate::tasks::protocol::TaskState;
-use crate::tasks::service::TaskError;
 use crate::tasks::view::TaskView;
 
 /// Tools whose task-augmented call becomes a sandbox task.
@@ -122,7 +123,7 @@ impl TaskIdKey {
         if prefix != ID_PREFIX || parts.next().is_some() {
             return None;
         }
-        super::handler::validate_sandbox_id(sandbox).ok()?;
+        super::access::validate_sandbox_id(sandbox).ok()?;
         let handle = TaskHandle {
             sandbox_id: sandbox.to_string(),
             task_id: TaskId::parse(task).ok()?,
@@ -288,7 +289,7 @@ impl Gateway {
         let arguments = Value::Object(request.arguments.clone().unwrap_or_default());
         let args = match task_args(tool, arguments) {
             Ok(args) => args,
-            Err(message) => return Ok(tool_error(message).into()),
+            Err(err) => return Ok(tool_error(self.fail(tool, Some(&call), None, err)).into()),
         };
         let created_ms = now_ms();
         let started = self.logged(tool, &call, self.start_task_impl(&call, args)).await;
@@ -380,20 +381,21 @@ impl Gateway {
         op: TaskOp,
     ) -> Result<TaskView, McpError> {
         // The sandbox is checked to be the caller's tenant's (the MAC already says so) and resumed if paused.
-        let sandbox = match self.resolve_sandbox(call, Some(&handle.sandbox_id)).await {
-            Ok(sandbox) => sandbox,
-            Err(message) if message == not_found_message(&handle.sandbox_id) => return Err(not_found(raw)),
-            Err(message) => return Err(McpError::internal_error(message, None)),
+        let method = op.method();
+        let result = async {
+            let sandbox = self.resolve_sandbox(call, Some(&handle.sandbox_id)).await?;
+            let transport = EnvdTransport { gateway: self, sandbox: &sandbox };
+            let (id, task) = (sandbox.id.as_str(), &handle.task_id);
+            let view = match op {
+                TaskOp::Status(page) => self.tasks().status(&transport, id, task, &page, 0.0).await?,
+                TaskOp::Cancel(page) => self.tasks().cancel(&transport, id, task, &page).await?,
+            };
+            Ok::<_, ToolError>(view)
         };
-        let transport = EnvdTransport { gateway: self, sandbox: &sandbox };
-        let (id, task) = (sandbox.id.as_str(), &handle.task_id);
-        let result = match op {
-            TaskOp::Status(page) => self.tasks().status(&transport, id, task, &page, 0.0).await,
-            TaskOp::Cancel(page) => self.tasks().cancel(&transport, id, task, &page).await,
-        };
-        result.map_err(|err| match err {
-            TaskError::SandboxGone(_) | TaskError::TaskNotFound { .. } => not_found(raw),
-            other => McpError::internal_error(self.core.masker.mask(&other.to_string()).into_owned(), None),
+        result.await.map_err(|err| {
+            let not_found_error = err.is_not_found();
+            let sentence = self.fail(method, Some(call), None, err);
+            if not_found_error { not_found(raw) } else { McpError::internal_error(sentence, None) }
         })
     }
 
@@ -427,16 +429,17 @@ impl Gateway {
 }
 
 /// The arguments of the sandbox task a task-augmented call starts.
-fn task_args(tool: &str, arguments: Value) -> Result<StartTaskArgs, String> {
+fn task_args(tool: &str, arguments: Value) -> Result<StartTaskArgs, ToolError> {
     if tool == "start_task" {
-        return serde_json::from_value(arguments).map_err(|e| format!("invalid arguments for start_task: {e}"));
+        return serde_json::from_value(arguments)
+            .map_err(|e| ToolError::invalid(format!("invalid arguments for start_task: {e}")));
     }
-    let args: RunCommandArgs =
-        serde_json::from_value(arguments).map_err(|e| format!("invalid arguments for run_command: {e}"))?;
+    let args: RunCommandArgs = serde_json::from_value(arguments)
+        .map_err(|e| ToolError::invalid(format!("invalid arguments for run_command: {e}")))?;
     if args.user.is_some_and(|u| u.name() != "user") {
-        return Err("a task-run run_command runs as user 'user' only; call it without the tasks extension to run \
-                    as root"
-            .into());
+        return Err(ToolError::invalid(
+            "a task-run run_command runs as user 'user' only; call it without the tasks extension to run as root",
+        ));
     }
     Ok(StartTaskArgs {
         command: args.command,
@@ -501,6 +504,16 @@ fn completed_result(view: TaskView, kind: TaskKind) -> JsonObject {
 enum TaskOp {
     Status(PageRequest),
     Cancel(PageRequest),
+}
+
+impl TaskOp {
+    /// The MCP method, as the log line's and metric's `tool`.
+    fn method(&self) -> &'static str {
+        match self {
+            Self::Status(_) => "tasks/get",
+            Self::Cancel(_) => "tasks/cancel",
+        }
+    }
 }
 
 #[cfg(test)]

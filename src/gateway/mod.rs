@@ -1,15 +1,17 @@
 //! The MCP gateway (`sandbox-mcp serve`): axum app, bearer auth, MCP
 //! sessions, and the MCP tools (one file per tool family).
 
+pub mod access;
 pub mod args;
 pub mod auth;
+pub mod calls;
 pub mod drain;
+pub mod error;
 pub mod event_log;
 pub mod exec_tools;
 pub mod file_tools;
 pub mod generation;
 pub mod handler;
-pub mod masking;
 pub mod mcp_tasks;
 pub mod metrics;
 pub mod oauth;
@@ -21,10 +23,16 @@ pub mod sandbox_tools;
 pub mod server;
 pub mod sessions;
 pub mod shared_sessions;
+pub mod state;
 pub mod task_tools;
 
-pub use handler::{Gateway, GatewayCore};
+#[cfg(test)]
+mod tool_tests;
+
+pub use error::ToolError;
+pub use handler::Gateway;
 pub use sessions::{SessionRegistry, SessionState};
+pub use state::GatewayCore;
 
 /// Arguments of `sandbox-mcp serve`.
 #[derive(Debug, Clone, clap::Args)]

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use rand::RngCore;
+use rand::Rng;
 
 use crate::config::{Config, ProviderKind};
 use crate::e2b::{E2bClient, ProviderEndpoint};

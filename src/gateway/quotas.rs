@@ -46,15 +46,12 @@ impl TenantQuotas {
     }
 
     /// Admits one more tool call of `tenant`, or says which limit refused it.
-    pub fn start_call(self: &Arc<Self>, tenant: &str) -> Result<CallPermit, String> {
+    pub fn start_call(self: &Arc<Self>, tenant: &str) -> Result<CallPermit, QuotaRefusal> {
         let max = self.limits.max_concurrent_calls_per_tenant;
         let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
         let count = calls.entry(tenant.to_owned()).or_default();
         if max > 0 && *count >= max {
-            return Err(format!(
-                "tenant limit reached: {count} tool calls of tenant {tenant} are already running \
-                 (limits.max_concurrent_calls_per_tenant = {max}); wait for one to finish before calling again"
-            ));
+            return Err(QuotaRefusal::Calls { tenant: tenant.to_owned(), running: *count, max });
         }
         *count += 1;
         Ok(CallPermit { quotas: Arc::clone(self), tenant: tenant.to_owned() })
@@ -74,14 +71,25 @@ impl TenantQuotas {
     }
 
     /// The refusal when `tenant` already has `live` sandboxes.
-    pub fn sandbox_refusal(&self, tenant: &str, live: usize) -> String {
-        format!(
-            "tenant limit reached: tenant {tenant} already has {live} live sandboxes \
-             (limits.max_sandboxes_per_tenant = {}); kill one you no longer need (kill_sandbox; \
-             list_sandboxes shows yours) and create again",
-            self.limits.max_sandboxes_per_tenant
-        )
+    pub fn sandbox_refusal(&self, tenant: &str, live: usize) -> QuotaRefusal {
+        QuotaRefusal::Sandboxes { tenant: tenant.to_owned(), live, max: self.limits.max_sandboxes_per_tenant }
     }
+}
+
+/// A per-tenant limit refusing a tool call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuotaRefusal {
+    #[error(
+        "tenant limit reached: {running} tool calls of tenant {tenant} are already running \
+         (limits.max_concurrent_calls_per_tenant = {max}); wait for one to finish before calling again"
+    )]
+    Calls { tenant: String, running: usize, max: usize },
+    #[error(
+        "tenant limit reached: tenant {tenant} already has {live} live sandboxes \
+         (limits.max_sandboxes_per_tenant = {max}); kill one you no longer need (kill_sandbox; \
+         list_sandboxes shows yours) and create again"
+    )]
+    Sandboxes { tenant: String, live: usize, max: usize },
 }
 
 /// State of the session-limit middleware.

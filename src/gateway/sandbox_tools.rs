@@ -11,10 +11,12 @@ use rmcp::{Json, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::access::{META_DEPLOYMENT, META_RESERVED_PREFIX, META_SESSION, META_TENANT, validate_sandbox_id};
+use super::args::InvalidArgument;
 use super::args::{validate_envs, validate_metadata, validate_range, validate_template};
-use super::handler::{
-    CallContext, Gateway, META_DEPLOYMENT, META_RESERVED_PREFIX, META_SESSION, META_TENANT, validate_sandbox_id,
-};
+use super::calls::CallContext;
+use super::error::ToolError;
+use super::handler::Gateway;
 use super::sessions::SessionState;
 use crate::e2b::wire;
 
@@ -64,17 +66,20 @@ const MAX_NETWORK_RULES: usize = 64;
 
 /// Checks the network argument; loopback and link-local destinations may never be allowed through
 /// the gateway (they would reach the host's services or a cloud metadata endpoint).
-fn validate_network(network: &NetworkArgs) -> Result<(), String> {
+fn validate_network(network: &NetworkArgs) -> Result<(), InvalidArgument> {
     for (name, list) in [("allow_out", &network.allow_out), ("deny_out", &network.deny_out)] {
         let list = list.as_deref().unwrap_or_default();
         if list.len() > MAX_NETWORK_RULES {
-            return Err(format!("network.{name} has {} entries; at most {MAX_NETWORK_RULES}", list.len()));
+            return Err(InvalidArgument(format!(
+                "network.{name} has {} entries; at most {MAX_NETWORK_RULES}",
+                list.len()
+            )));
         }
         for entry in list {
             let Some(net) = crate::local::net::policy::parse_net(entry) else {
-                return Err(format!(
+                return Err(InvalidArgument(format!(
                     "network.{name} entry {entry:?} is not a CIDR block (\"10.1.0.0/16\") or an IP address"
-                ));
+                )));
             };
             let forbidden: [ipnet::IpNet; 5] = [
                 ipnet::IpNet::V4(ipnet::Ipv4Net::new_assert([127, 0, 0, 0].into(), 8)),
@@ -85,10 +90,10 @@ fn validate_network(network: &NetworkArgs) -> Result<(), String> {
             ];
             let overlaps = |a: &ipnet::IpNet, b: &ipnet::IpNet| a.contains(&b.network()) || b.contains(&a.network());
             if name == "allow_out" && forbidden.iter().any(|f| overlaps(f, &net)) {
-                return Err(format!(
+                return Err(InvalidArgument(format!(
                     "network.allow_out entry {entry:?} covers loopback or link-local addresses, which sandboxes may \
                      never reach through this server; name the private addresses you need instead"
-                ));
+                )));
             }
         }
     }
@@ -218,7 +223,10 @@ impl Gateway {
 impl Gateway {
     /// Refuses when the tenant is at `limits.max_sandboxes_per_tenant`; the guard serialises the
     /// tenant's creates until the new sandbox exists.
-    async fn check_tenant_sandboxes(&self, tenant: &str) -> Result<Option<tokio::sync::OwnedMutexGuard<()>>, String> {
+    async fn check_tenant_sandboxes(
+        &self,
+        tenant: &str,
+    ) -> Result<Option<tokio::sync::OwnedMutexGuard<()>>, ToolError> {
         let max = self.core.quotas.max_sandboxes();
         if max == 0 {
             return Ok(None);
@@ -233,10 +241,10 @@ impl Gateway {
             .provider
             .list_all_sandboxes(&filter)
             .await
-            .map_err(|err| self.provider_failure("count your sandboxes", &err))?
+            .map_err(|err| ToolError::provider("count your sandboxes", err))?
             .len();
         if live >= max {
-            return Err(self.core.quotas.sandbox_refusal(tenant, live));
+            return Err(self.core.quotas.sandbox_refusal(tenant, live).into());
         }
         Ok(Some(guard))
     }
@@ -245,7 +253,7 @@ impl Gateway {
         &self,
         call: &CallContext,
         args: CreateSandboxArgs,
-    ) -> Result<CreateSandboxResult, String> {
+    ) -> Result<CreateSandboxResult, ToolError> {
         let cfg = &self.core.config.sandbox;
         let template = args.template.unwrap_or_else(|| cfg.default_template.clone());
         validate_template(&template)?;
@@ -282,7 +290,7 @@ impl Gateway {
             .provider
             .create_sandbox(&request)
             .await
-            .map_err(|err| self.provider_failure(&format!("create a sandbox from template {template:?}"), &err))?;
+            .map_err(|err| ToolError::provider(format!("create a sandbox from template {template:?}"), err))?;
         let id = sandbox.sandbox_id.clone();
         call.set_sandbox(&id);
         self.core.note_deadline(&id, SystemTime::now() + Duration::from_secs(timeout));
@@ -313,12 +321,11 @@ impl Gateway {
             // sandbox, so it must not outlive this call.
             tracing::info!(session = %session_id, sandbox = %id, error = %err, "cannot record the new sandbox in the session; killing it");
             let _ = self.core.kill_and_forget(&id).await;
-            return Err(match err {
-                super::sessions::SessionError::Store(reason) => {
-                    format!("{reason} (the sandbox could not be recorded in the session and has been destroyed)")
-                }
-                _ => "this MCP session ended while the sandbox was being created; it has been destroyed".into(),
-            });
+            let store = match err {
+                super::sessions::SessionError::Store(reason) => Some(reason),
+                _ => None,
+            };
+            return Err(ToolError::SandboxNotRecorded { store });
         }
         Ok(CreateSandboxResult { sandbox_id: id, template, timeout_secs: timeout, owned: true, lifetime: None })
     }
@@ -327,7 +334,7 @@ impl Gateway {
         &self,
         call: &CallContext,
         args: SandboxIdArgs,
-    ) -> Result<ConnectSandboxResult, String> {
+    ) -> Result<ConnectSandboxResult, ToolError> {
         validate_sandbox_id(&args.sandbox_id)?;
         let id = args.sandbox_id;
         call.set_sandbox(&id);
@@ -337,18 +344,18 @@ impl Gateway {
             .provider
             .connect_sandbox(&id, None)
             .await
-            .map_err(|e| self.provider_error("connect to", &id, &e))?;
+            .map_err(|e| ToolError::sandbox_call("connect to", &id, e))?;
         let owned = match call.session_id.as_deref() {
-            Some(session_id) => self
-                .core
-                .sessions
-                .update(session_id, &call.tenant, |s| {
-                    s.default_sandbox = Some(id.clone());
-                    s.verified.insert(id.clone(), sandbox.clone());
-                    s.owned.contains(&id)
-                })
-                .await
-                .map_err(|e| e.to_string())?,
+            Some(session_id) => {
+                self.core
+                    .sessions
+                    .update(session_id, &call.tenant, |s| {
+                        s.default_sandbox = Some(id.clone());
+                        s.verified.insert(id.clone(), sandbox.clone());
+                        s.owned.contains(&id)
+                    })
+                    .await?
+            }
             None => false,
         };
         // connect may have resumed it and moved its deadline: read the fresh one (best effort).
@@ -365,17 +372,17 @@ impl Gateway {
         })
     }
 
-    async fn kill_sandbox_impl(&self, call: &CallContext, args: SandboxIdArgs) -> Result<KillSandboxResult, String> {
+    async fn kill_sandbox_impl(&self, call: &CallContext, args: SandboxIdArgs) -> Result<KillSandboxResult, ToolError> {
         validate_sandbox_id(&args.sandbox_id)?;
         let id = args.sandbox_id;
         call.set_sandbox(&id);
         self.check_owner(call, &id).await?;
-        // A sandbox gone meanwhile is forgotten and reported "not found" by provider_error.
-        let killed = self.core.kill_and_forget(&id).await.map_err(|err| self.provider_error("kill", &id, &err))?;
+        // A sandbox gone meanwhile is reported "not found" (and forgotten when the error is reported).
+        let killed = self.core.kill_and_forget(&id).await.map_err(|err| ToolError::sandbox_call("kill", &id, err))?;
         Ok(KillSandboxResult { sandbox_id: id, killed })
     }
 
-    async fn list_sandboxes_impl(&self, call: &CallContext) -> Result<ListSandboxesResult, String> {
+    async fn list_sandboxes_impl(&self, call: &CallContext) -> Result<ListSandboxesResult, ToolError> {
         let filter = vec![
             (META_TENANT.to_string(), call.tenant.clone()),
             (META_DEPLOYMENT.to_string(), self.core.deployment().to_owned()),
@@ -385,7 +392,7 @@ impl Gateway {
             .provider
             .list_all_sandboxes(&filter)
             .await
-            .map_err(|err| self.provider_failure("list sandboxes", &err))?;
+            .map_err(|err| ToolError::provider("list sandboxes", err))?;
         let summarize = |s: Option<&SessionState>| {
             let sandboxes = details
                 .into_iter()
@@ -407,6 +414,6 @@ impl Gateway {
         };
         let Some(session_id) = call.session_id.as_deref() else { return Ok(summarize(None)) };
         // Roles and default read under the session's tenant check (no copy of its state).
-        self.core.sessions.with_session(session_id, &call.tenant, |s| summarize(Some(s))).map_err(|e| e.to_string())
+        Ok(self.core.sessions.with_session(session_id, &call.tenant, |s| summarize(Some(s)))?)
     }
 }

@@ -23,7 +23,6 @@ use super::auth::{AuthState, TokenSet, require_tenant};
 use super::drain::track_in_flight;
 use super::generation;
 use super::handler::{Gateway, GatewayCore, META_DEPLOYMENT};
-use super::masking::SecretMasker;
 use super::mcp_tasks::TaskIdKey;
 use super::metrics;
 use super::oauth::{self, OAuth};
@@ -32,6 +31,7 @@ use super::redis_store::RedisStore;
 use super::sessions::{SessionEndHook, SessionRegistry, TrackingSessionManager};
 use super::shared_sessions::{self, Shared};
 use crate::config::Config;
+use crate::masking::{MIN_SECRET_LEN, Masker};
 
 /// Bound on the provider health check behind `/readyz`.
 const READY_CHECK_TIMEOUT: Duration = Duration::from_secs(3);
@@ -76,18 +76,38 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     serve_on(config, listener, stop).await
 }
 
-/// Runs the gateway on `listener` until `stop` is cancelled.
-pub async fn serve_on(
-    config: Config,
-    listener: tokio::net::TcpListener,
-    stop: CancellationToken,
-) -> anyhow::Result<()> {
-    let config = Arc::new(config);
-    let connection = provider::connect(&config).await?;
-    let secrets = config.tasks.secrets.iter().cloned().chain(connection.api_key.clone());
-    let (masker, too_short) = SecretMasker::new(secrets);
-    if too_short > 0 {
-        tracing::warn!(count = too_short, "some tasks.secrets are shorter than 6 characters and are not masked");
+/// The gateway's HTTP app (`/mcp`, `/healthz`, `/readyz`, `/metrics`, OAuth metadata), its shared
+/// state, and the background pieces `serve_on` stops on shutdown.
+pub struct GatewayApp {
+    pub router: Router,
+    pub core: Arc<GatewayCore>,
+    /// Stops rmcp's sessions.
+    pub sessions_stop: CancellationToken,
+    /// Stops the admin (metrics) listener.
+    pub metrics_stop: CancellationToken,
+    pub admin: Option<tokio::task::JoinHandle<()>>,
+    /// Stops the Redis session reaper.
+    pub reaper_stop: CancellationToken,
+    pub reaper: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Builds the gateway's app on a provider client (`api_key`: the provider key, masked and used for
+/// the task-id key; `embedded`: the provider is the embedded local one). Binds nothing but the
+/// admin listener when `metrics.listen` is set.
+pub async fn build_app(
+    config: Arc<Config>,
+    provider: crate::e2b::E2bClient,
+    api_key: Option<&str>,
+    embedded: bool,
+) -> anyhow::Result<GatewayApp> {
+    let secrets = config.tasks.secrets.iter().map(String::as_str).chain(api_key);
+    let masker = Masker::new(secrets)?;
+    if masker.too_short() > 0 {
+        tracing::warn!(
+            count = masker.too_short(),
+            min_len = MIN_SECRET_LEN,
+            "some tasks.secrets are shorter than the minimum length and are not masked"
+        );
     }
     let store = match config.sessions.redis_url() {
         None => None,
@@ -104,9 +124,8 @@ pub async fn serve_on(
         Some(store) => SessionRegistry::shared(store.clone()),
         None => SessionRegistry::new(),
     };
-    let task_key = TaskIdKey::resolve(&config, connection.api_key.as_deref(), connection.embedded.is_some());
-    let core =
-        Arc::new(GatewayCore::new(Arc::clone(&config), connection.client, Arc::clone(&sessions), masker, task_key));
+    let task_key = TaskIdKey::resolve(&config, api_key, embedded);
+    let core = Arc::new(GatewayCore::new(Arc::clone(&config), provider, Arc::clone(&sessions), masker, task_key));
 
     let mut local_sessions = match &store {
         Some(store) => LocalSessionManager::default().with_event_store(Arc::new(store.clone())),
@@ -205,10 +224,24 @@ pub async fn serve_on(
         app = app.merge(metrics_router);
     }
     // OAuth protected resource metadata (RFC 9728): public, outside auth, behind the Host check.
-    let app = match &oauth {
+    let router = match &oauth {
         Some(oauth) => app.merge(oauth::metadata::router(oauth, &config.server.allowed_hosts)),
         None => app,
     };
+    Ok(GatewayApp { router, core, sessions_stop, metrics_stop, admin, reaper_stop, reaper })
+}
+
+/// Runs the gateway on `listener` until `stop` is cancelled.
+pub async fn serve_on(
+    config: Config,
+    listener: tokio::net::TcpListener,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let config = Arc::new(config);
+    let connection = provider::connect(&config).await?;
+    let embedded = connection.embedded.is_some();
+    let GatewayApp { router: app, core, sessions_stop, metrics_stop, admin, reaper_stop, reaper } =
+        build_app(Arc::clone(&config), connection.client, connection.api_key.as_deref(), embedded).await?;
 
     let addr: SocketAddr = listener.local_addr().context("reading the listening address")?;
     tracing::info!(%addr, auth = config.has_auth(), provider = ?config.provider.kind, "sandbox-mcp gateway listening (MCP on /mcp)");
@@ -243,6 +276,7 @@ pub async fn serve_on(
         "shutting down: readiness off, waiting for in-flight calls"
     );
     let calls_deadline = deadline - cleanup_reserve;
+    let store = core.sessions.store().cloned();
     if store.is_some() {
         // Sessions in Redis are handed over: keep serving a moment, unready, so that clients' keep-alive
         // connections close after a response (`Connection: close`, see drain.rs) and their next request

@@ -15,13 +15,16 @@ use rmcp::{Json, tool, tool_router};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+use super::access::ResolvedSandbox;
 use super::args::validate_envs;
-use super::handler::{CallContext, Gateway, ResolvedSandbox, not_found_message};
+use super::calls::CallContext;
+use super::error::ToolError;
+use super::handler::Gateway;
 use crate::e2b::{CallOptions, E2bError, OutputLimits, wire};
 use crate::tasks::TaskId;
 use crate::tasks::launch::{self, TaskSpec};
 use crate::tasks::page::{self, PageRequest};
-use crate::tasks::service::{ExecOutput, FileRange, SupervisorTransport, TaskError, TaskService, TransportError};
+use crate::tasks::service::{ExecOutput, FileSlice, SupervisorTransport, TaskService, TransportError};
 use crate::tasks::view::{StartedTask, TaskListView, TaskView};
 
 /// The sandbox user the supervisor runs as.
@@ -167,21 +170,22 @@ impl Gateway {
     }
 
     /// Resolves the sandbox (tenant check; a paused one is resumed) without renewing its deadline.
-    async fn task_sandbox(&self, call: &CallContext, sandbox_id: Option<&str>) -> Result<ResolvedSandbox, String> {
-        let id = self.sandbox_id_or_default(call, sandbox_id)?;
-        self.resolve_sandbox(call, Some(&id)).await.map_err(|err| {
-            if err == not_found_message(&id) { TaskError::SandboxGone(id.clone()).to_string() } else { err }
-        })
+    async fn task_sandbox(&self, call: &CallContext, sandbox_id: Option<&str>) -> Result<ResolvedSandbox, ToolError> {
+        self.resolve_sandbox(call, sandbox_id).await.map_err(ToolError::for_tasks)
     }
 
-    pub(crate) async fn start_task_impl(&self, call: &CallContext, args: StartTaskArgs) -> Result<StartedTask, String> {
+    pub(crate) async fn start_task_impl(
+        &self,
+        call: &CallContext,
+        args: StartTaskArgs,
+    ) -> Result<StartedTask, ToolError> {
         // Everything is validated, and the id chosen, before any remote connection.
         let envs_map = args.envs.unwrap_or_default();
         validate_envs(&envs_map)?;
         let envs: BTreeMap<String, String> = envs_map.into_iter().collect();
-        let spec = TaskSpec::new(args.command, args.cwd, envs, args.timeout).map_err(|e| e.to_string())?;
+        let spec = TaskSpec::new(args.command, args.cwd, envs, args.timeout)?;
         let task_id = TaskId::generate();
-        launch::start_args(&task_id, &spec).map_err(|e| e.to_string())?;
+        launch::start_args(&task_id, &spec)?;
 
         let sandbox = self.task_sandbox(call, args.sandbox_id.as_deref()).await?;
         // Retain before launching: even an uncertain launch keeps the sandbox past the session.
@@ -192,34 +196,33 @@ impl Gateway {
                 .update(session_id, &call.tenant, move |s| {
                     s.retained.insert(id);
                 })
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
         }
         let transport = EnvdTransport { gateway: self, sandbox: &sandbox };
-        self.tasks().start(&transport, &sandbox.id, &task_id, &spec).await.map_err(|e| e.to_string())
+        self.tasks().start(&transport, &sandbox.id, &task_id, &spec).await.map_err(ToolError::from)
     }
 
-    async fn get_task_impl(&self, call: &CallContext, args: GetTaskArgs) -> Result<TaskView, String> {
-        let task_id = TaskId::parse(&args.task_id).map_err(|e| e.to_string())?;
-        let page = PageRequest::new(args.stdout_offset, args.stderr_offset, args.limit).map_err(|e| e.to_string())?;
-        let wait = page::check_wait(args.wait_seconds).map_err(|e| e.to_string())?;
+    async fn get_task_impl(&self, call: &CallContext, args: GetTaskArgs) -> Result<TaskView, ToolError> {
+        let task_id = TaskId::parse(&args.task_id)?;
+        let page = PageRequest::new(args.stdout_offset, args.stderr_offset, args.limit)?;
+        let wait = page::check_wait(args.wait_seconds)?;
         let sandbox = self.task_sandbox(call, Some(&args.sandbox_id)).await?;
         let transport = EnvdTransport { gateway: self, sandbox: &sandbox };
-        self.tasks().status(&transport, &sandbox.id, &task_id, &page, wait).await.map_err(|e| e.to_string())
+        self.tasks().status(&transport, &sandbox.id, &task_id, &page, wait).await.map_err(ToolError::from)
     }
 
-    async fn cancel_task_impl(&self, call: &CallContext, args: CancelTaskArgs) -> Result<TaskView, String> {
-        let task_id = TaskId::parse(&args.task_id).map_err(|e| e.to_string())?;
-        let page = PageRequest::new(args.stdout_offset, args.stderr_offset, args.limit).map_err(|e| e.to_string())?;
+    async fn cancel_task_impl(&self, call: &CallContext, args: CancelTaskArgs) -> Result<TaskView, ToolError> {
+        let task_id = TaskId::parse(&args.task_id)?;
+        let page = PageRequest::new(args.stdout_offset, args.stderr_offset, args.limit)?;
         let sandbox = self.task_sandbox(call, Some(&args.sandbox_id)).await?;
         let transport = EnvdTransport { gateway: self, sandbox: &sandbox };
-        self.tasks().cancel(&transport, &sandbox.id, &task_id, &page).await.map_err(|e| e.to_string())
+        self.tasks().cancel(&transport, &sandbox.id, &task_id, &page).await.map_err(ToolError::from)
     }
 
-    async fn list_tasks_impl(&self, call: &CallContext, args: ListTasksArgs) -> Result<TaskListView, String> {
+    async fn list_tasks_impl(&self, call: &CallContext, args: ListTasksArgs) -> Result<TaskListView, ToolError> {
         let sandbox = self.task_sandbox(call, args.sandbox_id.as_deref()).await?;
         let transport = EnvdTransport { gateway: self, sandbox: &sandbox };
-        self.tasks().list(&transport, &sandbox.id).await.map_err(|e| e.to_string())
+        self.tasks().list(&transport, &sandbox.id).await.map_err(ToolError::from)
     }
 }
 
@@ -230,13 +233,13 @@ pub(crate) struct EnvdTransport<'a> {
 }
 
 impl EnvdTransport<'_> {
+    /// Counts the provider error and sorts it by what may have reached the sandbox. A sandbox gone is
+    /// forgotten when the resulting task error is reported (`TaskError::SandboxGone`).
     fn classify(&self, err: &E2bError) -> TransportError {
+        self.gateway.core.metrics.record_provider_error(err.op()); // ops (metrics)
         if err.is_sandbox_gone() {
-            // Forget it in every session (the message itself is replaced by the task one).
-            let _ = self.gateway.provider_error("reach", &self.sandbox.id, err);
             return TransportError::SandboxGone;
         }
-        self.gateway.core.metrics.record_provider_error(err.op()); // ops (metrics)
         match err {
             // The request never left: nothing can have run.
             E2bError::Transport { source, .. } if source.is_connect() => TransportError::NotSent(err.to_string()),
@@ -272,10 +275,10 @@ impl SupervisorTransport for EnvdTransport<'_> {
         Ok(())
     }
 
-    async fn read_range(&self, path: &str, offset: u64, len: u64) -> Result<Option<FileRange>, TransportError> {
+    async fn read_range(&self, path: &str, offset: u64, len: u64) -> Result<Option<FileSlice>, TransportError> {
         let options = CallOptions::user(TASK_USER).with_timeout(READ_TIMEOUT);
         match self.sandbox.envd.read_file_range(path, offset, len, &options).await {
-            Ok(range) => Ok(Some(FileRange { data: range.data.to_vec(), size: range.size })),
+            Ok(range) => Ok(Some(FileSlice { data: range.data.to_vec(), size: range.size })),
             Err(err) if err.is_not_found() && !err.is_sandbox_gone() => Ok(None),
             Err(err) => Err(self.classify(&err)),
         }

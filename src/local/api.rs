@@ -16,8 +16,9 @@ use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
 use subtle::ConstantTimeEq;
 
-use super::provider::{CreateParams, Provider, ProviderError};
+use super::control_error::ControlError;
 use super::record::{SandboxRecord, rfc3339_ms};
+use super::sandbox_table::{CreateParams, Provider};
 use crate::e2b::wire::{
     self, ConnectSandbox, HEADER_API_KEY, HEADER_NEXT_TOKEN, HEADER_SANDBOX_ID, NewSandbox, SandboxDetail,
     SandboxState, SetTimeout,
@@ -28,39 +29,7 @@ pub struct AppState {
     pub provider: Arc<Provider>,
 }
 
-/// A control-plane error response: `{"code": <status>, "message": "..."}`.
-#[derive(Debug)]
-pub struct ApiError(StatusCode, String);
-
-impl ApiError {
-    pub(super) fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        ApiError(status, message.into())
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = wire::ApiError { code: i32::from(self.0.as_u16()), message: self.1 };
-        let mut response = (self.0, Json(body)).into_response();
-        if self.0 == StatusCode::PAYLOAD_TOO_LARGE {
-            // The rest of the body is left unread: tell the client not to reuse this connection.
-            response.headers_mut().insert(http::header::CONNECTION, HeaderValue::from_static("close"));
-        }
-        response
-    }
-}
-
-impl From<ProviderError> for ApiError {
-    fn from(err: ProviderError) -> Self {
-        let status = StatusCode::from_u16(err.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        if status.is_server_error() {
-            tracing::error!(%err, "control-plane operation failed");
-        }
-        ApiError(status, err.to_string())
-    }
-}
-
-type ApiResult<T> = Result<T, ApiError>;
+type ApiResult<T> = Result<T, ControlError>;
 
 /// Builds the whole app: control plane plus data-plane switch.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -76,12 +45,23 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/sandboxes/{id}/pause", post(pause))
         .route("/sandboxes/{id}/metrics", get(metrics))
         .route("/sandboxes/{id}/network", put(update_network))
-        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
+        .fallback(|| async { ControlError::new(StatusCode::NOT_FOUND, "no such route") })
         .method_not_allowed_fallback(|| async {
-            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
+            ControlError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
         })
         .layer(middleware::from_fn_with_state(state.clone(), check_api_key))
         .layer(middleware::from_fn_with_state(state.clone(), route_data_plane))
+        // The API key and the sandboxes' access tokens never show in a logged or debugged request.
+        .layer(tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer::new([
+            http::HeaderName::from_static("x-api-key"),
+            http::HeaderName::from_static("x-access-token"),
+            http::header::AUTHORIZATION,
+        ]))
+        // A bug that panics in a handler answers 500 in E2B's error shape instead of a reset connection.
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_panic: Box<dyn std::any::Any + Send>| {
+            tracing::error!("a control-plane handler panicked");
+            ControlError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error in the local provider").into_response()
+        }))
         .with_state(state)
 }
 
@@ -90,7 +70,7 @@ pub fn router(state: Arc<AppState>) -> Router {
 async fn route_data_plane(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(id) = req.headers().get(HEADER_SANDBOX_ID) {
         let id = id.to_str().unwrap_or("").to_owned();
-        return super::proxy::forward(state, &id, req).await;
+        return super::proxy::forward(state.provider.clone(), &id, req).await;
     }
     let host = req.headers().get(http::header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
     if let Some((port, id)) = super::net::inbound::parse_host(host)
@@ -98,7 +78,7 @@ async fn route_data_plane(State(state): State<Arc<AppState>>, req: Request, next
     {
         let id = id.to_owned();
         if port == wire::ENVD_PORT {
-            return super::proxy::forward(state, &id, req).await;
+            return super::proxy::forward(state.provider.clone(), &id, req).await;
         }
         return inbound(&entry, &id, port, req).await;
     }
@@ -106,14 +86,17 @@ async fn route_data_plane(State(state): State<Arc<AppState>>, req: Request, next
 }
 
 /// A request for a port of a sandbox, from outside.
-async fn inbound(entry: &super::provider::SandboxEntry, id: &str, port: u16, req: Request) -> Response {
+async fn inbound(entry: &super::sandbox_table::SandboxEntry, id: &str, port: u16, req: Request) -> Response {
     let rec = entry.snapshot();
     if rec.state != SandboxState::Running {
-        return ApiError::new(StatusCode::BAD_GATEWAY, format!("sandbox {id} is paused; connect to it to resume it"))
-            .into_response();
+        return ControlError::new(
+            StatusCode::BAD_GATEWAY,
+            format!("sandbox {id} is paused; connect to it to resume it"),
+        )
+        .into_response();
     }
     if !super::net::inbound::traffic_allowed(&req, rec.traffic_access_token.as_deref()) {
-        return ApiError::new(
+        return ControlError::new(
             StatusCode::FORBIDDEN,
             format!(
                 "sandbox {id} is not public: send its traffic access token in the {} header",
@@ -123,7 +106,7 @@ async fn inbound(entry: &super::provider::SandboxEntry, id: &str, port: u16, req
         .into_response();
     }
     let Some(netns) = entry.netns() else {
-        return ApiError::new(StatusCode::BAD_GATEWAY, format!("sandbox {id} has no network")).into_response();
+        return ControlError::new(StatusCode::BAD_GATEWAY, format!("sandbox {id} has no network")).into_response();
     };
     super::net::inbound::forward(&netns, id, port, req).await
 }
@@ -139,7 +122,7 @@ async fn check_api_key(State(state): State<Arc<AppState>>, req: Request, next: N
         (Some(key), Some(given)) => bool::from(given.ct_eq(key.as_bytes())),
     };
     if !ok {
-        return ApiError::new(StatusCode::UNAUTHORIZED, "missing or invalid X-API-Key").into_response();
+        return ControlError::new(StatusCode::UNAUTHORIZED, "missing or invalid X-API-Key").into_response();
     }
     next.run(req).await
 }
@@ -150,12 +133,16 @@ async fn json_body<T: DeserializeOwned>(state: &AppState, body: Body) -> ApiResu
     let bytes = match http_body_util::Limited::new(body, limit).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(err) if err.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
-            return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("request body exceeds {limit} bytes")));
+            return Err(ControlError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body exceeds {limit} bytes"),
+            ));
         }
-        Err(err) => return Err(ApiError::new(StatusCode::BAD_REQUEST, format!("cannot read request body: {err}"))),
+        Err(err) => return Err(ControlError::new(StatusCode::BAD_REQUEST, format!("cannot read request body: {err}"))),
     };
     let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) { b"{}" } else { &bytes };
-    serde_json::from_slice(bytes).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))
+    serde_json::from_slice(bytes)
+        .map_err(|e| ControlError::new(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))
 }
 
 fn sandbox_view(rec: &SandboxRecord, domain: Option<&str>) -> wire::Sandbox {
@@ -217,14 +204,14 @@ fn check_id(id: &str) -> ApiResult<()> {
     if super::record::is_valid_sandbox_id(id) {
         Ok(())
     } else {
-        Err(ApiError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")))
+        Err(ControlError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")))
     }
 }
 
 async fn create(State(state): State<Arc<AppState>>, body: Body) -> ApiResult<Response> {
     let req: NewSandbox = json_body(&state, body).await?;
     if req.template_id.trim().is_empty() {
-        return Err(ApiError::new(StatusCode::BAD_REQUEST, "templateID must not be empty"));
+        return Err(ControlError::new(StatusCode::BAD_REQUEST, "templateID must not be empty"));
     }
     let network = req.network.unwrap_or_default();
     refuse_unsupported(network.unsupported_fields())?;
@@ -248,7 +235,7 @@ fn refuse_unsupported(fields: Vec<&'static str>) -> ApiResult<()> {
     if fields.is_empty() {
         return Ok(());
     }
-    Err(ApiError::new(
+    Err(ControlError::new(
         StatusCode::BAD_REQUEST,
         format!(
             "network.{} is not supported by the local provider (it filters egress by IP address and has no egress \
@@ -294,8 +281,8 @@ async fn resume(State(state): State<Arc<AppState>>, Path(id): Path<String>, body
     let req: ConnectSandbox = json_body(&state, body).await?;
     let paused = state.provider.get(&id).map(|e| e.snapshot().state == SandboxState::Paused);
     match paused {
-        None => Err(ApiError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found"))),
-        Some(false) => Err(ApiError::new(StatusCode::CONFLICT, format!("sandbox {id} is not paused"))),
+        None => Err(ControlError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found"))),
+        Some(false) => Err(ControlError::new(StatusCode::CONFLICT, format!("sandbox {id} is not paused"))),
         Some(true) => {
             let (rec, _) = state.provider.connect(&id, req.timeout).await?;
             let view = sandbox_view(&rec, state.provider.cfg.network.domain.as_deref());
@@ -330,7 +317,7 @@ async fn info(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Api
     let entry = state
         .provider
         .get(&id)
-        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")))?;
+        .ok_or_else(|| ControlError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")))?;
     Ok(Json(detail_view(&state.provider, &entry.snapshot(), true)))
 }
 
@@ -339,7 +326,7 @@ async fn metrics(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> 
     let entry = state
         .provider
         .get(&id)
-        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")))?;
+        .ok_or_else(|| ControlError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")))?;
     let rec = entry.snapshot();
     let mem_used = super::cgroups::memory_usage(&rec.cgroups).unwrap_or(0);
     let mem_total = state.provider.cfg.memory_limit_mb.unwrap_or_else(total_memory_mb) * 1024 * 1024;
@@ -369,7 +356,7 @@ async fn list_v2(State(state): State<Arc<AppState>>, req: Request) -> ApiResult<
 }
 
 fn list(state: &AppState, query: &str, v1: bool) -> ApiResult<Response> {
-    let q = super::list_query::parse(query).map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, m))?;
+    let q = super::list_query::parse(query).map_err(|m| ControlError::new(StatusCode::BAD_REQUEST, m))?;
     let states = if v1 { vec![SandboxState::Running] } else { q.states.clone() };
     let mut recs: Vec<SandboxRecord> = state
         .provider

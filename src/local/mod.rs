@@ -5,22 +5,34 @@
 //! (`sandbox-mcp provider`) and [`run_envd`] (`sandbox-mcp envd`, internal: the
 //! sandbox's PID 1).
 
+pub mod agent_binary;
+pub mod agent_probe;
+#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
+pub mod agent_process;
+#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
+pub mod agent_spawn;
 pub mod api;
 pub mod cgroups;
-pub mod config;
+pub mod control_error;
+#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 pub mod disk;
 pub mod envd;
+#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
+pub mod fds;
 pub mod list_query;
+#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 pub mod net;
-pub mod process;
-pub mod provider;
+pub mod provider_config;
 pub mod proxy;
 pub mod record;
+#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 pub mod sandbox_init;
+pub mod sandbox_table;
 pub mod seccomp;
-pub mod spawn;
+#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 pub mod state_lock;
 pub mod template;
+#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 pub mod userns;
 
 use std::net::SocketAddr;
@@ -31,7 +43,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-pub use config::LocalProviderConfig;
+pub use provider_config::LocalProviderConfig;
 
 /// Arguments of `sandbox-mcp provider`.
 #[derive(Debug, Clone, clap::Args)]
@@ -115,7 +127,7 @@ pub struct RunningProvider {
     /// The address it listens on.
     pub addr: SocketAddr,
     /// The sandbox table (e.g. to kill everything on an explicit clean shutdown).
-    pub provider: Arc<provider::Provider>,
+    pub provider: Arc<sandbox_table::Provider>,
     shutdown: tokio_util::sync::CancellationToken,
     server: tokio::task::JoinHandle<()>,
     _lock: state_lock::StateLock,
@@ -143,7 +155,7 @@ impl RunningProvider {
 }
 
 /// How often records, the state directory and live agents are reconciled (see
-/// [`provider::Provider::reconcile_once`]).
+/// [`sandbox_table::Provider::reconcile_once`]).
 pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Starts the provider on `listener`: checks isolation is permitted, re-adopts sandboxes left by a
@@ -162,13 +174,15 @@ pub async fn start_provider(
         .with_context(|| format!("cannot create the state directory {}", cfg.state_dir.display()))?;
     let lock = state_lock::StateLock::acquire(&cfg.state_dir)?;
     let probe_dir = cfg.state_dir.join(format!(".probe-{}", std::process::id()));
-    tokio::task::spawn_blocking(move || spawn::probe_isolation(&probe_dir))
+    tokio::task::spawn_blocking(move || agent_spawn::probe_isolation(&probe_dir))
         .await
         .context("isolation probe")?
         .map_err(anyhow::Error::msg)?;
     tokio::task::spawn_blocking(net::netns::probe).await.context("network probe")?.map_err(anyhow::Error::msg)?;
     let provider = Arc::new(
-        tokio::task::spawn_blocking(move || provider::Provider::new(cfg)).await.context("preparing the provider")??,
+        tokio::task::spawn_blocking(move || sandbox_table::Provider::new(cfg))
+            .await
+            .context("preparing the provider")??,
     );
     provider.adopt_existing().await;
     provider.warm_network_pool();
@@ -244,7 +258,17 @@ pub fn run_provider(args: ProviderArgs) -> anyhow::Result<()> {
     })
 }
 
+/// Parses envd's own arguments (those after `envd`) with a command that knows only them, then
+/// runs the agent: its start touches none of the code that builds the full command line.
+pub fn run_envd_from_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> anyhow::Result<()> {
+    use clap::{Args, FromArgMatches};
+    let command = EnvdArgs::augment_args(clap::Command::new("envd").no_binary_name(true));
+    let matches = command.try_get_matches_from(args)?;
+    run_envd(EnvdArgs::from_arg_matches(&matches)?)
+}
+
 /// Runs the in-sandbox agent: builds the sandbox around itself, reports readiness, then serves envd.
+#[allow(unsafe_code)] // adopts the descriptors the provider passed; see the SAFETY comments
 pub fn run_envd(args: EnvdArgs) -> anyhow::Result<()> {
     // Exec'd through /proc/self/exe, the process would be called "exe" in `ps`.
     // SAFETY: PR_SET_NAME copies at most 16 bytes from a NUL-terminated string.

@@ -3,7 +3,6 @@
 //! reverse-proxied, streaming both ways, to that sandbox's agent over its
 //! Unix socket with HTTP/1.1.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -14,7 +13,8 @@ use hyper_util::rt::TokioIo;
 use sha2::Digest;
 use subtle::ConstantTimeEq;
 
-use super::api::{ApiError, AppState};
+use super::control_error::ControlError;
+use super::sandbox_table::Provider;
 use crate::e2b::wire::{HEADER_ACCESS_TOKEN, SandboxState};
 
 /// Headers that belong to one hop and are never forwarded.
@@ -39,8 +39,8 @@ fn not_found(sandbox_id: &str, detail: &str) -> Response {
 }
 
 /// Handles one data-plane request for the agent of `sandbox_id`.
-pub async fn forward(state: Arc<AppState>, sandbox_id: &str, req: Request<Body>) -> Response {
-    let Some(entry) = state.provider.get(sandbox_id) else {
+pub async fn forward(provider: Arc<Provider>, sandbox_id: &str, req: Request<Body>) -> Response {
+    let Some(entry) = provider.get(sandbox_id) else {
         return not_found(sandbox_id, "");
     };
     let rec = entry.snapshot();
@@ -48,17 +48,17 @@ pub async fn forward(state: Arc<AppState>, sandbox_id: &str, req: Request<Body>)
         return not_found(sandbox_id, " (it is paused; connect to it to resume it)");
     }
     if !authorized(&req, &rec.envd_access_token) {
-        return ApiError::new(StatusCode::UNAUTHORIZED, "missing or invalid X-Access-Token for this sandbox")
+        return ControlError::new(StatusCode::UNAUTHORIZED, "missing or invalid X-Access-Token for this sandbox")
             .into_response();
     }
     if let Some(len) = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-        && len > state.provider.cfg.max_data_body_bytes
+        && len > provider.cfg.max_data_body_bytes
     {
-        return ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "request body too large").into_response();
+        return ControlError::new(StatusCode::PAYLOAD_TOO_LARGE, "request body too large").into_response();
     }
 
     let (parts, body) = req.into_parts();
-    let limit = usize::try_from(state.provider.cfg.max_data_body_bytes).unwrap_or(usize::MAX);
+    let limit = usize::try_from(provider.cfg.max_data_body_bytes).unwrap_or(usize::MAX);
     let body = http_body_util::Limited::new(body, limit);
     let path_and_query = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     let mut builder = Request::builder().method(parts.method).uri(path_and_query).version(http::Version::HTTP_11);
@@ -67,7 +67,7 @@ pub async fn forward(state: Arc<AppState>, sandbox_id: &str, req: Request<Body>)
         headers.insert(header::HOST, HeaderValue::from_static("localhost"));
     }
     let Ok(outgoing) = builder.body(body) else {
-        return ApiError::new(StatusCode::BAD_REQUEST, "request cannot be forwarded").into_response();
+        return ControlError::new(StatusCode::BAD_REQUEST, "request cannot be forwarded").into_response();
     };
 
     let stream = match tokio::net::UnixStream::connect(entry.socket()).await {
@@ -102,9 +102,9 @@ pub async fn forward(state: Arc<AppState>, sandbox_id: &str, req: Request<Body>)
             let too_large = std::error::Error::source(&err)
                 .is_some_and(|s| s.downcast_ref::<http_body_util::LengthLimitError>().is_some());
             if too_large {
-                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "request body too large").into_response()
+                ControlError::new(StatusCode::PAYLOAD_TOO_LARGE, "request body too large").into_response()
             } else {
-                ApiError::new(StatusCode::BAD_GATEWAY, format!("the sandbox agent failed to answer: {err}"))
+                ControlError::new(StatusCode::BAD_GATEWAY, format!("the sandbox agent failed to answer: {err}"))
                     .into_response()
             }
         }
@@ -164,20 +164,4 @@ fn signature_valid(req: &Request<Body>, token: &str) -> bool {
     let digest = sha2::Sha256::digest(material.as_bytes());
     let expected = format!("v1_{}", base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest));
     bool::from(expected.as_bytes().ct_eq(signature.as_bytes()))
-}
-
-/// True if the agent behind `socket` answers `GET /health` with a 2xx within a second.
-pub async fn agent_healthy(socket: &Path) -> bool {
-    let attempt = async {
-        let stream = tokio::net::UnixStream::connect(socket).await.ok()?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.ok()?;
-        tokio::spawn(conn);
-        let req = Request::get("/health")
-            .header(header::HOST, "localhost")
-            .body(http_body_util::Empty::<bytes::Bytes>::new())
-            .ok()?;
-        let resp = sender.send_request(req).await.ok()?;
-        Some(resp.status().is_success())
-    };
-    tokio::time::timeout(std::time::Duration::from_secs(1), attempt).await.ok().flatten().unwrap_or(false)
 }

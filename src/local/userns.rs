@@ -82,7 +82,7 @@ impl IdMap {
 pub fn create(map: &IdMap, proc_dir: &Path) -> anyhow::Result<OwnedFd> {
     let (hold_r, hold_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("pipe2")?;
     let (hold_fd, hold_w_fd) = (hold_r.as_raw_fd(), hold_w.as_raw_fd());
-    let pid = super::spawn::raw_clone(libc::CLONE_NEWUSER).context("clone(CLONE_NEWUSER)")?;
+    let pid = super::agent_spawn::raw_clone(libc::CLONE_NEWUSER).context("clone(CLONE_NEWUSER)")?;
     if pid == 0 {
         // SAFETY: the child only blocks on a pipe and exits (async-signal-safe calls only).
         unsafe {

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use rand::TryRngCore;
+use rand::{Rng, TryRng};
 
 /// Length of a task id in characters.
 pub const TASK_ID_LEN: usize = 32;
@@ -24,8 +24,8 @@ impl TaskId {
     /// CSPRNG, itself seeded from the OS, if the OS source fails).
     pub fn generate() -> Self {
         let mut raw = [0u8; TASK_ID_LEN / 2];
-        if rand::rngs::OsRng.try_fill_bytes(&mut raw).is_err() {
-            rand::Rng::fill(&mut rand::rng(), &mut raw[..]);
+        if rand::rngs::SysRng.try_fill_bytes(&mut raw).is_err() {
+            rand::rng().fill_bytes(&mut raw);
         }
         Self(hex::encode(raw))
     }

@@ -7,8 +7,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use super::service::{ExecOutput, FileRange, SupervisorTransport, TaskService, TransportError};
+use super::service::{ExecOutput, FileSlice, SupervisorTransport, TaskService, TransportError};
 use super::{SUPERVISOR_INSTALLS, TaskId, TaskState, launch::TaskSpec, page::PageRequest};
+use crate::masking::Masker;
 
 /// python3 on this host, with HOME pointing at a private temp directory.
 struct LocalPython {
@@ -28,7 +29,7 @@ impl LocalPython {
         self.home.path().join(".sandbox-mcp/supervisor.py")
     }
     fn service(&self, secrets: &[&str]) -> TaskService {
-        TaskService::with_script_path(self.script().to_str().unwrap(), secrets.iter().copied())
+        TaskService::with_script_path(self.script().to_str().unwrap(), Masker::new(secrets).unwrap())
     }
 }
 
@@ -52,7 +53,7 @@ impl SupervisorTransport for LocalPython {
         std::fs::rename(&tmp, &path).map_err(|e| TransportError::NotSent(e.to_string()))
     }
 
-    async fn read_range(&self, path: &str, offset: u64, len: u64) -> Result<Option<FileRange>, TransportError> {
+    async fn read_range(&self, path: &str, offset: u64, len: u64) -> Result<Option<FileSlice>, TransportError> {
         use std::os::unix::fs::FileExt;
         let file = match std::fs::File::open(path) {
             Ok(file) => file,
@@ -62,7 +63,7 @@ impl SupervisorTransport for LocalPython {
         let size = file.metadata().map_err(|e| TransportError::NotSent(e.to_string()))?.len();
         let mut data = vec![0; len.min(size.saturating_sub(offset)) as usize];
         file.read_exact_at(&mut data, offset).map_err(|e| TransportError::NotSent(e.to_string()))?;
-        Ok(Some(FileRange { data, size }))
+        Ok(Some(FileSlice { data, size }))
     }
 }
 
@@ -238,7 +239,7 @@ async fn direct_reads_match_the_supervisor_in_every_state() {
     // Its supervisor killed: both read `unknown`, with the same explanation.
     let record = status_json(&t, &running);
     let (daemon, group) = (record["supervisor_pid"].as_i64().unwrap(), record["pgid"].as_i64().unwrap());
-    unsafe { libc::kill(daemon as i32, libc::SIGKILL) };
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(daemon as i32), nix::sys::signal::Signal::SIGKILL);
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::fs::read(format!("/proc/{daemon}/stat")).is_ok_and(|s| !String::from_utf8_lossy(&s).contains(") Z "))
         && Instant::now() < deadline
@@ -250,7 +251,7 @@ async fn direct_reads_match_the_supervisor_in_every_state() {
         assert_eq!(direct["state"], "unknown", "{direct}");
         assert_eq!(direct, supervisor, "supervisor gone, {p:?}");
     }
-    unsafe { libc::kill(-(group as i32), libc::SIGKILL) };
+    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(group as i32), nix::sys::signal::Signal::SIGKILL);
 
     // Finished in each terminal state.
     let failed = TaskId::generate();

@@ -1,8 +1,11 @@
 //! Pages of task output as the gateway returns them: paging arguments,
 //! the widened window fetched so that the gateway's own secrets are masked
-//! even when a page boundary splits one, and lossy UTF-8 decoding.
+//! (by [`crate::masking::Masker`]) even when a page boundary splits one, and
+//! lossy UTF-8 decoding.
 
 use base64::Engine as _;
+
+use crate::masking::Masker;
 
 /// Largest byte offset a caller may ask for (the stored prefix is 1 MiB).
 pub const MAX_OFFSET: u64 = 1_048_576;
@@ -14,12 +17,6 @@ pub const DEFAULT_LIMIT: u64 = 16_384;
 pub const MAX_WAIT_SECONDS: f64 = 30.0;
 /// Largest window the supervisor serves in one call.
 const SUPERVISOR_MAX_LIMIT: u64 = 1 << 20;
-/// What a masked secret is replaced with (same marker as the supervisor's).
-pub const MASK: &str = "***";
-/// Configured values shorter than this are not masked (they would mangle
-/// ordinary output while protecting nothing).
-const MIN_SECRET_LEN: usize = 4;
-
 /// Why paging arguments are refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PageError {
@@ -61,78 +58,6 @@ pub fn check_wait(wait: Option<f64>) -> Result<f64, PageError> {
     if wait.is_finite() && (0.0..=MAX_WAIT_SECONDS).contains(&wait) { Ok(wait) } else { Err(PageError::WaitOutOfRange) }
 }
 
-/// Exact byte values the gateway masks in every page (its own configured
-/// secrets: provider key, `tasks.secrets`).
-#[derive(Debug, Clone, Default)]
-pub struct SecretMasker {
-    /// Longest first, so that the longest secret wins at a position.
-    secrets: Vec<Vec<u8>>,
-}
-
-impl SecretMasker {
-    pub fn new<I, S>(values: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        let mut secrets: Vec<Vec<u8>> =
-            values.into_iter().map(|s| s.as_ref().as_bytes().to_vec()).filter(|s| s.len() >= MIN_SECRET_LEN).collect();
-        secrets.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
-        secrets.dedup();
-        Self { secrets }
-    }
-
-    /// Bytes of context needed on each side of a page to see a split secret.
-    pub fn context(&self) -> u64 {
-        self.secrets.first().map_or(0, |s| s.len() as u64 - 1)
-    }
-
-    /// Non-overlapping matches (leftmost, longest at a position) in `data`.
-    fn matches(&self, data: &[u8]) -> Vec<(usize, usize)> {
-        let mut found = Vec::new();
-        if self.secrets.is_empty() {
-            return found;
-        }
-        let mut i = 0;
-        while i < data.len() {
-            match self.secrets.iter().find(|s| data[i..].starts_with(s)) {
-                Some(s) => {
-                    found.push((i, i + s.len()));
-                    i += s.len();
-                }
-                None => i += 1,
-            }
-        }
-        found
-    }
-
-    /// Masks a text value (e.g. a command line shown by list_tasks).
-    pub fn mask_text(&self, text: &str) -> String {
-        String::from_utf8_lossy(&self.mask_range(text.as_bytes(), 0, text.len())).into_owned()
-    }
-
-    /// Returns `window[start..end]` with every secret occurrence that
-    /// overlaps it replaced by the mask (a secret cut by the page edge leaves
-    /// only a mask on each page that holds part of it).
-    fn mask_range(&self, window: &[u8], start: usize, end: usize) -> Vec<u8> {
-        let mut out = Vec::with_capacity(end - start);
-        let mut pos = start;
-        for (m_start, m_end) in self.matches(window) {
-            if m_end <= start || m_start >= end {
-                continue;
-            }
-            let cut = m_start.max(start);
-            out.extend_from_slice(&window[pos..cut]);
-            out.extend_from_slice(MASK.as_bytes());
-            pos = m_end.min(end);
-        }
-        if pos < end {
-            out.extend_from_slice(&window[pos..end]);
-        }
-        out
-    }
-}
-
 /// The window asked of the supervisor for one page request.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Window {
@@ -143,7 +68,7 @@ pub struct Window {
 
 impl Window {
     /// Widens `page` by the masker's context on both sides.
-    pub fn for_page(page: &PageRequest, masker: &SecretMasker) -> Self {
+    pub fn for_page(page: &PageRequest, masker: &Masker) -> Self {
         let ctx = masker.context();
         let limit = (page.limit + 2 * ctx).min(SUPERVISOR_MAX_LIMIT.max(page.limit));
         Self {
@@ -179,7 +104,7 @@ pub fn cut_page(
     window_offset: u64,
     offset: u64,
     limit: u64,
-    masker: &SecretMasker,
+    masker: &Masker,
 ) -> Result<StreamPage, MalformedPage> {
     let skip = offset.checked_sub(window_offset).ok_or(MalformedPage)?;
     let start = usize::try_from(skip).map_err(|_| MalformedPage)?.min(window.len());
@@ -210,7 +135,7 @@ mod tests {
 
     #[test]
     fn pages_without_secrets_are_plain_slices() {
-        let m = SecretMasker::new(Vec::<String>::new());
+        let m = Masker::default();
         let page = PageRequest::new(Some(3), Some(0), Some(4)).unwrap();
         let w = Window::for_page(&page, &m);
         assert_eq!(w, Window { stdout_offset: 3, stderr_offset: 0, limit: 4 });
@@ -222,7 +147,7 @@ mod tests {
 
     #[test]
     fn split_utf8_becomes_replacement_character() {
-        let m = SecretMasker::default();
+        let m = Masker::default();
         let data = "aé".as_bytes(); // 61 c3 a9
         assert_eq!(cut_page(&data[..2], 0, 0, 2, &m).unwrap().text, "a\u{fffd}");
         assert_eq!(cut_page(&data[2..], 2, 2, 2, &m).unwrap().text, "\u{fffd}");
@@ -230,7 +155,7 @@ mod tests {
 
     #[test]
     fn secrets_split_by_a_page_edge_are_masked_on_both_pages() {
-        let m = SecretMasker::new(["hunter2-secret", "xy"]);
+        let m = Masker::new(["hunter2-secret", "xy"]).unwrap();
         assert_eq!(m.context(), 13);
         let stream = b"0123456789hunter2-secret tail hunter2-secreX xy";
         // Page [0, 15) cuts the secret (at 10..24) after 5 bytes.
@@ -250,7 +175,7 @@ mod tests {
         assert_eq!(p2.text, "*** tail ");
         assert_eq!(p2.next_offset, 30);
         // The look-alike (one byte differs) and the too-short value stay.
-        assert_eq!(m.mask_text("hunter2-secreX xy"), "hunter2-secreX xy");
+        assert_eq!(m.mask("hunter2-secreX xy"), "hunter2-secreX xy");
         // Replay returns the same page.
         assert_eq!(cut_page(win, 0, 0, 15, &m).unwrap(), p1);
     }

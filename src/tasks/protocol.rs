@@ -103,7 +103,54 @@ pub struct VersionReply {
 pub struct Refusal {
     pub error: String,
     #[serde(default)]
-    pub code: String,
+    pub code: RefusalCode,
+}
+
+/// The `code` of a supervisor refusal (`CliError` codes in `supervisor.py`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(from = "String")]
+pub enum RefusalCode {
+    /// Bad arguments or task spec, or a cwd that is not a directory: nothing was started.
+    Invalid,
+    /// The task id is taken: nothing was started.
+    Exists,
+    /// The sandbox holds the maximum number of task directories: nothing was started.
+    Limit,
+    /// No such task in this sandbox.
+    NotFound,
+    /// The supervisor could not use its files.
+    Io,
+    /// An unexpected exception in the supervisor.
+    Internal,
+    /// A code this gateway does not know (a newer supervisor), or none.
+    Other(String),
+}
+
+impl From<String> for RefusalCode {
+    fn from(code: String) -> Self {
+        match code.as_str() {
+            "invalid" => Self::Invalid,
+            "exists" => Self::Exists,
+            "limit" => Self::Limit,
+            "not_found" => Self::NotFound,
+            "io" => Self::Io,
+            "internal" => Self::Internal,
+            _ => Self::Other(code),
+        }
+    }
+}
+
+impl Default for RefusalCode {
+    fn default() -> Self {
+        Self::Other(String::new())
+    }
+}
+
+impl RefusalCode {
+    /// Whether the refusal says for certain that nothing was started (a launch refused outright).
+    pub fn nothing_started(&self) -> bool {
+        matches!(self, Self::Invalid | Self::Limit)
+    }
 }
 
 /// What one supervisor invocation printed.
@@ -160,7 +207,7 @@ mod tests {
         assert!(matches!(parse_reply(0, ok, b""), Reply::Ok(_)));
         let refused = br#"{"error":"task exists","code":"exists"}"#;
         match parse_reply(2, refused, b"") {
-            Reply::Refused(r) => assert_eq!(r.code, "exists"),
+            Reply::Refused(r) => assert_eq!(r.code, RefusalCode::Exists),
             other => panic!("{other:?}"),
         }
         let missing = b"python3: can't open file '/home/user/.sandbox-mcp/supervisor.py': [Errno 2] No such file";
@@ -169,6 +216,27 @@ mod tests {
         assert!(matches!(parse_reply(1, b"", missing), Reply::ScriptMissing));
         assert!(matches!(parse_reply(1, b"", b"Traceback ... boom"), Reply::Garbled(m) if m.contains("boom")));
         assert!(matches!(parse_reply(0, b"not json", b""), Reply::Garbled(_)));
+    }
+
+    #[test]
+    fn refusal_codes_are_typed_with_a_catch_all() {
+        let code = |json: &str| serde_json::from_str::<Refusal>(json).unwrap().code;
+        assert_eq!(code(r#"{"error":"x","code":"not_found"}"#), RefusalCode::NotFound);
+        assert_eq!(code(r#"{"error":"x","code":"limit"}"#), RefusalCode::Limit);
+        assert_eq!(code(r#"{"error":"x","code":"exploded"}"#), RefusalCode::Other("exploded".into()));
+        assert_eq!(code(r#"{"error":"x"}"#), RefusalCode::Other(String::new()));
+        // Every code the embedded supervisor can print is a known one.
+        let source = crate::tasks::SUPERVISOR_SOURCE;
+        let mut seen = 0;
+        for part in source.split("CliError(\"").skip(1).chain(source.split("\"code\": \"").skip(1)) {
+            let name: String = part.chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect();
+            if name.is_empty() {
+                continue;
+            }
+            seen += 1;
+            assert!(!matches!(RefusalCode::from(name.clone()), RefusalCode::Other(_)), "unknown code {name:?}");
+        }
+        assert!(seen >= 6, "found {seen} codes in supervisor.py");
     }
 
     #[test]

@@ -15,10 +15,11 @@ use std::time::Duration;
 use super::direct::{self, StatusRecord};
 use super::id::TaskId;
 use super::launch::{self, LaunchError, TaskSpec};
-use super::page::{self, PageError, PageRequest, SecretMasker, Window};
-use super::protocol::{self, Refusal, Reply, SupervisorStatus, TaskList, TaskState, VersionReply};
+use super::page::{self, PageError, PageRequest, Window};
+use super::protocol::{self, Refusal, RefusalCode, Reply, SupervisorStatus, TaskList, TaskState, VersionReply};
 use super::view::{StartedTask, TaskListView, TaskSummary, TaskView};
 use super::{SUPERVISOR_INSTALLS, SUPERVISOR_PATH, SUPERVISOR_SOURCE, supervisor_version};
+use crate::masking::Masker;
 
 /// Output of one process run in the sandbox.
 #[derive(Debug, Clone)]
@@ -44,7 +45,7 @@ pub enum TransportError {
 
 /// Part of a file in the sandbox, and the file's size.
 #[derive(Debug, Clone, Default)]
-pub struct FileRange {
+pub struct FileSlice {
     pub data: Vec<u8>,
     pub size: u64,
 }
@@ -67,7 +68,7 @@ pub trait SupervisorTransport: Send + Sync {
         path: &str,
         offset: u64,
         len: u64,
-    ) -> impl Future<Output = Result<Option<FileRange>, TransportError>> + Send;
+    ) -> impl Future<Output = Result<Option<FileSlice>, TransportError>> + Send;
 }
 
 /// Why a task tool call failed (tool errors, each actionable).
@@ -105,30 +106,22 @@ pub struct TaskService {
     installed: Mutex<HashSet<String>>,
     /// One lock per sandbox, so concurrent first calls check and install once.
     install_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    masker: SecretMasker,
+    masker: Masker,
 }
 
 impl TaskService {
-    /// `secrets`: the gateway's own secret values, masked in every page.
-    pub fn new<I, S>(secrets: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        Self::with_script_path(SUPERVISOR_PATH, secrets)
+    /// `masker`: the gateway's own secret values, masked in every page.
+    pub fn new(masker: Masker) -> Self {
+        Self::with_script_path(SUPERVISOR_PATH, masker)
     }
 
     /// Same, with the supervisor installed at `script_path` (tests).
-    pub fn with_script_path<I, S>(script_path: &str, secrets: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
+    pub fn with_script_path(script_path: &str, masker: Masker) -> Self {
         Self {
             script_path: script_path.to_owned(),
             installed: Mutex::new(HashSet::new()),
             install_locks: Mutex::new(HashMap::new()),
-            masker: SecretMasker::new(secrets),
+            masker,
         }
     }
 
@@ -266,7 +259,7 @@ impl TaskService {
                 }
                 _ => uncertain("the task supervisor's answer to the launch was not understood".to_owned()),
             },
-            Reply::Refused(r) if r.code == "limit" || r.code == "invalid" => Err(TaskError::Refused(r.error)),
+            Reply::Refused(r) if r.code.nothing_started() => Err(TaskError::Refused(r.error)),
             Reply::Refused(r) => uncertain(r.error),
             Reply::ScriptMissing => uncertain("the task supervisor could not be installed".to_owned()),
             Reply::Garbled(m) => uncertain(m),
@@ -333,7 +326,7 @@ impl TaskService {
         t: &T,
         dir: &str,
         window: &Window,
-    ) -> Result<(FileRange, FileRange), TransportError> {
+    ) -> Result<(FileSlice, FileSlice), TransportError> {
         let (stdout, stderr) = (format!("{dir}/stdout"), format!("{dir}/stderr"));
         let (out, err) = tokio::join!(
             t.read_range(&stdout, window.stdout_offset, window.limit),
@@ -495,7 +488,7 @@ impl TaskService {
     ) -> Result<serde_json::Map<String, serde_json::Value>, TaskError> {
         match reply {
             Reply::Ok(obj) => Ok(obj),
-            Reply::Refused(Refusal { code, .. }) if code == "not_found" => Err(TaskError::TaskNotFound {
+            Reply::Refused(Refusal { code: RefusalCode::NotFound, .. }) => Err(TaskError::TaskNotFound {
                 sandbox_id: sandbox_id.to_owned(),
                 task_id: task_id.map(ToString::to_string).unwrap_or_default(),
             }),
@@ -512,7 +505,7 @@ impl TaskService {
         match err {
             TransportError::SandboxGone => TaskError::SandboxGone(sandbox_id.to_owned()),
             TransportError::NotSent(m) | TransportError::Uncertain(m) => {
-                TaskError::Unavailable { sandbox_id: sandbox_id.to_owned(), message: self.masker.mask_text(&m) }
+                TaskError::Unavailable { sandbox_id: sandbox_id.to_owned(), message: self.masker.mask(&m).into_owned() }
             }
         }
     }

@@ -3,8 +3,9 @@
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use super::page::{SecretMasker, StreamPage};
+use super::page::StreamPage;
 use super::protocol::{ListedTask, SupervisorStatus, TaskState};
+use crate::masking::Masker;
 
 /// Unix seconds with millisecond precision (the supervisor records floats).
 fn unix_seconds(t: Option<f64>) -> Option<f64> {
@@ -56,7 +57,7 @@ impl TaskView {
         status: SupervisorStatus,
         stdout: StreamPage,
         stderr: StreamPage,
-        masker: &SecretMasker,
+        masker: &Masker,
     ) -> Self {
         Self {
             sandbox_id: sandbox_id.to_owned(),
@@ -76,7 +77,7 @@ impl TaskView {
             stderr_total_bytes: status.stderr_total_bytes,
             stdout_truncated: status.stdout_truncated,
             stderr_truncated: status.stderr_truncated,
-            error: status.error.map(|e| masker.mask_text(&e)),
+            error: status.error.map(|e| masker.mask(&e).into_owned()),
             cancel_confirmed: status.cancel_confirmed,
         }
     }
@@ -103,7 +104,7 @@ pub struct StartedTask {
 }
 
 impl StartedTask {
-    pub fn observed(sandbox_id: &str, timeout: u64, status: SupervisorStatus, masker: &SecretMasker) -> Self {
+    pub fn observed(sandbox_id: &str, timeout: u64, status: SupervisorStatus, masker: &Masker) -> Self {
         let hint = match status.state {
             TaskState::Unknown => uncertain_hint(sandbox_id, &status.task_id),
             _ => format!(
@@ -119,7 +120,7 @@ impl StartedTask {
             started_at: unix_seconds(status.started_at),
             finished_at: unix_seconds(status.finished_at),
             timeout,
-            error: status.error.map(|e| masker.mask_text(&e)),
+            error: status.error.map(|e| masker.mask(&e).into_owned()),
             hint,
         }
     }
@@ -159,14 +160,14 @@ pub struct TaskSummary {
 }
 
 impl TaskSummary {
-    pub fn new(task: ListedTask, masker: &SecretMasker) -> Self {
+    pub fn new(task: ListedTask, masker: &Masker) -> Self {
         Self {
             task_id: task.task_id,
             state: task.state,
             started_at: unix_seconds(task.started_at),
             finished_at: unix_seconds(task.finished_at),
             exit_code: task.exit_code,
-            command_first_line: task.command_first_line.map(|c| masker.mask_text(&c)),
+            command_first_line: task.command_first_line.map(|c| masker.mask(&c).into_owned()),
         }
     }
 }

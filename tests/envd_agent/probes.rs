@@ -4,11 +4,12 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use sandbox_mcp::local::agent_process::rss_kib;
 use sandbox_mcp::local::envd::{self, EnvdOptions};
-use sandbox_mcp::local::process::rss_kib;
 use serde_json::json;
 
 use super::support::*;
+use crate::common::{ProcessGuard, require_env, require_root};
 
 /// Helper process for `idle_envd_rss`: serves envd on a current-thread runtime until killed.
 #[test]
@@ -33,31 +34,37 @@ fn rss_probe_child() {
     });
 }
 
-/// RSS of an idle envd in its own process (an upper bound: the libtest harness is included).
-#[tokio::test]
-async fn idle_envd_rss() {
-    if !is_root() {
-        return;
-    }
+/// envd in a process of its own (this test binary running `rss_probe_child`), once it listens, and
+/// a client of it.
+async fn envd_process(reap_orphans: bool) -> (ProcessGuard, TestEnvd) {
     let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("probe.sock");
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+    let socket = dir.path().join("envd.sock");
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command
         .args(["probes::rss_probe_child", "--exact", "--ignored", "--test-threads=1", "--nocapture"])
         .env("ENVD_RSS_PROBE_SOCKET", &socket)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+        .stdout(std::process::Stdio::null());
+    if reap_orphans {
+        command.env("ENVD_PROBE_REAP_ORPHANS", "1");
+    }
+    let child = ProcessGuard::spawn(&mut command, Duration::ZERO).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while !socket.exists() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let envd =
-        TestEnvd { _dir: tempfile::tempdir().unwrap(), socket: socket.clone(), server: tokio::spawn(async { Ok(()) }) };
+    (child, TestEnvd { _dir: dir, socket, server: tokio::spawn(async { Ok(()) }) })
+}
+
+/// RSS of an idle envd in its own process (an upper bound: the libtest harness is included).
+#[tokio::test]
+async fn idle_envd_rss() {
+    require_root!();
+    let (mut child, envd) = envd_process(false).await;
     let ok = envd.run("echo warm", json!({}), &[]).await;
     assert_eq!(ok.stdout, b"warm\n");
     tokio::time::sleep(Duration::from_millis(200)).await;
     let rss = |pid: u32| -> u64 { rss_kib(i32::try_from(pid).unwrap()).expect("VmRSS of the envd child") };
-    let idle = rss(child.id());
+    let idle = rss(child.pid());
     // 100 running processes whose clients disconnected.
     let mut pids = Vec::new();
     for _ in 0..100 {
@@ -66,13 +73,12 @@ async fn idle_envd_rss() {
         pids.push(stream.next_json().await.1["event"]["start"]["pid"].as_u64().unwrap());
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let busy = rss(child.id());
+    let busy = rss(child.pid());
     for pid in &pids {
         let kill = json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"});
         assert_eq!(envd.unary("process.Process/SendSignal", kill, None).await.0, http::StatusCode::OK);
     }
-    let _ = child.kill();
-    let _ = child.wait();
+    child.terminate(Duration::ZERO);
     println!(
         "envd process RSS (debug build, incl. libtest): idle {idle} KiB, with 100 processes {busy} KiB ({} KiB each)",
         busy.saturating_sub(idle) / 100
@@ -83,33 +89,17 @@ async fn idle_envd_rss() {
 /// With `reap_orphans`, envd collects re-parented orphans (no zombies), and still reports its own exits.
 #[tokio::test]
 async fn orphans_are_reaped() {
-    if !is_root() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("reaper.sock");
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["probes::rss_probe_child", "--exact", "--ignored", "--test-threads=1", "--nocapture"])
-        .env("ENVD_RSS_PROBE_SOCKET", &socket)
-        .env("ENVD_PROBE_REAP_ORPHANS", "1")
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !socket.exists() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let envd = TestEnvd { _dir: tempfile::tempdir().unwrap(), socket, server: tokio::spawn(async { Ok(()) }) };
+    require_root!();
+    let (mut child, envd) = envd_process(true).await;
     let result = envd.run("sleep 0.3 >/dev/null 2>&1 & echo $!; exit 4", json!({}), &[]).await;
     assert_eq!(result.end.unwrap()["exitCode"], 4);
     let orphan: u32 = String::from_utf8_lossy(&result.stdout).trim().parse().unwrap();
     let stat = std::fs::read_to_string(format!("/proc/{orphan}/stat")).unwrap_or_default();
     let parent_field = stat.rsplit_once(") ").map(|(_, rest)| rest.split_whitespace().nth(1).unwrap_or("").to_owned());
-    let reparented = parent_field.as_deref() == Some(child.id().to_string().as_str());
+    let reparented = parent_field.as_deref() == Some(child.pid().to_string().as_str());
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let gone = !Path::new(&format!("/proc/{orphan}")).exists();
-    let _ = child.kill();
-    let _ = child.wait();
+    child.terminate(Duration::ZERO);
     assert!(reparented, "orphan {orphan} was not re-parented to envd: {stat}");
     assert!(gone, "orphan {orphan} was left as a zombie");
 }
@@ -119,17 +109,8 @@ async fn orphans_are_reaped() {
 /// Needs `E2B_SDK_PYTHON` = a python with `e2b==2.63.0`; skips loudly otherwise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_sdk_interop() {
-    let Some(python) = std::env::var_os("E2B_SDK_PYTHON") else {
-        eprintln!("SKIPPED official_sdk_interop: set E2B_SDK_PYTHON to a python with e2b==2.63.0 installed");
-        assert!(
-            std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
-            "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
-        );
-        return;
-    };
-    if !is_root() {
-        return;
-    }
+    let python = require_env!("E2B_SDK_PYTHON", "a python with e2b==2.63.0");
+    require_root!();
     let envd = start_envd().await;
     let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = tcp.local_addr().unwrap().port();

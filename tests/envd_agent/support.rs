@@ -29,18 +29,6 @@ impl Drop for TestEnvd {
     }
 }
 
-pub fn is_root() -> bool {
-    let root = nix::unistd::geteuid().is_root();
-    if !root {
-        eprintln!("SKIPPED: envd agent tests need root (user switching)");
-        assert!(
-            std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
-            "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
-        );
-    }
-    root
-}
-
 pub async fn start_envd() -> TestEnvd {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("envd.sock");

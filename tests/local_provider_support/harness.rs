@@ -1,90 +1,62 @@
-//! Test harness for `tests/local_provider.rs`: runs the real `sandbox-mcp provider` binary with
-//! its own state directory, speaks raw HTTP to it, and cleans up every sandbox it leaves.
+//! Harness of the local provider tests (`local_provider`, `sandbox_network`, `sandbox_privileges`):
+//! the kit's provider (`tests/common`) with raw HTTP and envd calls, the sandbox records, and the
+//! checks that nothing of a sandbox is left on the host.
 
-use std::io::BufRead;
+#![allow(dead_code)] // each test binary uses a part of it
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine;
 use reqwest::StatusCode;
 use sandbox_mcp::connect_rpc::{EnvelopeDecoder, encode_json_message};
 /// Mount points in the host's mount namespace at or under a directory.
-pub use sandbox_mcp::local::process::host_mounts_under;
+pub use sandbox_mcp::local::agent_process::host_mounts_under;
 use serde_json::{Value, json};
 
-pub const KEY: &str = "e2b_0000000000000000000000000000000000000000";
+pub(crate) use crate::common::require_root;
+pub use crate::common::{API_KEY, ProcessGuard, agent_alive, wait_until};
 
-pub fn is_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    eprintln!("SKIPPED: local provider tests need root (namespaces, overlayfs, cgroups)");
-    assert!(
-        std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
-        "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
-    );
-    false
-}
-
-/// A running `sandbox-mcp provider` with its own state directory.
+/// A running `sandbox-mcp provider` (the kit's, state under /var/tmp) and a raw HTTP client.
 pub struct Provider {
-    pub child: Option<Child>,
-    pub base: String,
+    pub inner: crate::common::Provider,
+    /// Its state directory.
     pub state: PathBuf,
-    _tmp: Option<tempfile::TempDir>,
     pub http: reqwest::Client,
-    extra: Vec<String>,
 }
 
 impl Provider {
     pub fn start(extra: &[&str]) -> Provider {
-        let tmp = tempfile::Builder::new().prefix("sbx-provider-test").tempdir_in("/var/tmp").unwrap();
-        let state = tmp.path().join("state");
-        let mut p = Provider {
-            child: None,
-            base: String::new(),
-            state,
-            _tmp: Some(tmp),
-            http: reqwest::Client::new(),
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-        };
-        p.launch();
-        p
+        let inner = crate::common::Provider::builder().args(extra).temp_in("/var/tmp").start();
+        Provider { state: inner.state_dir.clone(), inner, http: reqwest::Client::new() }
     }
 
+    /// `http://ADDR` of the running provider.
+    pub fn base(&self) -> String {
+        self.inner.url()
+    }
+
+    /// Starts the provider again (after [`crash`](Self::crash) or [`take_process`](Self::take_process)).
     pub fn launch(&mut self) {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sandbox-mcp"))
-            .args(["provider", "--listen", "127.0.0.1:0", "--api-key", KEY, "--state-dir"])
-            .arg(&self.state)
-            .args(&self.extra)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let url = line.trim().rsplit(' ').next().unwrap().to_owned();
-        assert!(url.starts_with("http://127.0.0.1:"), "unexpected start line: {line:?}");
-        self.base = url;
-        self.child = Some(child);
+        self.inner.restart();
     }
 
     /// SIGKILLs the provider process only (sandboxes keep running).
     pub fn crash(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill().unwrap();
-            child.wait().unwrap();
-        }
+        self.inner.crash();
+    }
+
+    /// The provider process, for a test that signals and waits for it itself.
+    pub fn take_process(&mut self) -> ProcessGuard {
+        self.inner.take_process().expect("the provider is running")
     }
 
     pub fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
+        self.inner.url_of(path)
     }
 
     pub async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-        let mut req = self.http.request(method, self.url(path)).header("X-API-Key", KEY);
+        let mut req = self.http.request(method, self.url(path)).header("X-API-Key", API_KEY);
         if let Some(body) = body {
             req = req.json(&body);
         }
@@ -145,47 +117,6 @@ impl Provider {
         }
         (code.expect("no end event"), out)
     }
-}
-
-impl Drop for Provider {
-    fn drop(&mut self) {
-        self.crash();
-        // Sandboxes outlive their provider by design: kill what this test left, verified by start time.
-        let Ok(entries) = std::fs::read_dir(self.state.join("sandboxes")) else { return };
-        for entry in entries.flatten() {
-            let Ok(bytes) = std::fs::read(entry.path().join("record.json")) else { continue };
-            let Ok(rec) = serde_json::from_slice::<Value>(&bytes) else { continue };
-            let pid = rec["envd_pid"].as_i64().unwrap_or(0) as i32;
-            if agent_alive(pid, entry.path().as_path()) {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-                wait_until(Duration::from_secs(5), || !agent_alive(pid, entry.path().as_path()));
-            }
-            for cg in rec["cgroups"].as_array().into_iter().flatten() {
-                let cg = Path::new(cg.as_str().unwrap_or("/nonexistent"));
-                wait_until(Duration::from_secs(3), || std::fs::remove_dir(cg).is_ok() || !cg.exists());
-            }
-        }
-    }
-}
-
-pub fn agent_alive(pid: i32, dir: &Path) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let zombie = stat.rsplit(')').next().is_some_and(|s| s.trim_start().starts_with('Z'));
-    pid > 0
-        && !zombie
-        && std::fs::read(format!("/proc/{pid}/cmdline"))
-            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&*dir.to_string_lossy()))
-}
-
-pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    cond()
 }
 
 /// Asserts nothing of sandbox `id` (agent `pid`) remains on the host.

@@ -1,161 +1,29 @@
-//! Shared harness of the task integration tests: spawns the real
-//! `sandbox-mcp serve` (embedded local provider, or `kind = "e2b"` pointed
-//! at a separate `sandbox-mcp provider` process) on 127.0.0.1 port 0, and
-//! talks to it with rmcp's streamable HTTP client.
+//! Shared harness of the task integration tests, on the test kit (`tests/common`): a
+//! temporary environment whose `sandbox-mcp serve` uses the embedded local provider, or
+//! `kind = "e2b"` pointed at a separate `sandbox-mcp provider`, and an MCP session
+//! (2026-07-28, no session) with the task tools.
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use rmcp::model::{CallToolRequestParams, CallToolResult, ClientConfig};
-use rmcp::service::RunningService;
-use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_sandbox-mcp");
+use crate::common::mcp::{McpClient, call, connect_latest, text};
+use crate::common::provider::reap_sandboxes;
+use crate::common::{API_KEY, Gateway, GatewayBuilder, Provider};
 
-/// True if the tests can create sandboxes here (root); prints a loud skip otherwise.
-pub fn can_run() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    eprintln!("\n!!!!! SKIPPED: task integration tests need root (namespaces for the local provider) !!!!!\n");
-    assert!(
-        std::env::var_os("SANDBOX_MCP_NO_SKIP").is_none(),
-        "SANDBOX_MCP_NO_SKIP is set (scripts/test.sh): this test may not skip"
-    );
-    false
-}
-
-/// A child process killed (SIGKILL) and reaped on drop.
-pub struct Proc {
-    pub child: Child,
-}
-
-impl Proc {
-    pub fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-
-    pub fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// SIGTERM, then SIGKILL after `grace`.
-    pub fn terminate(&mut self, grace: Duration) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + grace;
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        self.kill9();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            self.terminate(Duration::from_secs(20));
-        }
-    }
-}
-
-/// Spawns `args`, copying its stderr (or stdout) to `log` and returning the first line for which `find` says Some.
-fn spawn_and_find(
-    args: &[&str],
-    envs: &[(&str, &str)],
-    log: &Path,
-    from_stdout: bool,
-    find: fn(&str) -> Option<String>,
-) -> (Proc, String) {
-    let mut cmd = Command::new(BIN);
-    cmd.args(args).stdin(Stdio::null());
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    if from_stdout {
-        cmd.stdout(Stdio::piped()).stderr(std::fs::File::create(log).unwrap());
-    } else {
-        cmd.stdout(Stdio::null()).stderr(Stdio::piped());
-    }
-    let mut child = cmd.spawn().expect("spawn sandbox-mcp");
-    let pipe: Box<dyn std::io::Read + Send> =
-        if from_stdout { Box::new(child.stdout.take().unwrap()) } else { Box::new(child.stderr.take().unwrap()) };
-    let (tx, rx) = mpsc::channel();
-    let log_path = log.to_path_buf();
-    std::thread::spawn(move || {
-        use std::io::Write;
-        let mut out = std::fs::OpenOptions::new().create(true).append(true).open(log_path).unwrap();
-        let mut sent = false;
-        for line in BufReader::new(pipe).lines() {
-            let Ok(line) = line else { break };
-            let _ = writeln!(out, "{line}");
-            if !sent && let Some(found) = find(&line) {
-                let _ = tx.send(found);
-                sent = true;
-            }
-        }
-    });
-    let proc = Proc { child };
-    match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(found) => (proc, found),
-        Err(_) => {
-            let text = std::fs::read_to_string(log).unwrap_or_default();
-            panic!("{args:?} did not start; log:\n{text}");
-        }
-    }
-}
-
-/// A running `sandbox-mcp serve`.
-pub struct Serve {
-    pub proc: Proc,
-    pub url: String,
-}
-
-/// A running `sandbox-mcp provider`.
-pub struct Provider {
-    pub proc: Proc,
-    pub url: String,
-}
-
+/// A temporary directory with the serve config and the embedded provider's state. A test that
+/// fails part-way leaves its sandboxes behind (the provider keeps them across its own exit, by
+/// design): they are killed on drop, before the state dir goes.
 pub struct Env {
     pub dir: tempfile::TempDir,
 }
 
-/// A test that fails part-way leaves its sandboxes behind (the provider keeps them across its own
-/// exit, by design): kill whatever the embedded provider of this env still records, and remove
-/// their cgroups, before the state dir goes.
 impl Drop for Env {
     fn drop(&mut self) {
-        let Ok(entries) = std::fs::read_dir(self.state_dir().join("sandboxes")) else { return };
-        for entry in entries.flatten() {
-            let Ok(text) = std::fs::read_to_string(entry.path().join("record.json")) else { continue };
-            let Ok(record) = serde_json::from_str::<Value>(&text) else { continue };
-            let pid = record["envd_pid"].as_i64().unwrap_or(0) as i32;
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            // Only a process that really is this sandbox's agent.
-            if pid > 0 && String::from_utf8_lossy(&cmdline).contains(&*entry.path().to_string_lossy()) {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-                for _ in 0..100 {
-                    if !Path::new(&format!("/proc/{pid}")).exists() {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-            }
-            for cgroup in record["cgroups"].as_array().into_iter().flatten().filter_map(Value::as_str) {
-                let _ = std::fs::remove_dir(cgroup);
-            }
-        }
+        reap_sandboxes(&self.state_dir());
     }
 }
 
@@ -186,51 +54,32 @@ impl Env {
         path
     }
 
-    pub fn serve(&self, config: &Path) -> Serve {
-        let log = self.dir.path().join(format!("serve-{}.log", rand_suffix()));
-        let (proc, addr) = spawn_and_find(
-            &["serve", "--config", config.to_str().unwrap()],
-            &[("TASKS_TEST_PROVIDER_KEY", "provider-key-for-tests-123456"), ("RUST_LOG", "info")],
-            &log,
-            false,
-            |line| {
-                let v: Value = serde_json::from_str(line).ok()?;
-                let msg = v.get("message")?.as_str()?;
-                if msg.contains("gateway listening") { v.get("addr")?.as_str().map(str::to_string) } else { None }
-            },
-        );
-        Serve { proc, url: format!("http://{addr}/mcp") }
+    /// `serve` with this config (its embedded provider on this env's state dir).
+    pub fn serve(&self, config: &Path) -> Gateway {
+        GatewayBuilder::config_file(config)
+            .state_dir(self.state_dir())
+            .env("TASKS_TEST_PROVIDER_KEY", API_KEY)
+            .log_filter("info")
+            .start()
     }
 
+    /// An env whose `serve` uses the embedded provider with `extra` config, and a session to it.
+    pub async fn local(extra: &str) -> (Env, Gateway, Mcp) {
+        let env = Env::new();
+        let serve = env.serve(&env.write_config(None, extra));
+        let mcp = Mcp::connect(&serve.mcp_url()).await;
+        (env, serve, mcp)
+    }
+
+    /// A separate `sandbox-mcp provider` (sandboxes time out after 600 s).
     pub fn provider(&self) -> Provider {
-        let log = self.dir.path().join(format!("provider-{}.log", rand_suffix()));
-        let state = self.dir.path().join("provider-state");
-        let (proc, url) = spawn_and_find(
-            &[
-                "provider",
-                "--listen",
-                "127.0.0.1:0",
-                "--state-dir",
-                state.to_str().unwrap(),
-                "--default-timeout",
-                "600",
-            ],
-            &[("E2B_API_KEY", "provider-key-for-tests-123456")],
-            &log,
-            true,
-            |line| line.strip_prefix("sandbox-mcp provider listening on ").map(|s| s.trim().to_string()),
-        );
-        Provider { proc, url }
+        Provider::builder().state_dir(self.dir.path().join("provider-state")).args(["--default-timeout", "600"]).start()
     }
-}
-
-fn rand_suffix() -> String {
-    format!("{:08x}", rand::random::<u32>())
 }
 
 /// One MCP session.
 pub struct Mcp {
-    pub client: RunningService<RoleClient, ClientConfig>,
+    pub client: McpClient,
 }
 
 /// A tool call's outcome.
@@ -257,9 +106,7 @@ impl Reply {
 
 impl Mcp {
     pub async fn connect(url: &str) -> Self {
-        let transport = StreamableHttpClientTransport::from_uri(url.to_string());
-        let client = ClientConfig::default().serve(transport).await.expect("MCP initialize");
-        Self { client }
+        Self { client: connect_latest(url, None).await }
     }
 
     /// Ends the session (the client sends DELETE).
@@ -268,14 +115,8 @@ impl Mcp {
     }
 
     pub async fn call(&self, tool: &str, args: Value) -> Reply {
-        let Value::Object(map) = args else { panic!("arguments must be an object") };
-        let result: CallToolResult = self
-            .client
-            .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(map))
-            .await
-            .unwrap_or_else(|e| panic!("{tool}: protocol error {e}"));
-        let text =
-            result.content.iter().filter_map(|c| c.as_text().map(|t| t.text.clone())).collect::<Vec<_>>().join("\n");
+        let result = call(&self.client, tool, args).await;
+        let text = text(&result);
         Reply { is_error: result.is_error == Some(true), value: result.structured_content.unwrap_or(Value::Null), text }
     }
 

@@ -234,7 +234,7 @@ fn scopes_of(claims: &Map<String, Value>) -> Vec<String> {
 /// A claim value as a tenant name: itself when it is a valid name, else a stable hash of it
 /// (`h-` + 24 hex digits), so values such as `auth0|abc` still make distinct tenants.
 pub fn tenant_name(value: &str) -> String {
-    if crate::config::is_valid_tenant(value) {
+    if crate::tenant::is_valid_tenant(value) {
         value.to_string()
     } else {
         format!("h-{}", &hex::encode(Sha256::digest(value.as_bytes()))[..24])
@@ -254,7 +254,7 @@ mod tests {
     fn tenant_names_are_valid_and_stable() {
         assert_eq!(tenant_name("acme"), "acme");
         let hashed = tenant_name("auth0|6543");
-        assert!(hashed.starts_with("h-") && hashed.len() == 26 && crate::config::is_valid_tenant(&hashed));
+        assert!(hashed.starts_with("h-") && hashed.len() == 26 && crate::tenant::is_valid_tenant(&hashed));
         assert_eq!(hashed, tenant_name("auth0|6543"));
         assert_ne!(hashed, tenant_name("auth0_6543"));
     }

@@ -20,9 +20,9 @@ use super::EnvdState;
 use super::fsops::{io_error, resolve_path, run_as_user};
 use super::staged::StagedUpload;
 use super::users::{UserAccount, basic_auth_user, resolve_user};
-use super::xattrs::{UploadedWithMetadata, metadata_from_headers, write_metadata};
+use super::xattrs::{metadata_from_headers, write_metadata};
 use crate::connect_rpc::{Code, ConnectError};
-use crate::e2b::wire::{ApiError, UploadedEntry};
+use crate::e2b::wire::{ErrorBody, UploadedEntry};
 
 /// Metadata to store on every uploaded file.
 type Metadata = std::collections::BTreeMap<String, String>;
@@ -32,7 +32,7 @@ const DOWNLOAD_CHUNK: usize = 64 * 1024;
 
 /// An envd plain-HTTP error response.
 pub fn http_error(status: StatusCode, message: impl Into<String>) -> Response {
-    let body = ApiError { code: i32::from(status.as_u16()), message: message.into() };
+    let body = ErrorBody { code: i32::from(status.as_u16()), message: message.into() };
     let json = serde_json::to_vec(&body).unwrap_or_default();
     (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"))], json)
         .into_response()
@@ -225,7 +225,7 @@ async fn upload_multipart(
     query_path: Option<&str>,
     mut multipart: Multipart,
     metadata: &Metadata,
-) -> Result<Vec<UploadedWithMetadata>, ConnectError> {
+) -> Result<Vec<UploadedEntry>, ConnectError> {
     let bad = |err: axum::extract::multipart::MultipartError| {
         ConnectError::new(Code::InvalidArgument, format!("invalid multipart body: {err}"))
     };
@@ -261,7 +261,7 @@ async fn upload_raw(
     body: Body,
     gzip: bool,
     metadata: &Metadata,
-) -> Result<UploadedWithMetadata, ConnectError> {
+) -> Result<UploadedEntry, ConnectError> {
     let path = resolve_path(user, raw)?;
     let mut upload = StagedUpload::begin(user, &path).await?;
     let what = if gzip { "reading or gunzipping the upload body failed" } else { "reading the upload body failed" };
@@ -275,14 +275,10 @@ async fn upload_raw(
 }
 
 /// Stores the metadata (if any) on a written file and builds its response item.
-async fn finish_upload(
-    user: &UserAccount,
-    path: &Path,
-    metadata: &Metadata,
-) -> Result<UploadedWithMetadata, ConnectError> {
+async fn finish_upload(user: &UserAccount, path: &Path, metadata: &Metadata) -> Result<UploadedEntry, ConnectError> {
     let entry = uploaded_entry(path);
     if metadata.is_empty() {
-        return Ok(UploadedWithMetadata { entry, metadata: None });
+        return Ok(entry);
     }
     let (target, stored) = (path.to_path_buf(), metadata.clone());
     run_as_user(user, move || {
@@ -298,7 +294,7 @@ async fn finish_upload(
         })
     })
     .await??;
-    Ok(UploadedWithMetadata { entry, metadata: Some(metadata.clone()) })
+    Ok(UploadedEntry { metadata: Some(metadata.clone()), ..entry })
 }
 
 fn uploaded_entry(path: &Path) -> UploadedEntry {
@@ -306,6 +302,7 @@ fn uploaded_entry(path: &Path) -> UploadedEntry {
         path: path.to_string_lossy().into_owned(),
         name: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         entry_type: "file".into(),
+        metadata: None,
     }
 }
 

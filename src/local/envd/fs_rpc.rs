@@ -9,12 +9,11 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 
 use super::EnvdState;
-use super::fsops::{io_error, list_dir, resolve_path, run_as_user};
+use super::fsops::{entry, io_error, list_dir, resolve_path, run_as_user};
 use super::rpc::{self, CallKind};
 use super::users::request_user;
-use super::xattrs::{EntryResponse, ListDirResponse, entry};
 use crate::connect_rpc::{Code, ConnectError};
-use crate::e2b::wire::{Empty, ListDirRequest, MoveRequest, PathRequest};
+use crate::e2b::wire::{Empty, EntryResponse, ListDirRequest, ListDirResponse, MoveRequest, PathRequest};
 
 /// Dispatches `POST /filesystem.Filesystem/{method}`.
 pub async fn handle(state: Arc<EnvdState>, method: &str, headers: HeaderMap, body: Body) -> Response {

@@ -235,14 +235,21 @@ pub fn go_mode_string(mode: u32) -> String {
     out
 }
 
+/// The entry of `path` with its user metadata.
+pub fn entry(path: &Path) -> io::Result<EntryInfo> {
+    let mut info = entry_info(path)?;
+    info.metadata = super::xattrs::read_metadata(path);
+    Ok(info)
+}
+
 /// Lists `dir` to `depth` levels (1 = direct children), in lexical walk order.
-pub fn list_dir(dir: &Path, depth: u32, out: &mut Vec<super::xattrs::Entry>) -> io::Result<()> {
+pub fn list_dir(dir: &Path, depth: u32, out: &mut Vec<EntryInfo>) -> io::Result<()> {
     let mut names: Vec<_> = std::fs::read_dir(dir)?.filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
     names.sort();
     for name in names {
         let path = dir.join(&name);
-        let Ok(entry) = super::xattrs::entry(&path) else { continue };
-        let descend = depth > 1 && !entry.info.is_symlink && entry.info.file_type == FILE_TYPE_DIRECTORY;
+        let Ok(entry) = entry(&path) else { continue };
+        let descend = depth > 1 && !entry.is_symlink && entry.file_type == FILE_TYPE_DIRECTORY;
         out.push(entry);
         if descend {
             // Unreadable sub-directories are listed but not descended into.

@@ -26,16 +26,21 @@
 
 mod files;
 mod fs_rpc;
+#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 mod fsops;
-mod metrics;
 mod negotiation;
 mod process_rpc;
+#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 mod reaper;
 mod rpc;
+#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 mod spawn;
+#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 mod staged;
 mod table;
+mod usage_metrics;
 mod users;
+#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 mod xattrs;
 
 use std::collections::HashMap;
@@ -83,7 +88,7 @@ pub(crate) struct EnvdState {
     pub(crate) opts: EnvdOptions,
     pub(crate) processes: Arc<table::ProcessTable>,
     reaper: OnceLock<Arc<reaper::Reaper>>,
-    cpu: metrics::CpuSampler,
+    cpu: usage_metrics::CpuSampler,
 }
 
 impl EnvdState {
@@ -128,7 +133,7 @@ fn new_state(opts: EnvdOptions) -> Arc<EnvdState> {
         opts,
         processes: Arc::new(table::ProcessTable::default()),
         reaper: OnceLock::new(),
-        cpu: metrics::CpuSampler::default(),
+        cpu: usage_metrics::CpuSampler::default(),
     })
 }
 
@@ -154,7 +159,7 @@ async fn envs(State(state): State<Arc<EnvdState>>) -> Response {
 }
 
 async fn get_metrics(State(state): State<Arc<EnvdState>>) -> Response {
-    axum::Json(metrics::snapshot(&state.cpu)).into_response()
+    axum::Json(usage_metrics::snapshot(&state.cpu)).into_response()
 }
 
 async fn process_rpc_route(

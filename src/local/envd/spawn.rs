@@ -116,7 +116,7 @@ pub fn spawn(spec: &SpawnSpec) -> Result<SpawnedChild, SpawnError> {
         command.pre_exec(move || {
             // Only stdin/stdout/stderr cross into the command (std's own exec-error pipe is
             // already close-on-exec), whatever envd inherited or opened.
-            crate::local::spawn::mark_inherited_fds_cloexec(3);
+            crate::local::fds::mark_inherited_fds_cloexec(3);
             // Commands get a raised OOM score (raising needs no privilege; lowering it back does),
             // so the OOM killer picks them, never envd (which also tries -1000 for itself).
             // envd lost dumpability when it entered the sandbox's user namespace, which leaves

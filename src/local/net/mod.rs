@@ -12,9 +12,12 @@
 //! pays only for a `setns`.
 
 pub mod inbound;
+#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 pub mod netns;
 pub mod policy;
+#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 pub mod tcp_egress;
+#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 pub mod udp;
 
 use std::net::{IpAddr, SocketAddr};

@@ -5,12 +5,12 @@
 //! `ip netns exec`, and removes everything (namespace, veths, servers) on drop.
 //! No traffic ever leaves this machine.
 
-#![allow(dead_code)] // each test binary uses a part of this kit
-
 use std::net::Ipv4Addr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
+
+use super::process::ProcessGuard;
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
@@ -66,7 +66,7 @@ pub struct TestNet {
     pub internet_addr: Ipv4Addr,
     /// The test host's private address (10.213.x.2).
     pub private_addr: Ipv4Addr,
-    servers: Vec<Child>,
+    servers: Vec<ProcessGuard>,
 }
 
 fn ip(args: &[&str]) {
@@ -103,14 +103,16 @@ impl TestNet {
 
     /// Runs a python3 server inside the test namespace.
     pub fn spawn_python(&mut self, script: &str, args: &[String]) {
-        let child = Command::new("ip")
-            .args(["netns", "exec", &self.name, "python3", "-c", script])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("python3 server");
-        self.servers.push(child);
+        let server = ProcessGuard::spawn(
+            Command::new("ip")
+                .args(["netns", "exec", &self.name, "python3", "-c", script])
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit()),
+            Duration::ZERO,
+        )
+        .expect("python3 server");
+        self.servers.push(server);
     }
 
     /// An HTTP server on `addr:port` answering `body`; waits until it accepts.
@@ -133,10 +135,7 @@ impl TestNet {
 
 impl Drop for TestNet {
     fn drop(&mut self) {
-        for child in &mut self.servers {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.servers.clear();
         // Deleting the namespace destroys the test ends of the veths, and so their host ends.
         let _ = Command::new("ip").args(["netns", "delete", &self.name]).status();
     }

@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 
+use super::agent_process;
 use super::cgroups::{self, CgroupLayout, Limits};
-use super::config::LocalProviderConfig;
 use super::net::policy::{EgressPolicy, NetworkConfig};
 use super::net::{NetPool, SandboxNet};
-use super::process;
+use super::provider_config::LocalProviderConfig;
 use super::record::{
     self, LOG_FILE, Liveness, RECORD_FILE, SOCKET_FILE, SPEC_FILE, SandboxRecord, SandboxSpec, now_ms, process_is,
     process_start_time, write_json_atomic,
@@ -126,7 +126,8 @@ pub struct Provider {
 
 impl Provider {
     /// Prepares the state directory and cgroups (the caller has run the isolation probe).
-    pub fn new(cfg: LocalProviderConfig) -> anyhow::Result<Provider> {
+    pub fn new(mut cfg: LocalProviderConfig) -> anyhow::Result<Provider> {
+        cfg.agent_binary = super::agent_binary::choose(&cfg.agent_binary);
         let sandboxes_dir = cfg.state_dir.join("sandboxes");
         std::fs::create_dir_all(&sandboxes_dir)
             .map_err(|e| anyhow::anyhow!("cannot create the state directory {}: {e}", sandboxes_dir.display()))?;
@@ -337,12 +338,12 @@ impl Provider {
         };
         let limits = Limits { memory_limit_mb: self.cfg.memory_limit_mb, pids_limit: self.cfg.pids_limit };
         let cgroup_dirs = self.cgroups.create(&id, limits);
-        let spawned = super::spawn::spawn_agent(
+        let spawned = super::agent_spawn::spawn_agent(
             &self.cfg.agent_binary,
             &dir,
             &dir.join(LOG_FILE),
             std::os::fd::AsFd::as_fd(&prepared.netns),
-            super::spawn::Prepared {
+            super::agent_spawn::Prepared {
                 disk: disk_mount.as_ref().map(std::os::fd::AsFd::as_fd),
                 userns: Some(std::os::fd::AsFd::as_fd(&userns)),
             },
@@ -371,7 +372,7 @@ impl Provider {
         }
         if let Err(message) = ready {
             tracing::warn!(sandbox = %id, error = %message, "sandbox agent failed to start");
-            process::kill_and_wait(pid, start_time, KILL_TIMEOUT).await;
+            agent_process::kill_and_wait(pid, start_time, KILL_TIMEOUT).await;
             cgroups::remove(&cgroup_dirs).await;
             let log = std::fs::read_to_string(dir.join(LOG_FILE)).unwrap_or_default();
             remove_sandbox_dir(&dir);
@@ -428,7 +429,7 @@ impl Provider {
         let rec = entry.snapshot();
         // Nothing leaves the table before its agent got the signal: an agent that cannot be
         // signalled now (no descriptor for a pidfd) stays tracked, and the reaper tries again.
-        let pidfd = process::try_send_kill(rec.envd_pid, rec.envd_start_time).map_err(|err| {
+        let pidfd = agent_process::try_send_kill(rec.envd_pid, rec.envd_start_time).map_err(|err| {
             tracing::warn!(sandbox = %rec.id, %err, "cannot kill the sandbox now; it stays tracked and is retried");
             ProviderError::Internal(format!("cannot kill sandbox {id} right now ({err}); try again shortly"))
         })?;
@@ -463,7 +464,7 @@ impl Provider {
 
     /// Tears down whatever remains of a sandbox (its agent verified by start time), waiting for it.
     async fn destroy(&self, rec: &SandboxRecord, dir: &Path) {
-        let pidfd = process::send_kill(rec.envd_pid, rec.envd_start_time);
+        let pidfd = agent_process::send_kill(rec.envd_pid, rec.envd_start_time);
         if rec.state == SandboxState::Paused && rec.pause_method.as_deref() == Some("freezer") {
             let _ = cgroups::set_frozen(&rec.cgroups, false).await;
         }
@@ -512,7 +513,7 @@ impl Provider {
         let method = match cgroups::set_frozen(&rec.cgroups, true).await {
             Ok(true) => "freezer",
             Ok(false) => {
-                process::signal_namespace(rec.envd_pid, nix::sys::signal::Signal::SIGSTOP);
+                agent_process::signal_namespace(rec.envd_pid, nix::sys::signal::Signal::SIGSTOP);
                 "sigstop"
             }
             Err(e) => return Err(ProviderError::Internal(format!("cannot freeze the sandbox: {e}"))),
@@ -526,7 +527,7 @@ impl Provider {
     async fn thaw(&self, rec: &SandboxRecord) -> Result<(), ProviderError> {
         match rec.pause_method.as_deref() {
             Some("sigstop") => {
-                process::signal_namespace(rec.envd_pid, nix::sys::signal::Signal::SIGCONT);
+                agent_process::signal_namespace(rec.envd_pid, nix::sys::signal::Signal::SIGCONT);
                 Ok(())
             }
             _ => cgroups::set_frozen(&rec.cgroups, false)
@@ -604,7 +605,7 @@ impl Provider {
                     let alive = process_is(rec.envd_pid, rec.envd_start_time);
                     let healthy = alive
                         && (rec.state == SandboxState::Paused
-                            || super::proxy::agent_healthy(&dir.join(SOCKET_FILE)).await);
+                            || super::agent_probe::agent_healthy(&dir.join(SOCKET_FILE)).await);
                     if healthy {
                         let net = self.readopt_network(&rec).await;
                         tracing::info!(sandbox = %id, pid = rec.envd_pid, network = net.is_some(), "re-adopted running sandbox");
@@ -617,9 +618,9 @@ impl Provider {
                 _ => {
                     // No usable record: the previous run died mid-create. Kill whatever runs there.
                     tracing::info!(dir = %dir.display(), "cleaning up a sandbox directory without a record");
-                    for pid in process::agents_for_dir(&dir) {
+                    for pid in agent_process::agents_for_dir(&dir) {
                         if let Some(start) = process_start_time(pid) {
-                            process::kill_and_wait(pid, start, KILL_TIMEOUT).await;
+                            agent_process::kill_and_wait(pid, start, KILL_TIMEOUT).await;
                         }
                     }
                     cgroups::remove(&self.cgroups.paths_for(&id)).await;
@@ -663,13 +664,13 @@ impl Provider {
         // makes the directory or starts the agent, and keeps it busy until the entry is tabled.
         let known = |id: &str| self.get(id).is_some() || self.busy_ids().contains(id);
         let mut cleaned = HashSet::new();
-        for (pid, id) in process::agents_under(&self.sandboxes_dir) {
+        for (pid, id) in agent_process::agents_under(&self.sandboxes_dir) {
             if known(&id) {
                 continue;
             }
             if let Some(start) = process_start_time(pid) {
                 tracing::warn!(sandbox = %id, pid, "reconciliation: killing an untracked sandbox agent");
-                process::kill_and_wait(pid, start, KILL_TIMEOUT).await;
+                agent_process::kill_and_wait(pid, start, KILL_TIMEOUT).await;
                 cleaned.insert(id);
             }
         }
@@ -705,7 +706,7 @@ impl Provider {
 
 /// Waits for a killed agent to be gone, then removes its cgroups and directory.
 async fn finish_destroy(pidfd: Option<OwnedFd>, rec: &SandboxRecord, dir: &Path) {
-    if !process::wait_gone(pidfd, rec.envd_pid, rec.envd_start_time, KILL_TIMEOUT).await {
+    if !agent_process::wait_gone(pidfd, rec.envd_pid, rec.envd_start_time, KILL_TIMEOUT).await {
         tracing::warn!(sandbox = %rec.id, pid = rec.envd_pid, "sandbox agent did not exit after SIGKILL");
     }
     cgroups::remove(&rec.cgroups).await;
@@ -743,7 +744,7 @@ async fn wait_ready(ready: OwnedFd) -> Result<(), String> {
 
 /// Removes a sandbox directory, first detaching anything still mounted under it on the host.
 fn remove_sandbox_dir(dir: &Path) {
-    for mount_point in process::host_mounts_under(dir).into_iter().rev() {
+    for mount_point in agent_process::host_mounts_under(dir).into_iter().rev() {
         tracing::warn!(%mount_point, "detaching a leftover mount");
         let _ = nix::mount::umount2(mount_point.as_str(), nix::mount::MntFlags::MNT_DETACH);
     }

@@ -32,9 +32,10 @@ pub struct LocalProviderConfig {
     pub max_control_body_bytes: usize,
     /// Largest data-plane (envd) request body, bytes.
     pub max_data_body_bytes: u64,
-    /// The `sandbox-mcp` executable started as each sandbox's agent (`envd`). Default
-    /// `/proc/self/exe`, i.e. this very binary; an embedding in another executable (a test binary)
-    /// must point it at the real `sandbox-mcp`.
+    /// The executable started as each sandbox's agent (`envd`). Default `/proc/self/exe`: the
+    /// lean `sandbox-mcp-envd` beside this binary when it is from the same build, else this very
+    /// binary (see `agent_binary`); an embedding in another executable (a test binary) must point
+    /// it at the real `sandbox-mcp` or `sandbox-mcp-envd`.
     pub agent_binary: PathBuf,
     /// Sandbox networking (DNS upstreams, namespace pool, inbound domain).
     pub network: super::net::NetConfig,
@@ -57,7 +58,7 @@ impl Default for LocalProviderConfig {
             disk_limit_mb: Some(10240),
             max_control_body_bytes: 1024 * 1024,
             max_data_body_bytes: 1024 * 1024 * 1024,
-            agent_binary: PathBuf::from("/proc/self/exe"),
+            agent_binary: PathBuf::from(super::agent_binary::SELF_EXE),
             network: super::net::NetConfig::default(),
             listen_limits: crate::listen::ListenLimits::default(),
         }

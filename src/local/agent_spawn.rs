@@ -33,7 +33,7 @@ pub struct Prepared<'a> {
 
 /// Errors of spawning an agent.
 #[derive(Debug, thiserror::Error)]
-pub enum SpawnError {
+pub enum AgentSpawnError {
     #[error("{what}: {source}")]
     Sys { what: &'static str, source: nix::Error },
     #[error("{what}: {source}")]
@@ -42,8 +42,8 @@ pub enum SpawnError {
     Nul,
 }
 
-fn sys(what: &'static str) -> impl FnOnce(nix::Error) -> SpawnError {
-    move |source| SpawnError::Sys { what, source }
+fn sys(what: &'static str) -> impl FnOnce(nix::Error) -> AgentSpawnError {
+    move |source| AgentSpawnError::Sys { what, source }
 }
 
 /// A freshly cloned agent: its host pid and the read end of its readiness pipe.
@@ -52,7 +52,7 @@ pub struct SpawnedAgent {
     pub ready: OwnedFd,
 }
 
-fn pipe_cloexec() -> Result<(OwnedFd, OwnedFd), SpawnError> {
+fn pipe_cloexec() -> Result<(OwnedFd, OwnedFd), AgentSpawnError> {
     nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys("pipe2"))
 }
 
@@ -89,30 +89,31 @@ pub fn spawn_agent(
     log_file: &Path,
     netns: BorrowedFd<'_>,
     prepared: Prepared<'_>,
-) -> Result<SpawnedAgent, SpawnError> {
-    let exe = CString::new(agent_binary.as_os_str().as_bytes()).map_err(|_| SpawnError::Nul)?;
-    let dir = CString::new(sandbox_dir.as_os_str().as_bytes()).map_err(|_| SpawnError::Nul)?;
+) -> Result<SpawnedAgent, AgentSpawnError> {
+    let exe = CString::new(agent_binary.as_os_str().as_bytes()).map_err(|_| AgentSpawnError::Nul)?;
+    let dir = CString::new(sandbox_dir.as_os_str().as_bytes()).map_err(|_| AgentSpawnError::Nul)?;
     let mut argv_owned = vec![
-        CString::new("sandbox-mcp").map_err(|_| SpawnError::Nul)?,
-        CString::new("envd").map_err(|_| SpawnError::Nul)?,
-        CString::new("--sandbox-dir").map_err(|_| SpawnError::Nul)?,
+        CString::new("sandbox-mcp").map_err(|_| AgentSpawnError::Nul)?,
+        CString::new("envd").map_err(|_| AgentSpawnError::Nul)?,
+        CString::new("--sandbox-dir").map_err(|_| AgentSpawnError::Nul)?,
         dir,
-        CString::new("--ready-fd").map_err(|_| SpawnError::Nul)?,
-        CString::new(READY_FD.to_string()).map_err(|_| SpawnError::Nul)?,
+        CString::new("--ready-fd").map_err(|_| AgentSpawnError::Nul)?,
+        CString::new(READY_FD.to_string()).map_err(|_| AgentSpawnError::Nul)?,
     ];
     // (descriptor in the provider, its number in the agent), one per prepared resource.
     let mut passed = [(-1, READY_FD), (-1, DISK_FD), (-1, USERNS_FD)];
     for (slot, fd, flag) in [(1, prepared.disk, "--disk-fd"), (2, prepared.userns, "--userns-fd")] {
         if let Some(fd) = fd {
             passed[slot].0 = fd.as_raw_fd();
-            argv_owned.push(CString::new(flag).map_err(|_| SpawnError::Nul)?);
-            argv_owned.push(CString::new(passed[slot].1.to_string()).map_err(|_| SpawnError::Nul)?);
+            argv_owned.push(CString::new(flag).map_err(|_| AgentSpawnError::Nul)?);
+            argv_owned.push(CString::new(passed[slot].1.to_string()).map_err(|_| AgentSpawnError::Nul)?);
         }
     }
     // A minimal environment: the provider's own (which may hold its API key) never leaks in.
-    let mut env_owned = vec![CString::new(format!("PATH={}", super::envd::DEFAULT_PATH)).map_err(|_| SpawnError::Nul)?];
+    let mut env_owned =
+        vec![CString::new(format!("PATH={}", super::envd::DEFAULT_PATH)).map_err(|_| AgentSpawnError::Nul)?];
     if let Ok(filter) = std::env::var("RUST_LOG") {
-        env_owned.push(CString::new(format!("RUST_LOG={filter}")).map_err(|_| SpawnError::Nul)?);
+        env_owned.push(CString::new(format!("RUST_LOG={filter}")).map_err(|_| AgentSpawnError::Nul)?);
     }
     let mut argv: Vec<*const libc::c_char> = argv_owned.iter().map(|s| s.as_ptr()).collect();
     argv.push(std::ptr::null());
@@ -123,9 +124,9 @@ pub fn spawn_agent(
         .create(true)
         .append(true)
         .open(log_file)
-        .map_err(|source| SpawnError::Io { what: "open envd log", source })?;
+        .map_err(|source| AgentSpawnError::Io { what: "open envd log", source })?;
     let devnull =
-        std::fs::File::open("/dev/null").map_err(|source| SpawnError::Io { what: "open /dev/null", source })?;
+        std::fs::File::open("/dev/null").map_err(|source| AgentSpawnError::Io { what: "open /dev/null", source })?;
     let (sync_r, sync_w) = pipe_cloexec()?;
     let (ready_r, ready_w) = pipe_cloexec()?;
     let (log_fd, null_fd) = (log.as_raw_fd(), devnull.as_raw_fd());
@@ -170,7 +171,7 @@ pub fn spawn_agent(
             }
             // Nothing else crosses into the sandbox: everything past READY_FD is close-on-exec
             // except what was passed on purpose.
-            mark_inherited_fds_cloexec(READY_FD + 1);
+            super::fds::mark_inherited_fds_cloexec(READY_FD + 1);
             for (i, (_, target)) in passed.iter().enumerate() {
                 if high[i] >= 0 {
                     libc::fcntl(*target, libc::F_SETFD, 0);
@@ -186,31 +187,9 @@ pub fn spawn_agent(
     if let Err(source) = std::io::Write::write_all(&mut go, b"g") {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
-        return Err(SpawnError::Io { what: "start the sandbox agent", source });
+        return Err(AgentSpawnError::Io { what: "start the sandbox agent", source });
     }
     Ok(SpawnedAgent { pid, ready: ready_r })
-}
-
-/// Marks every descriptor from `first` up close-on-exec, so nothing the provider inherited or
-/// opened crosses into a sandbox (`close_range(CLOSE_RANGE_CLOEXEC)`, Linux >= 5.11; older
-/// kernels: `fcntl` over the descriptor range). Async-signal-safe: for use between fork and exec.
-pub fn mark_inherited_fds_cloexec(first: i32) {
-    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
-    // SAFETY: plain system calls on integers.
-    unsafe {
-        if libc::syscall(libc::SYS_close_range, first as libc::c_uint, libc::c_uint::MAX, CLOSE_RANGE_CLOEXEC) == 0 {
-            return;
-        }
-        let mut limit: libc::rlimit = std::mem::zeroed();
-        let max = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
-            limit.rlim_cur.min(1 << 20) as i32
-        } else {
-            1 << 16
-        };
-        for fd in first..max {
-            libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
-        }
-    }
 }
 
 /// Checks, in a throw-away child, that this process may create the namespaces and the overlay

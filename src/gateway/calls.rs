@@ -1,0 +1,138 @@
+//! One tool call from start to outcome: who is calling ([`CallContext`]: the
+//! tenant and the MCP session), the per-tenant call quota, and the one place
+//! where a failed call's [`ToolError`] becomes the sentence the agent reads —
+//! masked, logged (one line per call), counted in the metrics, and, when the
+//! provider reported its sandbox gone, that sandbox forgotten everywhere.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use http::request::Parts;
+use rmcp::Json;
+
+use super::auth::Tenant;
+use super::error::ToolError;
+use super::handler::Gateway;
+
+/// A tool result: structured value (plus its text copy), or an `isError` sentence.
+pub(crate) type ToolResult<T> = Result<Json<T>, String>;
+
+/// Who is calling: from the request's `Parts` (tenant set by the auth layer, session id header).
+#[derive(Debug)]
+pub(crate) struct CallContext {
+    pub tenant: String,
+    /// The MCP session (legacy protocol versions); None for sessionless 2026-07-28 requests.
+    pub session_id: Option<String>,
+    /// The sandbox this call acted on (for the log line).
+    sandbox: Mutex<Option<String>>,
+}
+
+impl CallContext {
+    pub(crate) fn set_sandbox(&self, sandbox_id: &str) {
+        if let Ok(mut slot) = self.sandbox.lock() {
+            *slot = Some(sandbox_id.to_string());
+        }
+    }
+
+    fn sandbox(&self) -> String {
+        self.sandbox.lock().ok().and_then(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// The session id for log lines ("-" when sessionless).
+    pub(crate) fn session_label(&self) -> &str {
+        self.session_id.as_deref().unwrap_or("-")
+    }
+
+    /// A sessionless context (2026-07-28 requests, the tasks bridge).
+    pub(crate) fn stateless(tenant: String) -> Self {
+        Self { tenant, session_id: None, sandbox: Mutex::new(None) }
+    }
+
+    /// A context in a legacy MCP session.
+    pub(crate) fn in_session(tenant: String, session_id: String) -> Self {
+        Self { tenant, session_id: Some(session_id), sandbox: Mutex::new(None) }
+    }
+}
+
+impl Gateway {
+    /// The tenant and session of the current call; refuses calls outside a live session of the tenant
+    /// (the refusal already is the agent's sentence, logged).
+    pub(crate) fn call_context(&self, tool: &'static str, parts: &Parts) -> Result<CallContext, String> {
+        self.caller(parts).map_err(|err| self.fail(tool, None, None, err))
+    }
+
+    fn caller(&self, parts: &Parts) -> Result<CallContext, ToolError> {
+        let tenant = parts.extensions.get::<Tenant>().map(|t| t.0.clone()).ok_or(ToolError::NoTenant)?;
+        if super::generation::is_stateless_request(parts) {
+            return Ok(CallContext::stateless(tenant));
+        }
+        let session_id = parts.headers.get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_string);
+        let session_id = session_id.ok_or(ToolError::NeedsSession)?;
+        self.core.sessions.with_session(&session_id, &tenant, |_| ())?;
+        Ok(CallContext::in_session(tenant, session_id))
+    }
+
+    /// Runs a tool body under the tenant's call quota and logs one line with its outcome.
+    pub(crate) async fn logged<T>(
+        &self,
+        tool: &'static str,
+        call: &CallContext,
+        body: impl Future<Output = Result<T, ToolError>>,
+    ) -> ToolResult<T> {
+        let started = Instant::now();
+        let result = match self.core.quotas.start_call(&call.tenant) {
+            Ok(_permit) => body.await,
+            Err(refusal) => Err(refusal.into()),
+        };
+        let elapsed = started.elapsed();
+        match result {
+            Ok(value) => {
+                self.core.metrics.record_tool_call(tool, true, Some(elapsed)); // ops (metrics)
+                let duration_ms = duration_ms(elapsed);
+                // Every client-supplied value that reaches the log is masked (a secret pasted as sandbox_id).
+                let sandbox = call.sandbox();
+                let sandbox = self.core.masker.mask(&sandbox);
+                tracing::info!(tool, session = %call.session_label(), tenant = %call.tenant,
+                    sandbox = %sandbox, duration_ms, outcome = "ok", "tool call");
+                Ok(Json(value))
+            }
+            Err(err) => Err(self.fail(tool, Some(call), Some(elapsed), err)),
+        }
+    }
+
+    /// The one place a failed call becomes a sentence: the sandbox the provider reported gone is
+    /// forgotten, the failure counted, the sentence masked (it may quote arguments, paths and
+    /// provider messages) and logged, and returned for the agent.
+    pub(crate) fn fail(
+        &self,
+        tool: &'static str,
+        call: Option<&CallContext>,
+        elapsed: Option<Duration>,
+        err: ToolError,
+    ) -> String {
+        if let Some(sandbox_id) = err.gone_sandbox() {
+            self.core.forget_sandbox(sandbox_id);
+        }
+        if let Some(op) = err.provider_op() {
+            self.core.metrics.record_provider_error(op); // ops (metrics)
+        }
+        self.core.metrics.record_tool_call(tool, false, elapsed); // ops (metrics)
+        let sentence = self.core.masker.mask(&err.to_string()).into_owned();
+        match call {
+            Some(call) => {
+                let sandbox = call.sandbox();
+                let sandbox = self.core.masker.mask(&sandbox);
+                let duration_ms = elapsed.map_or(0.0, duration_ms);
+                tracing::info!(tool, session = %call.session_label(), tenant = %call.tenant,
+                    sandbox = %sandbox, duration_ms, outcome = "error", error = %sentence, "tool call");
+            }
+            None => tracing::info!(tool, outcome = "error", error = %sentence, "tool call"),
+        }
+        sentence
+    }
+}
+
+/// Milliseconds with one decimal, for log lines.
+fn duration_ms(elapsed: Duration) -> f64 {
+    (elapsed.as_secs_f64() * 10_000.0).round() / 10.0
+}

@@ -1,0 +1,212 @@
+//! State shared by every session's handler ([`GatewayCore`]): the provider
+//! client, the session registry, the masker, quotas, metrics, the task
+//! service; the bookkeeping of sandbox deadlines (renew on use) and of
+//! sandboxes checked for sessionless callers; and the session-end hook that
+//! kills a session's owned, unretained sandboxes.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio_util::task::TaskTracker;
+
+use super::drain::InFlight;
+use super::metrics::GatewayMetrics;
+use super::sessions::{EndReason, SessionEndHook, SessionRegistry, SessionState};
+use crate::config::Config;
+use crate::e2b::{E2bClient, E2bError, wire};
+use crate::masking::Masker;
+use crate::tasks::service::TaskService;
+
+/// At most one timeout renewal per sandbox per this interval.
+const RENEW_MIN_INTERVAL: Duration = Duration::from_secs(10);
+/// Bound on each kill during session cleanup.
+const CLEANUP_KILL_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// State shared by every session's handler.
+pub struct GatewayCore {
+    pub config: Arc<Config>,
+    pub provider: E2bClient,
+    pub sessions: Arc<SessionRegistry>,
+    pub masker: Masker,
+    pub in_flight: InFlight,
+    pub shutting_down: AtomicBool,
+    /// Prometheus metrics (ops).
+    pub metrics: Arc<GatewayMetrics>,
+    /// Task tools' service: supervisor install cache and page masking (same secrets as `masker`).
+    pub tasks: TaskService,
+    /// Per-tenant limits (`[limits]`).
+    pub quotas: Arc<super::quotas::TenantQuotas>,
+    /// Session cleanups under way (awaited on shutdown).
+    pub cleanups: TaskTracker,
+    /// Renewal bookkeeping per sandbox (shared with session cleanups, which forget killed ones).
+    renewals: Arc<Renewals>,
+    /// Sandboxes checked for sessionless (2026-07-28) callers: sandbox id -> (tenant, connection info).
+    stateless_verified: Mutex<HashMap<String, (String, wire::Sandbox)>>,
+    /// Key binding MCP task ids to their tenant (see `mcp_tasks`).
+    pub(crate) task_key: super::mcp_tasks::TaskIdKey,
+}
+
+/// Most sandboxes remembered for sessionless callers (the cache is cleared when full).
+const STATELESS_CACHE_MAX: usize = 4096;
+
+/// sandbox id -> (last renewal by us, deadline we believe it has).
+type Renewals = Mutex<HashMap<String, (Option<Instant>, SystemTime)>>;
+
+/// Forgets a sandbox that no longer exists: in every session, and its renewal record.
+fn forget_sandbox_in(sessions: &SessionRegistry, renewals: &Renewals, sandbox_id: &str) {
+    sessions.forget_everywhere(sandbox_id);
+    if let Ok(mut map) = renewals.lock() {
+        map.remove(sandbox_id);
+    }
+}
+
+impl GatewayCore {
+    pub fn new(
+        config: Arc<Config>,
+        provider: E2bClient,
+        sessions: Arc<SessionRegistry>,
+        masker: Masker,
+        task_key: super::mcp_tasks::TaskIdKey,
+    ) -> Self {
+        let metrics = Arc::new(GatewayMetrics::new(Arc::clone(&sessions)));
+        let tasks = TaskService::new(masker.clone());
+        let quotas = super::quotas::TenantQuotas::new(config.limits.clone());
+        Self {
+            tasks,
+            quotas,
+            config,
+            provider,
+            sessions,
+            metrics,
+            masker,
+            in_flight: InFlight::default(),
+            shutting_down: AtomicBool::new(false),
+            cleanups: TaskTracker::new(),
+            renewals: Arc::default(),
+            stateless_verified: Mutex::default(),
+            task_key,
+        }
+    }
+
+    /// A sandbox already checked for this tenant by a sessionless call.
+    pub(crate) fn stateless_cached(&self, tenant: &str, sandbox_id: &str) -> Option<wire::Sandbox> {
+        let map = self.stateless_verified.lock().ok()?;
+        map.get(sandbox_id).filter(|(t, _)| t == tenant).map(|(_, s)| s.clone())
+    }
+
+    pub(crate) fn stateless_remember(&self, tenant: &str, sandbox: &wire::Sandbox) {
+        if let Ok(mut map) = self.stateless_verified.lock() {
+            if map.len() >= STATELESS_CACHE_MAX {
+                map.clear();
+            }
+            map.insert(sandbox.sandbox_id.clone(), (tenant.to_string(), sandbox.clone()));
+        }
+    }
+
+    pub(crate) fn deployment(&self) -> &str {
+        &self.config.provider.deployment
+    }
+
+    /// Records the deadline a sandbox was created or renewed with.
+    pub(crate) fn note_deadline(&self, sandbox_id: &str, deadline: SystemTime) {
+        if let Ok(mut map) = self.renewals.lock() {
+            map.entry(sandbox_id.to_string()).or_insert((None, deadline)).1 = deadline;
+        }
+    }
+
+    /// The deadline we believe a sandbox has (from its creation, renewal or last look-up).
+    pub(crate) fn known_deadline(&self, sandbox_id: &str) -> Option<SystemTime> {
+        self.renewals.lock().ok()?.get(sandbox_id).map(|(_, deadline)| *deadline)
+    }
+
+    /// Extends a sandbox's deadline to now + `renew_on_use_secs` in the background (best effort,
+    /// at most once per 10 s per sandbox, never shortening a deadline we know to be later).
+    pub(crate) fn renew_on_use(self: &Arc<Self>, sandbox_id: &str) {
+        let secs = self.config.sandbox.renew_on_use_secs;
+        if secs == 0 {
+            return;
+        }
+        let wanted = SystemTime::now() + Duration::from_secs(secs);
+        {
+            let Ok(mut map) = self.renewals.lock() else { return };
+            if let Some((last, deadline)) = map.get(sandbox_id)
+                && (last.is_some_and(|t| t.elapsed() < RENEW_MIN_INTERVAL) || *deadline >= wanted)
+            {
+                return;
+            }
+            map.insert(sandbox_id.to_string(), (Some(Instant::now()), wanted));
+        }
+        let core = Arc::clone(self);
+        let id = sandbox_id.to_string();
+        tokio::spawn(async move {
+            if let Err(err) = core.provider.set_timeout(&id, secs).await {
+                tracing::debug!(sandbox = %id, error = %err, "timeout renewal failed (best effort)");
+            }
+        });
+    }
+
+    pub(crate) fn forget_sandbox(&self, sandbox_id: &str) {
+        forget_sandbox_in(&self.sessions, &self.renewals, sandbox_id);
+        if let Ok(mut map) = self.stateless_verified.lock() {
+            map.remove(sandbox_id);
+        }
+    }
+
+    /// Kills a sandbox the caller is allowed to kill, and forgets it everywhere.
+    pub(crate) async fn kill_and_forget(&self, sandbox_id: &str) -> Result<bool, E2bError> {
+        let killed = self.provider.kill_sandbox(sandbox_id).await?;
+        self.forget_sandbox(sandbox_id);
+        Ok(killed)
+    }
+
+    /// Ends every remaining session (server shutdown) and waits, bounded, for their cleanups.
+    pub async fn end_all_sessions(&self, timeout: Duration) {
+        if self.sessions.store().is_some() {
+            // Sessions live on in Redis: another replica (or this one restarted) continues them.
+            let left = self.sessions.take_all().len();
+            tracing::info!(sessions = left, "sessions left in Redis for the other replicas");
+        }
+        for (id, state) in self.sessions.take_all() {
+            self.session_ended(id, state, EndReason::Shutdown);
+        }
+        self.cleanups.close();
+        if tokio::time::timeout(timeout, self.cleanups.wait()).await.is_err() {
+            tracing::warn!("session cleanup did not finish within {timeout:?}; some sandboxes may outlive the gateway");
+        }
+    }
+}
+
+impl SessionEndHook for GatewayCore {
+    fn session_ended(&self, session_id: String, state: SessionState, reason: EndReason) {
+        let to_kill: Vec<String> = state.owned.difference(&state.retained).cloned().collect();
+        let retained: Vec<String> = state.retained.iter().cloned().collect();
+        let connected: Vec<String> = state.verified.keys().filter(|id| !state.owned.contains(*id)).cloned().collect();
+        let tenant = state.tenant.clone().unwrap_or_default();
+        if to_kill.is_empty() {
+            tracing::info!(session = %session_id, tenant = %tenant, reason = reason.as_str(), ?retained,
+                kept_not_owned = ?connected, "session ended; nothing to kill");
+            return;
+        }
+        let provider = self.provider.clone();
+        let registry = Arc::clone(&self.sessions);
+        let renewals = Arc::clone(&self.renewals);
+        self.cleanups.spawn(async move {
+            let mut killed = Vec::new();
+            let mut failed = Vec::new();
+            for id in &to_kill {
+                match tokio::time::timeout(CLEANUP_KILL_TIMEOUT, provider.kill_sandbox(id)).await {
+                    Ok(Ok(_)) => killed.push(id.clone()),
+                    Ok(Err(err)) if err.is_sandbox_gone() => killed.push(id.clone()),
+                    Ok(Err(err)) => failed.push(format!("{id}: {err}")),
+                    Err(_) => failed.push(format!("{id}: timed out")),
+                }
+                forget_sandbox_in(&registry, &renewals, id);
+            }
+            tracing::info!(session = %session_id, tenant = %tenant, reason = reason.as_str(), ?killed, ?failed,
+                kept_retained = ?retained, kept_not_owned = ?connected,
+                "session ended; killed its owned sandboxes (retained ones kept: tasks were started in them)");
+        });
+    }
+}
