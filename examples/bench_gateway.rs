@@ -5,8 +5,10 @@
 //! Measures, against a real `sandbox-mcp provider` and a real `sandbox-mcp serve`:
 //! 1. gateway overhead: p50 of `run_command "true"` through MCP minus p50 of the same
 //!    command (`/bin/bash -l -c true`, same user, same sandbox) through the provider client
-//!    directly, for a legacy session and for MCP 2026-07-28 (target <= 0.5 ms each), the three
-//!    paths interleaved sample by sample; the gateway's CPU time per call on each path; the
+//!    directly, for a legacy session and for MCP 2026-07-28 (target <= 0.5 ms each), both driven by
+//!    the same raw HTTP client (one keep-alive connection; the legacy SSE answer read to its end), and
+//!    for a legacy session through rmcp's client (whose own tasks and channels add to the figure),
+//!    the paths interleaved sample by sample; the gateway's CPU time per call on each path; the
 //!    client-side p50 with the official Python SDK v2 in both generations
 //!    (`$SANDBOX_MCP_PYTHON_V2`). `BENCH_GATEWAY_ONLY=latency` stops after this part;
 //! 2. tool calls per second with 32 concurrent MCP sessions;
@@ -52,16 +54,92 @@ async fn mcp_client(url: &str) -> anyhow::Result<McpClient> {
     try_connect(url, None).await
 }
 
-/// The three ways `run_command "true"` is measured.
+/// The ways `run_command "true"` is measured.
 #[derive(Clone, Copy)]
 enum Path {
     Direct = 0,
+    /// A legacy session driven by raw HTTP (one keep-alive connection, the SSE answer read to its end),
+    /// like the 2026-07-28 path: what the gateway adds.
     Legacy = 1,
     Stateless = 2,
+    /// A legacy session through rmcp's client (its own tasks and channels included).
+    LegacyRmcp = 3,
 }
 
 impl Path {
-    const ALL: [Path; 3] = [Path::Direct, Path::Legacy, Path::Stateless];
+    const ALL: [Path; 4] = [Path::Direct, Path::Legacy, Path::Stateless, Path::LegacyRmcp];
+}
+
+/// A legacy-session `tools/call` of `run_command "true"` (raw JSON-RPC over one keep-alive connection).
+struct LegacyCaller {
+    http: reqwest::Client,
+    url: String,
+    session: String,
+    next_id: u64,
+}
+
+impl LegacyCaller {
+    /// Opens a session (initialize, initialized) and makes `sandbox_id` its default sandbox.
+    async fn open(url: &str, sandbox_id: &str) -> anyhow::Result<Self> {
+        let http = reqwest::Client::new();
+        let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}}});
+        let response =
+            http.post(url).header("Accept", "application/json, text/event-stream").json(&init).send().await?;
+        let session = response
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .context("no session id")?
+            .to_string();
+        response.bytes().await?;
+        let mut caller = Self { http, url: url.to_string(), session, next_id: 1 };
+        caller.post(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await?;
+        let connect = json!({"name": "connect_sandbox", "arguments": {"sandbox_id": sandbox_id}});
+        caller.request("tools/call", connect).await?;
+        Ok(caller)
+    }
+
+    async fn post(&self, body: serde_json::Value) -> anyhow::Result<bytes::Bytes> {
+        let response = self
+            .http
+            .post(&self.url)
+            .header("Content-Type", "application/json")
+            .header("Accept", "application/json, text/event-stream")
+            .header("Mcp-Session-Id", &self.session)
+            .header("MCP-Protocol-Version", "2025-11-25")
+            .body(body.to_string())
+            .send()
+            .await?;
+        Ok(response.bytes().await?)
+    }
+
+    /// One request; the result of its answer (the SSE event carrying it).
+    async fn request(&mut self, method: &str, params: serde_json::Value) -> anyhow::Result<serde_json::Value> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let body = self.post(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).await?;
+        let text = std::str::from_utf8(&body)?;
+        for data in text.lines().filter_map(|l| l.strip_prefix("data:")) {
+            let message: serde_json::Value = match serde_json::from_str(data.trim()) {
+                Ok(message) => message,
+                Err(_) => continue,
+            };
+            if message["id"] == id {
+                return Ok(message["result"].clone());
+            }
+        }
+        bail!("no answer to {method} in {text:?}")
+    }
+
+    async fn call(&mut self) -> anyhow::Result<()> {
+        let result =
+            self.request("tools/call", json!({"name": "run_command", "arguments": {"command": "true"}})).await?;
+        if result["structuredContent"]["exit_code"] != 0 {
+            bail!("legacy run_command failed: {result}");
+        }
+        Ok(())
+    }
 }
 
 /// A 2026-07-28 `tools/call` of `run_command "true"` (raw JSON-RPC over one keep-alive connection).
@@ -109,6 +187,7 @@ struct CallPaths<'a> {
     options: &'a CallOptions,
     limits: OutputLimits,
     client: &'a McpClient,
+    legacy: LegacyCaller,
     stateless: StatelessCaller,
 }
 
@@ -118,7 +197,8 @@ impl CallPaths<'_> {
             Path::Direct => {
                 self.envd.run(self.request, self.options, self.limits).await?;
             }
-            Path::Legacy => {
+            Path::Legacy => self.legacy.call().await?,
+            Path::LegacyRmcp => {
                 tool(self.client, "run_command", json!({"command": "true"})).await?;
             }
             Path::Stateless => self.stateless.call().await?,
@@ -216,26 +296,28 @@ async fn main() -> anyhow::Result<()> {
     let options = CallOptions::user("user").with_timeout(Duration::from_secs(60));
     let limits = OutputLimits { max_stdout: 65536, max_stderr: 65536 };
     let stateless = StatelessCaller::new(&url, &sandbox_id);
-    let mut paths = CallPaths { envd: &envd, request: &request, options: &options, limits, client: &client, stateless };
+    let legacy = LegacyCaller::open(&url, &sandbox_id).await?;
+    let mut paths =
+        CallPaths { envd: &envd, request: &request, options: &options, limits, client: &client, legacy, stateless };
     for path in Path::ALL {
         for _ in 0..20 {
             paths.call(path).await?;
         }
     }
-    let mut samples: [Vec<f64>; 3] = Default::default();
+    let mut samples: [Vec<f64>; 4] = Default::default();
     for round in 0..LATENCY_SAMPLES {
-        for k in 0..3 {
-            let path = Path::ALL[(round + k) % 3];
+        for k in 0..Path::ALL.len() {
+            let path = Path::ALL[(round + k) % Path::ALL.len()];
             let started = Instant::now();
             paths.call(path).await?;
             samples[path as usize].push(started.elapsed().as_secs_f64() * 1000.0);
         }
     }
-    let [direct_p50, legacy_p50, stateless_p50] = samples.each_mut().map(|s| p50(s));
+    let [direct_p50, legacy_p50, stateless_p50, legacy_rmcp_p50] = samples.each_mut().map(|s| p50(s));
     // CPU time the gateway (and the provider) spend per call, from their threads' schedstat: unlike
     // latency, barely affected by other processes on the machine.
     let (gateway_pid, provider_pid) = (gateway.pid(), provider.pid());
-    let mut cpu = [(0.0, 0.0); 3];
+    let mut cpu = [(0.0, 0.0); 4];
     for path in Path::ALL {
         let (g0, p0) = (cpu_ns(gateway_pid), cpu_ns(provider_pid));
         for _ in 0..CPU_SAMPLES {
@@ -247,7 +329,8 @@ async fn main() -> anyhow::Result<()> {
     let met = |overhead: f64| if overhead <= 0.5 { "met" } else { "NOT met" };
     println!(
         "run_command \"true\" p50 ({LATENCY_SAMPLES} interleaved samples each): direct {direct_p50:.3} ms, \
-         legacy MCP session {legacy_p50:.3} ms, MCP 2026-07-28 {stateless_p50:.3} ms"
+         legacy MCP session {legacy_p50:.3} ms, MCP 2026-07-28 {stateless_p50:.3} ms (raw HTTP clients); \
+         legacy session through rmcp's client {legacy_rmcp_p50:.3} ms"
     );
     for (name, path_p50, path) in
         [("legacy session", legacy_p50, Path::Legacy), ("2026-07-28 (sessionless)", stateless_p50, Path::Stateless)]
@@ -260,6 +343,12 @@ async fn main() -> anyhow::Result<()> {
             met(overhead)
         );
     }
+    println!(
+        "legacy session through rmcp's client: {:.3} ms p50 over the direct call (the client's own tasks and \
+         channels included); gateway CPU {:.3} ms per call",
+        legacy_rmcp_p50 - direct_p50,
+        cpu[Path::LegacyRmcp as usize].0
+    );
     println!("provider CPU per direct call: {:.3} ms", cpu[Path::Direct as usize].1);
     python_client_latency(&url, &sandbox_id);
     drop(paths);

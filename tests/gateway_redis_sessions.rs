@@ -8,7 +8,9 @@
 
 mod common;
 
-use std::process::Command;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::redis_server::Redis;
@@ -278,5 +280,277 @@ fn redis_outage_fails_readiness_and_calls_retryably_then_recovers() {
         assert_eq!(out["stdout"].as_str().map(str::trim), Some("back"));
         close(client).await;
         assert!(wait_gone(&provider.inner.client(), &a, Duration::from_secs(20)).await);
+    });
+}
+
+/// Writes the rolling-update balancer's control file atomically (the Python side reads it every 100 ms).
+fn write_control(path: &std::path::Path, backends: &[&Gateway], done: bool) {
+    let text = json!({ "backends": backends.iter().map(|r| r.base()).collect::<Vec<_>>(), "done": done });
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text.to_string()).expect("write control");
+    std::fs::rename(&tmp, path).expect("rename control");
+}
+
+#[test]
+fn python_client_keeps_its_session_through_a_rolling_update() {
+    let python = require_env!("SANDBOX_MCP_PYTHON", "a python with mcp==1.30.0");
+    require_root!();
+    let Some(redis) = start_redis() else { return };
+    let provider = CountingProvider::start();
+    let prefix = unique_prefix("roll");
+    let config = redis_config(&redis, &prefix, 120);
+    let mut r1 = replica(&provider, &config);
+    let r2 = replica(&provider, &config);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let control = dir.path().join("control.json");
+    write_control(&control, &[&r1, &r2], false);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/redis_rolling_update.py");
+    let mut child = Command::new(python)
+        .arg(script)
+        .arg(&control)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run python");
+    let out = Arc::new(Mutex::new(String::new()));
+    let err = Arc::new(Mutex::new(String::new()));
+    for (pipe, sink) in [
+        (Box::new(child.stdout.take().expect("stdout")) as Box<dyn std::io::Read + Send>, Arc::clone(&out)),
+        (Box::new(child.stderr.take().expect("stderr")), Arc::clone(&err)),
+    ] {
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                let mut text = sink.lock().unwrap();
+                text.push_str(&line);
+                text.push('\n');
+            }
+        });
+    }
+    let output = || format!("stdout:\n{}\nstderr:\n{}", out.lock().unwrap(), err.lock().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !out.lock().unwrap().contains("READY\n") {
+        assert!(Instant::now() < deadline, "the client did not start calling\n{}", output());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let sandbox =
+        out.lock().unwrap().lines().find_map(|l| l.strip_prefix("SANDBOX ")).expect("sandbox id").trim().to_string();
+    std::thread::sleep(Duration::from_secs(1));
+
+    // The rolling update: a new process comes up, then the old one gets SIGTERM (and hands its sessions over).
+    let r3 = replica(&provider, &config);
+    write_control(&control, &[&r1, &r3, &r2], false);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(r1.shutdown(), "replica 1 did not shut down cleanly\n{}", r1.log_text());
+    write_control(&control, &[&r3, &r2], false);
+    std::thread::sleep(Duration::from_secs(3));
+    let logs = || format!("r1:\n{}\nr2:\n{}\nr3:\n{}", r1.log_text(), r2.log_text(), r3.log_text());
+    assert_eq!(provider.kills(&sandbox), 0, "the rolling update killed the session's sandbox\n{}", logs());
+    assert!(r1.log_text().contains("sessions left in Redis"), "{}", logs());
+    assert_eq!(session_ids(&redis, &prefix).len(), 1, "the session is still in Redis");
+
+    write_control(&control, &[&r3, &r2], true);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait python") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the client did not finish\n{}\n{}", output(), logs());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let stdout = out.lock().unwrap().clone();
+    println!("{stdout}");
+    assert!(status.success(), "the client saw an error\n{}\n{}", output(), logs());
+    let summary = stdout.lines().last().unwrap_or_default();
+    assert!(summary.ends_with(" passed, 0 failed") && !summary.starts_with("0 passed"), "{summary}");
+    let backends = stdout.lines().find_map(|l| l.strip_prefix("BACKENDS ")).unwrap_or_default();
+    assert!(backends.contains(&r1.base()) && backends.contains(&r3.base()), "moved from r1 to r3: {backends}");
+    // The client's DELETE at the end killed the sandbox, once.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        assert!(wait_gone(&provider.inner.client(), &sandbox, Duration::from_secs(20)).await, "{}", logs());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    });
+    assert_eq!(provider.kills(&sandbox), 1, "{}", logs());
+}
+
+/// A legacy session opened with raw HTTP: its id (initialize + initialized done).
+async fn raw_session(http: &reqwest::Client, url: &str, token: Option<&str>) -> String {
+    let mut init = http
+        .post(url)
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}));
+    if let Some(token) = token {
+        init = init.bearer_auth(token);
+    }
+    let init = init.send().await.unwrap();
+    assert!(init.status().is_success(), "initialize: {}", init.status());
+    let session = init.headers().get("mcp-session-id").expect("session id").to_str().unwrap().to_string();
+    let _ = init.bytes().await;
+    let mut done =
+        raw_post(http, url, &session, token, json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    done = done.header("accept", "application/json, text/event-stream");
+    assert!(done.send().await.unwrap().status().is_success());
+    session
+}
+
+fn raw_post(
+    http: &reqwest::Client,
+    url: &str,
+    session: &str,
+    token: Option<&str>,
+    body: serde_json::Value,
+) -> reqwest::RequestBuilder {
+    let mut request = http
+        .post(url)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-session-id", session)
+        .header("mcp-protocol-version", "2025-11-25")
+        .json(&body);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    request
+}
+
+/// A tool call in a session; returns the SSE text of its answer.
+async fn raw_call(
+    http: &reqwest::Client,
+    url: &str,
+    session: &str,
+    id: u64,
+    tool: &str,
+    args: serde_json::Value,
+) -> String {
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": tool, "arguments": args}});
+    let response = raw_post(http, url, session, None, body).send().await.unwrap();
+    assert!(response.status().is_success(), "{tool}: {}", response.status());
+    response.text().await.unwrap()
+}
+
+/// `GET /mcp` with `Last-Event-ID` in `session`: the replayed SSE text (whatever arrives within 5 s).
+async fn replay(http: &reqwest::Client, url: &str, session: &str, last_event_id: &str) -> String {
+    let response = http
+        .get(url)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", session)
+        .header("mcp-protocol-version", "2025-11-25")
+        .header("last-event-id", last_event_id)
+        .send()
+        .await
+        .unwrap();
+    let mut response = response;
+    let mut text = String::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Ok(Some(chunk)) = response.chunk().await {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    })
+    .await;
+    text
+}
+
+#[test]
+fn last_event_id_replay_is_bound_to_its_session() {
+    require_root!();
+    let Some(redis) = start_redis() else { return };
+    let provider = CountingProvider::start();
+    let config = redis_config(&redis, &unique_prefix("replay"), 120);
+    let r1 = replica(&provider, &config);
+    let r2 = replica(&provider, &config);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let http = reqwest::Client::new();
+        let a = raw_session(&http, &r1.mcp_url(), None).await;
+        let b = raw_session(&http, &r1.mcp_url(), None).await;
+        let created = raw_call(&http, &r1.mcp_url(), &a, 2, "create_sandbox", json!({})).await;
+        assert!(created.contains("sandbox_id"), "{created}");
+        let answer = raw_call(&http, &r1.mcp_url(), &a, 3, "run_command", json!({"command": "echo secret-of-a"})).await;
+        assert!(answer.contains("secret-of-a"), "{answer}");
+        // The request stream's first event (priming) is where a client resumes from after a break.
+        let first_id = answer
+            .lines()
+            .find_map(|l| l.strip_prefix("id:"))
+            .map(|id| id.trim().to_string())
+            .unwrap_or_else(|| panic!("no event id in {answer:?}"));
+        for replica in [&r1, &r2] {
+            // Session A resumes its own stream (on either replica) and gets its result...
+            let own = replay(&http, &replica.mcp_url(), &a, &first_id).await;
+            assert!(own.contains("secret-of-a"), "A's own replay on {}: {own:?}", replica.base());
+            // ...session B presenting A's event id gets none of it.
+            let foreign = replay(&http, &replica.mcp_url(), &b, &first_id).await;
+            assert!(!foreign.contains("secret-of-a") && !foreign.contains("result"), "B got A's events: {foreign:?}");
+            let common = replay(&http, &replica.mcp_url(), &b, &format!("{a}:common#0-0")).await;
+            assert!(!common.contains("data: {"), "B got A's standalone stream: {common:?}");
+        }
+        let log = format!("{}{}", r1.log_text(), r2.log_text());
+        assert!(log.contains("Last-Event-ID names a stream of another session"), "{log}");
+        for session in [&a, &b] {
+            let _ = http.delete(r1.mcp_url()).header("mcp-session-id", session.as_str()).send().await;
+        }
+    });
+}
+
+/// The idle deadline of a session in Redis (ms).
+fn deadline_of(redis: &Redis, prefix: &str, session: &str) -> u64 {
+    redis.cli(&["ZSCORE", &format!("{prefix}:expiry"), session]).trim().parse().unwrap_or(0)
+}
+
+#[test]
+fn a_request_that_fails_auth_neither_refreshes_nor_reads_a_session() {
+    require_root!();
+    let Some(redis) = start_redis() else { return };
+    let provider = CountingProvider::start();
+    let prefix = unique_prefix("authfirst");
+    let (acme, beta) = ("acme-token-0123456789abcdef", "beta-token-0123456789abcdef");
+    let config = format!(
+        "{}[auth]\ntokens = [ {{ tenant = \"acme\", sha256 = \"{}\" }}, {{ tenant = \"beta\", sha256 = \"{}\" }} ]\n",
+        redis_config(&redis, &prefix, 120),
+        sha256_hex(acme),
+        sha256_hex(beta)
+    );
+    let r1 = replica(&provider, &config);
+    let r2 = replica(&provider, &config);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let http = reqwest::Client::new();
+        let session = raw_session(&http, &r1.mcp_url(), Some(acme)).await;
+        let list = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+            "params": {"name": "list_sandboxes", "arguments": {}}});
+        let before = deadline_of(&redis, &prefix, &session);
+        assert!(before > 0, "session deadline in Redis");
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        // r2 has never seen the session (nothing cached): Redis alone must refuse.
+        for replica in [&r2, &r1] {
+            let anonymous = raw_post(&http, &replica.mcp_url(), &session, None, list.clone()).send().await.unwrap();
+            assert_eq!(anonymous.status().as_u16(), 401, "no token");
+            let wrong = raw_post(&http, &replica.mcp_url(), &session, Some("not-a-token"), list.clone());
+            assert_eq!(wrong.send().await.unwrap().status().as_u16(), 401, "bad token");
+            let other = raw_post(&http, &replica.mcp_url(), &session, Some(beta), list.clone()).send().await.unwrap();
+            assert_eq!(other.status().as_u16(), 404, "another tenant's token");
+            let body = other.text().await.unwrap();
+            assert!(!body.contains("sandboxes"), "{body}");
+            let stream = http
+                .get(replica.mcp_url())
+                .bearer_auth(beta)
+                .header("accept", "text/event-stream")
+                .header("mcp-session-id", &session)
+                .header("mcp-protocol-version", "2025-11-25")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(stream.status().as_u16(), 404, "another tenant's GET");
+        }
+        assert_eq!(deadline_of(&redis, &prefix, &session), before, "a refused request moved the idle deadline");
+        // The session's own tenant, on the replica that never saw it: served, and the deadline moves.
+        let own = raw_post(&http, &r2.mcp_url(), &session, Some(acme), list).send().await.unwrap();
+        assert!(own.status().is_success(), "{}", own.status());
+        assert!(own.text().await.unwrap().contains("sandboxes"));
+        assert!(deadline_of(&redis, &prefix, &session) > before, "the owner's request refreshes the deadline");
+        let _ = http.delete(r1.mcp_url()).bearer_auth(acme).header("mcp-session-id", &session).send().await;
     });
 }

@@ -21,6 +21,11 @@ use crate::config::TokenEntry;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tenant(pub String);
 
+/// The principal of the current request (static token's tenant, or OAuth issuer + subject), in request
+/// extensions beside `Tenant`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal(pub String);
+
 /// Tenant used when auth is off.
 pub const DEFAULT_TENANT: &str = "default";
 
@@ -131,6 +136,7 @@ pub async fn require_tenant(State(state): State<AuthState>, mut request: Request
     }
 
     request.extensions_mut().insert(Tenant(tenant.clone()));
+    request.extensions_mut().insert(Principal(principal.clone()));
     let response = next.run(request).await;
     if session_id.is_none()
         && let Some(new_id) = response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok())

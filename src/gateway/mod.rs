@@ -7,6 +7,7 @@ pub mod auth;
 pub mod calls;
 pub mod drain;
 pub mod error;
+pub mod event_log;
 pub mod exec_tools;
 pub mod file_tools;
 pub mod generation;

@@ -1,16 +1,17 @@
 //! Legacy MCP sessions in Redis (`[sessions] store = "redis://…"`): the
 //! connection pool, rmcp's `SessionStore` (the `initialize` parameters a
-//! replica replays to take over a session) and `EventStore` (the SSE event
-//! log behind `Last-Event-ID`), our per-session records (tenant, principal,
-//! default sandbox, owned and retained sets), idle expiry and the cleanup
-//! lease that makes session-end cleanup run exactly once across replicas.
+//! replica replays to take over a session), our per-session records (tenant,
+//! principal, default sandbox, owned and retained sets), idle expiry and the
+//! cleanup lease that makes session-end cleanup run exactly once across
+//! replicas. The SSE event log (rmcp's `EventStore`) is `event_log.rs`.
 //!
 //! Keys (all under `key_prefix`): `:expiry` (sorted set: session id → idle
 //! deadline in ms), `:s:<id>` (hash: tenant, principal, default), `:s:<id>:owned`
 //! and `:s:<id>:retained` (sets), `:s:<id>:init` (rmcp state, JSON),
 //! `:s:<id>:lease` (the replica cleaning the session up), `:ev:<stream>`
-//! (Redis stream of SSE events). Every call is bounded by `timeout_ms`;
-//! every multi-key change is one Lua script (atomic, never half-written).
+//! (Redis stream of SSE events) and `:ev:<stream>:owner` (its session).
+//! Every call is bounded by `timeout_ms`; every multi-key change is one Lua
+//! script (atomic, never half-written).
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,19 +19,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, IntoConnectionInfo, Script};
-use rmcp::model::ServerJsonRpcMessage;
 use rmcp::transport::streamable_http_server::session::{
-    EventId, EventStore, EventStoreError, EventStream, ServerSseMessage, SessionState as RmcpSessionState,
-    SessionStore, SessionStoreError,
+    SessionState as RmcpSessionState, SessionStore, SessionStoreError,
 };
-use serde::{Deserialize, Serialize};
+
+use super::event_log::EventWriter;
 
 use crate::config::SessionsConfig;
-
-/// Events kept per SSE stream (older ones are trimmed).
-const MAX_EVENTS_PER_STREAM: usize = 1000;
-/// How often a replay polls for events another replica appends to a live request stream.
-const REPLAY_POLL: Duration = Duration::from_millis(100);
 
 /// Errors of the Redis session store (all retryable by the client).
 #[derive(Debug, Clone, thiserror::Error)]
@@ -86,11 +81,14 @@ impl RecordDiff {
     }
 }
 
-/// Refreshes a live session's idle deadline and returns its record; nil if unknown, expired or being cleaned.
+/// Refreshes a live session's idle deadline and returns its record; nil if unknown, expired or being cleaned;
+/// 0 (and no refresh) if it is bound to another tenant or principal than the request's (ARGV[4], ARGV[5]).
 const TOUCH: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[4]) == 1 then return false end
 local score = redis.call('ZSCORE', KEYS[5], ARGV[1])
 if (not score) or tonumber(score) < tonumber(ARGV[2]) then return false end
+local bound = redis.call('HMGET', KEYS[1], 'tenant', 'principal')
+if (bound[1] and bound[1] ~= ARGV[4]) or (bound[2] and bound[2] ~= ARGV[5]) then return 0 end
 if tonumber(ARGV[3]) > 0 then redis.call('ZADD', KEYS[5], ARGV[3], ARGV[1]) end
 return {redis.call('HGETALL', KEYS[1]), redis.call('SMEMBERS', KEYS[2]), redis.call('SMEMBERS', KEYS[3])}
 "#;
@@ -126,15 +124,6 @@ redis.call('ZREM', KEYS[6], ARGV[1])
 return 1
 "#;
 
-/// An SSE event as stored (the id is the stream entry's).
-#[derive(Serialize, Deserialize)]
-struct StoredEvent {
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    message: Option<ServerJsonRpcMessage>,
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    retry_ms: Option<u64>,
-}
-
 /// The Redis connection pool and every operation on shared session state (cheap to clone).
 #[derive(Clone)]
 pub struct RedisStore {
@@ -148,9 +137,22 @@ pub struct RedisStore {
     apply: Script,
     end_now: Script,
     finish: Script,
+    /// The SSE event log's background writer (`event_log.rs`).
+    pub(super) events: EventWriter,
 }
 
-fn now_ms() -> u64 {
+/// What `RedisStore::touch` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Touched {
+    /// A live session of the requester (its idle deadline refreshed).
+    Live(Record),
+    /// Unknown, expired or ending.
+    Gone,
+    /// A live session bound to another tenant or principal (not refreshed).
+    NotYours,
+}
+
+pub(super) fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or_default()
 }
 
@@ -185,7 +187,10 @@ impl RedisStore {
             .map_err(|e| StoreError::Unavailable(e.to_string()))?;
             pool.push(manager);
         }
+        // Same as `event_ttl`.
+        let events = EventWriter::spawn(pool[0].clone(), idle.max(Duration::from_secs(60)), timeout);
         Ok(Self {
+            events,
             pool,
             next: std::sync::Arc::new(AtomicUsize::new(0)),
             prefix: config.key_prefix.clone(),
@@ -199,13 +204,13 @@ impl RedisStore {
         })
     }
 
-    fn conn(&self) -> ConnectionManager {
+    pub(super) fn conn(&self) -> ConnectionManager {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.pool.len();
         self.pool[i].clone()
     }
 
     /// Bounds a Redis call by the configured timeout.
-    async fn bounded<T>(&self, call: impl Future<Output = redis::RedisResult<T>>) -> Result<T, StoreError> {
+    pub(super) async fn bounded<T>(&self, call: impl Future<Output = redis::RedisResult<T>>) -> Result<T, StoreError> {
         match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(err)) => Err(StoreError::Unavailable(err.to_string())),
@@ -213,7 +218,7 @@ impl RedisStore {
         }
     }
 
-    fn key(&self, suffix: &str) -> String {
+    pub(super) fn key(&self, suffix: &str) -> String {
         format!("{}:{suffix}", self.prefix)
     }
 
@@ -240,8 +245,9 @@ impl RedisStore {
         self.bounded(pipe.query_async::<()>(&mut conn)).await
     }
 
-    /// The record of a live session, refreshing its idle deadline (None: unknown, expired or ending).
-    pub async fn touch(&self, id: &str) -> Result<Option<Record>, StoreError> {
+    /// The record of a live session of `tenant` and `principal`, refreshing its idle deadline; a session
+    /// bound to someone else is neither refreshed nor read.
+    pub async fn touch(&self, id: &str, tenant: &str, principal: &str) -> Result<Touched, StoreError> {
         let [hash, owned, retained, lease, _init] = self.session_keys(id);
         let now = now_ms();
         let mut invocation = self.touch.key(&hash);
@@ -252,11 +258,17 @@ impl RedisStore {
             .key(self.key("expiry"))
             .arg(id)
             .arg(now)
-            .arg(now + self.idle.as_millis() as u64);
+            .arg(now + self.idle.as_millis() as u64)
+            .arg(tenant)
+            .arg(principal);
         let mut conn = self.conn();
-        let found: Option<(Vec<String>, Vec<String>, Vec<String>)> =
-            self.bounded(invocation.invoke_async(&mut conn)).await?;
-        Ok(found.map(|(fields, owned, retained)| {
+        let found: redis::Value = self.bounded(invocation.invoke_async(&mut conn)).await?;
+        let (fields, owned, retained): (Vec<String>, Vec<String>, Vec<String>) = match found {
+            redis::Value::Nil => return Ok(Touched::Gone),
+            redis::Value::Int(_) => return Ok(Touched::NotYours),
+            found => redis::from_redis_value(found).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        };
+        Ok(Touched::Live({
             let mut record = Record {
                 owned: owned.into_iter().collect(),
                 retained: retained.into_iter().collect(),
@@ -363,35 +375,6 @@ impl RedisStore {
         let done: i64 = self.bounded(invocation.invoke_async(&mut conn)).await?;
         Ok(done == 1)
     }
-
-    fn events_key(&self, stream_id: &str) -> String {
-        self.key(&format!("ev:{stream_id}"))
-    }
-
-    /// Events of `stream_id` after the entry `after` (exclusive), with their ids.
-    async fn events_after(&self, stream_id: &str, after: &str) -> Result<Vec<ServerSseMessage>, StoreError> {
-        let mut conn = self.conn();
-        let start = format!("({after}");
-        let entries: Vec<(String, Vec<(String, String)>)> = self
-            .bounded(redis::cmd("XRANGE").arg(self.events_key(stream_id)).arg(start).arg("+").query_async(&mut conn))
-            .await?;
-        let mut events = Vec::with_capacity(entries.len());
-        for (entry_id, fields) in entries {
-            let Some((_, data)) = fields.into_iter().find(|(f, _)| f == "e") else { continue };
-            let stored: StoredEvent = serde_json::from_str(&data).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            let mut event = ServerSseMessage::default();
-            event.event_id = Some(format!("{stream_id}#{entry_id}"));
-            event.message = stored.message.map(std::sync::Arc::new);
-            event.retry = stored.retry_ms.map(Duration::from_millis);
-            events.push(event);
-        }
-        Ok(events)
-    }
-}
-
-/// Whether an event ends a request's SSE stream (its response or error).
-fn is_terminal(event: &ServerSseMessage) -> bool {
-    matches!(event.message.as_deref(), Some(ServerJsonRpcMessage::Response(_) | ServerJsonRpcMessage::Error(_)))
 }
 
 #[async_trait::async_trait]
@@ -422,82 +405,15 @@ impl SessionStore for RedisStore {
     }
 }
 
-#[async_trait::async_trait]
-impl EventStore for RedisStore {
-    async fn store_event(&self, stream_id: &str, event: &ServerSseMessage) -> Result<EventId, EventStoreError> {
-        let stored = StoredEvent {
-            message: event.message.as_deref().cloned(),
-            retry_ms: event.retry.map(|d| d.as_millis() as u64),
-        };
-        let data = serde_json::to_string(&stored)?;
-        let key = self.events_key(stream_id);
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .cmd("XADD")
-            .arg(&key)
-            .arg("MAXLEN")
-            .arg("~")
-            .arg(MAX_EVENTS_PER_STREAM)
-            .arg("*")
-            .arg("e")
-            .arg(data)
-            .pexpire(&key, (self.idle.as_millis() as i64).max(60_000))
-            .ignore();
-        let mut conn = self.conn();
-        let (entry_id,): (String,) = self.bounded(pipe.query_async(&mut conn)).await?;
-        Ok(format!("{stream_id}#{entry_id}"))
-    }
-
-    async fn replay_events_after(&self, last_event_id: &str) -> Result<EventStream, EventStoreError> {
-        let (stream_id, entry_id) =
-            last_event_id.rsplit_once('#').ok_or_else(|| StoreError::Corrupt("malformed Last-Event-ID".into()))?;
-        let first = self.events_after(stream_id, entry_id).await?;
-        // A request's stream that has not ended yet: follow it (its handler may run on another replica)
-        // until the response arrives, bounded by the session idle timeout.
-        let follow = !stream_id.ends_with(":common") && !first.iter().any(is_terminal);
-        if !follow {
-            return Ok(Box::pin(futures_util::stream::iter(first)));
-        }
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
-        let store = self.clone();
-        let stream_id = stream_id.to_string();
-        let mut last = first.last().and_then(|e| e.event_id.clone()).unwrap_or_else(|| last_event_id.to_string());
-        tokio::spawn(async move {
-            for event in first {
-                if tx.send(event).await.is_err() {
-                    return;
-                }
-            }
-            let deadline = tokio::time::Instant::now() + store.idle;
-            while tokio::time::Instant::now() < deadline && !tx.is_closed() {
-                tokio::time::sleep(REPLAY_POLL).await;
-                let after = last.rsplit_once('#').map(|(_, e)| e.to_string()).unwrap_or_default();
-                let events = match store.events_after(&stream_id, &after).await {
-                    Ok(events) => events,
-                    Err(err) => {
-                        tracing::warn!(error = %err, "SSE replay: cannot read further events");
-                        continue;
-                    }
-                };
-                for event in events {
-                    let terminal = is_terminal(&event);
-                    if let Some(id) = &event.event_id {
-                        last = id.clone();
-                    }
-                    if tx.send(event).await.is_err() || terminal {
-                        return;
-                    }
-                }
-            }
-        });
-        Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
-    }
-}
-
 impl RedisStore {
     /// The session idle timeout (the expiry of records and event logs).
     pub fn idle(&self) -> Duration {
         self.idle
+    }
+
+    /// How long SSE events (and their streams' owners) are kept.
+    pub fn event_ttl(&self) -> Duration {
+        self.idle.max(Duration::from_secs(60))
     }
 }
 

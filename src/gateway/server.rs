@@ -40,6 +40,9 @@ const READY_CHECK_TIMEOUT: Duration = Duration::from_secs(3);
 const MAX_CLEANUP_RESERVE: Duration = Duration::from_secs(5);
 /// Cleanup always gets at least this much, even when the grace is used up.
 const MIN_CLEANUP_BUDGET: Duration = Duration::from_secs(1);
+/// With sessions in Redis: how long a stopping replica keeps serving (unready) so that active clients move
+/// to another replica between two requests.
+const HANDOVER_DRAIN: Duration = Duration::from_secs(2);
 /// Bound on closing the remaining connections after cleanup.
 const CONNECTION_CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -129,6 +132,9 @@ pub async fn build_app(
         None => LocalSessionManager::default(),
     };
     local_sessions.session_config.keep_alive = Some(Duration::from_secs(config.server.session_idle_timeout_secs));
+    // Request streams start with a priming event (rmcp's default): it gives the client an id to resume
+    // from, and with Redis it names the stream bound to its session (`TrackingSessionManager::create_stream`).
+    local_sessions.session_config.sse_retry.get_or_insert(Duration::from_secs(3));
     let hook: Arc<dyn SessionEndHook> = core.clone();
     let manager = Arc::new(TrackingSessionManager::new(local_sessions, Arc::clone(&sessions), hook));
     let shared = store.as_ref().map(|store| Shared::new(store.clone(), Arc::clone(&core), Arc::clone(&manager)));
@@ -187,27 +193,28 @@ pub async fn build_app(
         }
     }
     let request_guard = super::parse_guard::RequestGuard::new(config.server.max_body_bytes);
-    let mcp = mcp
-        .layer(axum::middleware::from_fn_with_state(request_guard, super::parse_guard::check_request))
-        .layer(axum::middleware::from_fn_with_state(
+    let mcp = mcp.layer(axum::middleware::from_fn_with_state(request_guard, super::parse_guard::check_request)).layer(
+        axum::middleware::from_fn_with_state(
             super::quotas::SessionLimit {
                 sessions: Arc::clone(&sessions),
                 max_per_tenant: config.limits.max_sessions_per_tenant,
             },
             super::quotas::limit_sessions,
-        ))
-        .layer(axum::middleware::from_fn_with_state(auth, require_tenant));
-    // With Redis: refresh the session's record before auth reads its tenant binding.
+        ),
+    );
+    // With Redis: refresh the session's record (and idle deadline) after auth, and only for the tenant and
+    // principal the session is bound to: a request with a stolen or guessed session id keeps nothing alive.
     let mcp = match &shared {
         Some(shared) => mcp.layer(axum::middleware::from_fn_with_state(shared.clone(), shared_sessions::refresh)),
         None => mcp,
     };
+    let mcp = mcp.layer(axum::middleware::from_fn_with_state(auth, require_tenant));
     let reaper_stop = CancellationToken::new();
     let reaper = shared.clone().map(|shared| {
         let interval = Duration::from_secs(config.sessions.sweep_interval_secs);
         shared_sessions::spawn_reaper(shared, interval, reaper_stop.clone())
     });
-    let mcp = mcp.layer(axum::middleware::from_fn_with_state(Arc::clone(&core.in_flight), track_in_flight));
+    let mcp = mcp.layer(axum::middleware::from_fn_with_state(Arc::clone(&core), track_in_flight));
     let mut app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -297,7 +304,16 @@ pub async fn serve_on(
         grace_secs = grace.as_secs(),
         "shutting down: readiness off, waiting for in-flight calls"
     );
-    let left = core.in_flight.wait_idle(grace.saturating_sub(cleanup_reserve)).await;
+    let calls_deadline = deadline - cleanup_reserve;
+    let store = core.sessions.store().cloned();
+    if store.is_some() {
+        // Sessions in Redis are handed over: keep serving a moment, unready, so that clients' keep-alive
+        // connections close after a response (`Connection: close`, see drain.rs) and their next request
+        // goes to another replica, instead of being cut under a request when the listener closes.
+        let handover = HANDOVER_DRAIN.min(calls_deadline.saturating_duration_since(tokio::time::Instant::now()));
+        tokio::time::sleep(handover).await;
+    }
+    let left = core.in_flight.wait_idle(calls_deadline.saturating_duration_since(tokio::time::Instant::now())).await;
     if left > 0 {
         tracing::warn!(in_flight = left, "grace period over; ending sessions with calls still running");
     }
@@ -306,7 +322,20 @@ pub async fn serve_on(
     // end as "closed" instead (with Redis, be cleaned up instead of handed over).
     let cleanup_budget = deadline.saturating_duration_since(tokio::time::Instant::now()).max(MIN_CLEANUP_BUDGET);
     core.end_all_sessions(cleanup_budget).await;
+    if store.is_some() {
+        // The sessions live on in Redis (a rolling update): stop taking requests first (idle connections
+        // close now, busy ones after their response, which says `Connection: close`), let the requests that
+        // slipped in finish, and only then stop the session workers; stopping them first would fail a
+        // request arriving in between, where another replica would have served it.
+        http_stop.cancel();
+        let settle = deadline.saturating_duration_since(tokio::time::Instant::now()).min(CONNECTION_CLOSE_TIMEOUT);
+        core.in_flight.wait_idle(settle).await;
+    }
     sessions_stop.cancel();
+    if let Some(store) = &store {
+        // Events still queued for the shared log: a client resuming elsewhere may need them.
+        store.flush_events(CONNECTION_CLOSE_TIMEOUT).await;
+    }
     reaper_stop.cancel();
     if let Some(reaper) = reaper {
         let _ = tokio::time::timeout(CONNECTION_CLOSE_TIMEOUT, reaper).await;

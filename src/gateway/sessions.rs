@@ -17,7 +17,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use futures_util::Stream;
+use futures_util::{FutureExt, Stream, StreamExt};
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, LocalSessionManagerError};
 use rmcp::transport::streamable_http_server::session::{
@@ -349,6 +349,8 @@ pub enum ManagerError {
     Local(#[from] LocalSessionManagerError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("Last-Event-ID does not name an event stream of this session")]
+    ForeignStream,
 }
 
 /// `LocalSessionManager` plus session-state bookkeeping.
@@ -423,7 +425,18 @@ impl SessionManager for TrackingSessionManager {
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
-        Ok(self.inner.create_stream(id, message).await?)
+        let mut stream = self.inner.create_stream(id, message).await?;
+        let Some(store) = self.registry.store() else { return Ok(stream.left_stream()) };
+        // The priming event (queued before the request was handed over; `session_config.sse_retry` is
+        // set) names the request's stream in the event log: bind that stream to this session before the
+        // client can see any of its ids, so only this session may replay it (`resume`).
+        let first = stream.next().now_or_never().flatten();
+        if let Some(stream_id) =
+            first.as_ref().and_then(|event| event.event_id.as_deref()).and_then(|id| id.rsplit_once('#'))
+        {
+            store.bind_stream(stream_id.0, id).await?;
+        }
+        Ok(futures_util::stream::iter(first).chain(stream).right_stream())
     }
 
     async fn accept_message(&self, id: &SessionId, message: ClientJsonRpcMessage) -> Result<(), Self::Error> {
@@ -442,6 +455,13 @@ impl SessionManager for TrackingSessionManager {
         id: &SessionId,
         last_event_id: String,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        // In memory, rmcp replays from the session's own worker; the shared log needs the check.
+        if let Some(store) = self.registry.store()
+            && !store.stream_belongs_to(&last_event_id, id).await?
+        {
+            tracing::warn!(session = %id, "Last-Event-ID names a stream of another session (or an unknown one): no replay");
+            return Err(ManagerError::ForeignStream);
+        }
         Ok(self.inner.resume(id, last_event_id).await?)
     }
 

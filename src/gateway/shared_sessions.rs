@@ -15,9 +15,10 @@ use axum::response::{IntoResponse, Response};
 use rmcp::transport::streamable_http_server::session::SessionId;
 use tokio_util::sync::CancellationToken;
 
+use super::auth::{Principal, Tenant};
 use super::generation::is_stateless_version;
 use super::handler::GatewayCore;
-use super::redis_store::{RedisStore, StoreError};
+use super::redis_store::{RedisStore, StoreError, Touched};
 use super::sessions::TrackingSessionManager;
 
 /// Bound on each kill during a session cleanup.
@@ -64,7 +65,8 @@ pub fn unavailable(err: &StoreError) -> Response {
         .into_response()
 }
 
-/// `/mcp` middleware (outside auth, which reads the refreshed tenant binding).
+/// `/mcp` middleware, inside auth: refreshes the session only for the tenant and principal it is bound to
+/// (anyone else gets the 404 of an unknown session, and the session's idle deadline does not move).
 pub async fn refresh(State(shared): State<Shared>, request: Request, next: Next) -> Response {
     let session_id = request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_string);
     let Some(id) = session_id else {
@@ -81,15 +83,23 @@ pub async fn refresh(State(shared): State<Shared>, request: Request, next: Next)
         }
         return next.run(request).await;
     };
-    match shared.store.touch(&id).await {
+    let (Some(Tenant(tenant)), Some(Principal(principal))) =
+        (request.extensions().get::<Tenant>(), request.extensions().get::<Principal>())
+    else {
+        // Unreachable behind `require_tenant`; refuse rather than refresh for nobody.
+        return (StatusCode::NOT_FOUND, "session not found\n").into_response();
+    };
+    match shared.store.touch(&id, tenant, principal).await {
         Err(err) => return unavailable(&err),
-        Ok(None) => {
+        Ok(Touched::Gone) => {
             // Ended (DELETE elsewhere, expiry) or unknown: drop any local worker; rmcp answers 404.
             if shared.core.sessions.contains(&id) {
                 shared.manager.drop_local(&SessionId::from(id.clone())).await;
             }
         }
-        Ok(Some(record)) => shared.core.sessions.refresh(&id, record),
+        // Same answer as for an unknown session: do not reveal that it exists.
+        Ok(Touched::NotYours) => return (StatusCode::NOT_FOUND, "session not found\n").into_response(),
+        Ok(Touched::Live(record)) => shared.core.sessions.refresh(&id, record),
     }
     if request.method() != Method::DELETE {
         return next.run(request).await;

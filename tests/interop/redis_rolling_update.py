@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""A legacy MCP session through a rolling update of `serve` replicas sharing a
+Redis, driven by the official Python `mcp` SDK (pinned: mcp==1.30.0).
+
+Usage: redis_rolling_update.py CONTROL_FILE
+
+CONTROL_FILE (JSON, rewritten by the test as it replaces replicas):
+{"backends": ["http://127.0.0.1:PORT", ...], "done": false}
+
+The client talks to a small TCP balancer standing in for a Kubernetes Service:
+it probes each backend's /readyz every 100 ms and sends each new connection to
+the first ready backend in the list (so the client sits on the replica being
+replaced until it turns unready). The client keeps calling `run_command`
+until "done": every call must succeed, in the same session, on the same
+default sandbox. Prints "SANDBOX <id>", "READY" once calling, one line per
+check, then "N passed, M failed".
+"""
+
+import asyncio
+import json
+import sys
+import time
+import urllib.request
+from urllib.parse import urlparse
+
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+
+def read_control(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def probe(base):
+    try:
+        with urllib.request.urlopen(f"{base}/readyz", timeout=0.5) as r:
+            return r.status == 200
+    except Exception:
+        return False
+
+
+class Balancer:
+    """New connections go to the first ready backend; open ones stay where they are."""
+
+    def __init__(self, control):
+        self.control = control
+        self.ready = []
+        self.picked = []
+
+    async def start(self):
+        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
+        asyncio.create_task(self.probe_loop())
+        return self.server.sockets[0].getsockname()[1]
+
+    async def probe_loop(self):
+        while True:
+            backends = read_control(self.control)["backends"]
+            ready = await asyncio.gather(*(asyncio.to_thread(probe, b) for b in backends))
+            self.ready = [b for b, ok in zip(backends, ready) if ok]
+            await asyncio.sleep(0.1)
+
+    async def handle(self, reader, writer):
+        if not self.ready:
+            writer.close()
+            return
+        backend = self.ready[0]
+        if not self.picked or self.picked[-1] != backend:
+            self.picked.append(backend)
+        url = urlparse(backend)
+        try:
+            up_reader, up_writer = await asyncio.open_connection(url.hostname, url.port)
+        except OSError:
+            writer.close()
+            return
+
+        async def pump(src, dst):
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (OSError, asyncio.CancelledError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
+
+
+def structured(result):
+    if result.structuredContent is not None:
+        return result.structuredContent
+    return json.loads(result.content[0].text)
+
+
+async def main():
+    control = sys.argv[1]
+    balancer = Balancer(control)
+    port = await balancer.start()
+    while not balancer.ready:
+        await asyncio.sleep(0.05)
+    url = f"http://127.0.0.1:{port}/mcp"
+    passed = failed = 0
+
+    def check(name, ok, detail=""):
+        nonlocal passed, failed
+        if ok:
+            passed += 1
+            print(f"ok   {name}", flush=True)
+        else:
+            failed += 1
+            print(f"FAIL {name} {detail}", flush=True)
+
+    calls, errors = 0, []
+    async with streamable_http_client(url) as (read, write, get_session_id):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            session_id = get_session_id()
+            sandbox = structured(await session.call_tool("create_sandbox", {}))["sandbox_id"]
+            print(f"SANDBOX {sandbox}", flush=True)
+            await session.call_tool("run_command", {"command": "echo rolled > /tmp/r"})
+            print("READY", flush=True)
+            started = time.monotonic()
+            while not read_control(control).get("done") and time.monotonic() - started < 120:
+                try:
+                    result = await session.call_tool("run_command", {"command": "cat /tmp/r"})
+                    out = structured(result) if not result.isError else {}
+                    if result.isError or out.get("stdout", "").strip() != "rolled" or out.get("sandbox_id") != sandbox:
+                        errors.append(f"call {calls}: {result.content}")
+                except Exception as err:  # noqa: BLE001 - every failure the client sees counts
+                    errors.append(f"call {calls}: {type(err).__name__}: {err}")
+                calls += 1
+                await asyncio.sleep(0.01)
+            check(f"{calls} calls through the rolling update, none failed", calls > 0 and not errors, errors[:5])
+            check("same session id throughout (no re-initialize)", get_session_id() == session_id)
+            check(
+                "the client was moved off the replaced replica",
+                len(balancer.picked) >= 2,
+                balancer.picked,
+            )
+    # Leaving the context sent DELETE.
+    print(f"BACKENDS {' '.join(balancer.picked)}", flush=True)
+    print(f"{passed} passed, {failed} failed", flush=True)
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
