@@ -25,6 +25,7 @@ from urllib.parse import urlparse
 
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
+from tcp_splice import splice
 
 
 def read_control(path):
@@ -74,17 +75,7 @@ class Balancer:
             writer.close()
             return
 
-        async def pump(src, dst):
-            try:
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            except (OSError, asyncio.CancelledError):
-                pass
-            finally:
-                dst.close()
-
-        await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
+        await splice(reader, writer, up_reader, up_writer)
 
 
 def structured(result):

@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
+from tcp_splice import splice
 
 
 class Balancer:
@@ -48,17 +49,7 @@ class Balancer:
         pair = (writer, up_writer)
         self.conns.add(pair)
 
-        async def pump(src, dst):
-            try:
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            except (OSError, asyncio.CancelledError):
-                pass
-            finally:
-                dst.close()
-
-        await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
+        await splice(reader, writer, up_reader, up_writer)
         self.conns.discard(pair)
 
     def move_to(self, backend):
