@@ -23,7 +23,7 @@ use anyhow::{Context, bail};
 use bytes::Bytes;
 use clap::Parser;
 use common::stats::{Summary, ms, p50, percentile, print_header, print_row};
-use common::{API_KEY, Provider, rss_kib, testnet};
+use common::{API_KEY, Provider, agent_pid, rss_kib, testnet};
 use futures_util::StreamExt;
 use sandbox_mcp::e2b::wire;
 use sandbox_mcp::e2b::{CallOptions, E2bClient, OutputLimits};
@@ -56,15 +56,7 @@ struct Row {
 
 /// VmRSS (KiB) of the envd process of `sandbox_id`, found on the host.
 fn envd_rss_kib(sandbox_id: &str) -> Option<u64> {
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
-        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if text.contains(" envd ") && text.contains(sandbox_id) {
-            let pid = entry.file_name().to_str()?.parse().ok()?;
-            return Some(rss_kib(pid));
-        }
-    }
-    None
+    agent_pid(sandbox_id).map(rss_kib)
 }
 
 fn true_request() -> wire::StartRequest {

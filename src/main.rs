@@ -21,15 +21,13 @@ enum Command {
     Serve(sandbox_mcp::gateway::ServeArgs),
     /// Run the embedded E2B-compatible local provider alone.
     Provider(sandbox_mcp::local::ProviderArgs),
-    /// Internal: the in-sandbox agent started by the local provider.
-    #[command(hide = true)]
-    Envd(sandbox_mcp::local::EnvdArgs),
     /// Probe a running gateway's /healthz (for container HEALTHCHECKs).
     Healthcheck(sandbox_mcp::healthcheck::HealthcheckArgs),
 }
 
 fn main() -> ExitCode {
-    // envd runs once per sandbox: parse only its own arguments, so that its start touches (and keeps
+    // `envd` (internal, started by the local provider; not a clap subcommand, so absent from --help)
+    // runs once per sandbox: parse only its own arguments, so that its start touches (and keeps
     // resident) none of the code that builds the full command line of `serve` and `provider`.
     if std::env::args_os().nth(1).is_some_and(|arg| arg == "envd") {
         return report(sandbox_mcp::local::run_envd_from_args(std::env::args_os().skip(2)));
@@ -38,8 +36,6 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => sandbox_mcp::gateway::run_serve(args),
         Command::Provider(args) => sandbox_mcp::local::run_provider(args),
-        // envd sets up its namespaces before any thread exists, so it owns its runtime.
-        Command::Envd(args) => sandbox_mcp::local::run_envd(args),
         Command::Healthcheck(args) => sandbox_mcp::healthcheck::run(args),
     };
     report(result)

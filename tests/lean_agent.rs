@@ -7,20 +7,14 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{Provider, require_root};
+use common::{Provider, agent_pid, require_root};
 use sandbox_mcp::e2b::wire;
 use sandbox_mcp::e2b::{CallOptions, OutputLimits};
 
 /// The executable of the agent of `sandbox_id`, read from the host's `/proc`.
 fn agent_exe(sandbox_id: &str) -> PathBuf {
-    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
-        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if text.contains(" envd ") && text.contains(sandbox_id) {
-            return std::fs::read_link(entry.path().join("exe")).expect("the agent's exe link");
-        }
-    }
-    panic!("no agent process found for sandbox {sandbox_id}");
+    let pid = agent_pid(sandbox_id).unwrap_or_else(|| panic!("no agent process found for sandbox {sandbox_id}"));
+    std::fs::read_link(format!("/proc/{pid}/exe")).expect("the agent's exe link")
 }
 
 /// Creates a sandbox, checks a command runs in it, and returns its agent's executable.

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 pub use gateway::{Gateway, GatewayBuilder, e2b_config, with_free_port};
 pub use mcp::{McpClient, call, close, connect, connect_latest, empty, err, ok, text};
 pub use process::{Log, ProcessGuard, binary, rss_kib, wait_until};
-pub use provider::{API_KEY, Provider, ProviderBuilder, agent_alive};
+pub use provider::{API_KEY, Provider, ProviderBuilder, agent_alive, agent_pid};
 use sandbox_mcp::e2b::E2bClient;
 
 /// Returns from the calling test (or helper, with the value given) after a loud skip unless

@@ -295,6 +295,16 @@ pub async fn kill_all_sandboxes(client: E2bClient) {
     eprintln!("provider clean-up: sandboxes still listed after 15 s");
 }
 
+/// The host pid of the agent (envd) of `sandbox_id`, found by its command line
+/// (`... envd --sandbox-dir .../<id> ...`), whichever binary runs it.
+pub fn agent_pid(sandbox_id: &str) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        (text.contains(" envd ") && text.contains(sandbox_id)).then(|| entry.file_name().to_str()?.parse().ok())?
+    })
+}
+
 /// True while `pid` is the live (not zombie) agent of the sandbox whose directory is `dir`.
 pub fn agent_alive(pid: i32, dir: &Path) -> bool {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();

@@ -328,7 +328,11 @@ async fn secrets_are_masked_in_output_errors_and_the_log() {
         log.lines().filter(|l| l.contains("tool call") && l.contains("tool=\"run_command\"")).collect();
     assert!(!tool_lines.is_empty(), "no run_command line:\n{log}");
     assert!(
-        tool_lines.iter().all(|l| l.split("request=").nth(1).is_some_and(|id| id.len() >= 36 && !id.starts_with('-'))),
+        tool_lines.iter().all(|l| l
+            .split("request=")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .is_some_and(|id| id.len() == 36 && id.bytes().filter(|&b| b == b'-').count() == 4)),
         "a tool-call line without its request id:\n{log}"
     );
     assert!(!log.contains(SECRET), "a configured secret reached the log:\n{log}");
