@@ -40,6 +40,7 @@ max_e2b_mb=40
 max_local_mb=120
 
 log() { printf 'image-test: %s\n' "$*" >&2; }
+. "$here/../tests/deploy/workdir.sh" # remove_work_dir
 die() { log "FAIL: $*"; exit 1; }
 skip() {
   if [ "${SANDBOX_MCP_NO_SKIP:-0}" = 1 ]; then die "$* (SANDBOX_MCP_NO_SKIP=1)"; fi
@@ -81,12 +82,7 @@ cleanup() {
     log "--- last lines of the host provider's log"
     tail -n 30 "$work/provider.log" >&2
   fi
-  if awk -v w="$work" 'index($5, w) == 1 { found = 1 } END { exit !found }' /proc/self/mountinfo; then
-    log "FAIL: mounts left under $work (not removed)"
-    status=1
-  else
-    rm -rf --one-file-system "$work"
-  fi
+  remove_work_dir "$work" || status=1
   exit "$status"
 }
 trap cleanup EXIT

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import sys
-from typing import Any
+from pathlib import Path
 
 import mcp.client.streamable_http as mcp_http
-from mcp import ClientSession
+
+# The checks and result helpers the repository's MCP test scripts share.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "interop"))
+from mcp_checks import Checks, enter_legacy_session, follow_task, tool_payload  # noqa: E402
 
 # mcp >= 2 uses the `httpx2` package, mcp 1.x `httpx`: use whichever the transport uses.
 httpx = getattr(mcp_http, "httpx2", None) or getattr(mcp_http, "httpx")
@@ -35,46 +37,17 @@ STDLIB_CHECK = (
 )
 
 
-class Checks:
-    def __init__(self) -> None:
-        self.passed = 0
-        self.failed = 0
-        self.holding = False
+class SessionChecks(Checks):
+    """The checks, and whether the session is being held open on purpose (then its end is no failure)."""
 
-    def check(self, name: str, ok: bool, detail: Any = "") -> bool:
-        if ok:
-            self.passed += 1
-            print(f"ok   {name}", flush=True)
-        else:
-            self.failed += 1
-            print(f"FAIL {name}: {detail}", flush=True)
-        return ok
+    holding = False
 
 
-def tool_payload(result: Any) -> tuple[bool, dict[str, Any]]:
-    """(is_error, structured content) of a CallToolResult, across mcp versions."""
-    data = result if isinstance(result, dict) else result.model_dump(by_alias=True, exclude_none=True)
-    structured = data.get("structuredContent")
-    if structured is None:
-        for item in data.get("content", []):
-            if item.get("type") == "text":
-                with contextlib.suppress(ValueError):
-                    structured = json.loads(item["text"])
-                    break
-    return bool(data.get("isError")), structured if isinstance(structured, dict) else {"raw": data}
-
-
-async def session(url: str, token: str, checks: Checks) -> None:
+async def session(url: str, token: str, checks: SessionChecks) -> None:
     client = httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=httpx.Timeout(30.0, read=120.0))
     sandbox_id = None
     async with client, contextlib.AsyncExitStack() as stack:
-        if hasattr(mcp_http, "streamable_http_client"):
-            streams = await stack.enter_async_context(mcp_http.streamable_http_client(url, http_client=client))
-        else:  # mcp 1.x before streamable_http_client
-            streams = await stack.enter_async_context(
-                mcp_http.streamablehttp_client(url, httpx_client_factory=lambda **_: client)
-            )
-        mcp = await stack.enter_async_context(ClientSession(streams[0], streams[1]))
+        mcp = await enter_legacy_session(stack, url, client)
         init = await mcp.initialize()
         checks.check("initialize", bool(init.serverInfo.name), init)
         tools = {t.name for t in (await mcp.list_tools()).tools}
@@ -115,27 +88,7 @@ async def session(url: str, token: str, checks: Checks) -> None:
             task_id = sc.get("task_id")
             if not checks.check("start_task", not is_err and bool(task_id), sc):
                 return
-            stdout, out_off, err_off = "", 0, 0
-            for _ in range(20):
-                is_err, sc = tool_payload(
-                    await mcp.call_tool(
-                        "get_task",
-                        {
-                            "sandbox_id": sandbox_id,
-                            "task_id": task_id,
-                            "wait_seconds": 5,
-                            "stdout_offset": out_off,
-                            "stderr_offset": err_off,
-                        },
-                    )
-                )
-                if is_err:
-                    break
-                stdout += str(sc.get("stdout", ""))
-                out_off = sc.get("stdout_next_offset", out_off)
-                err_off = sc.get("stderr_next_offset", err_off)
-                if sc.get("state") != "running":
-                    break
+            is_err, sc, stdout = await follow_task(mcp, sandbox_id, task_id)
             checks.check(
                 "get_task reads the task to its end",
                 not is_err and sc.get("state") == "succeeded" and stdout.split() == ["tick1", "tick2", "tick3"],
@@ -165,15 +118,14 @@ def main() -> int:
         print(__doc__, file=sys.stderr)
         return 2
     token = os.environ.get("SANDBOX_MCP_TEST_TOKEN", "")
-    checks = Checks()
+    checks = SessionChecks()
     try:
         asyncio.run(session(sys.argv[1], token, checks))
     except BaseException as exc:  # noqa: BLE001 - any failure of the session is a test failure
         if isinstance(exc, KeyboardInterrupt) or not checks.holding:
             checks.check("the session ran to its end", False, repr(exc))
         # While holding, the server's shutdown ending the session is the expected end.
-    print(f"{checks.passed} passed, {checks.failed} failed", flush=True)
-    return 0 if checks.failed == 0 and checks.passed > 0 else 1
+    return checks.summary()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import tomllib
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_k8s import CONFIG_KEYS  # noqa: E402
+from check_k8s import CONFIG_KEYS, report  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 COMPOSE_DIR = os.path.join(ROOT, "deploy", "compose")
@@ -85,12 +85,7 @@ def main() -> int:
     check("the proxy's server name is an allowed host",
           env.get("PROXY_SERVER_NAME") in config.get("server", {}).get("allowed_hosts", []), env)
 
-    passed = failed = 0
-    for name, ok, detail in results:
-        print(f"ok   {name}" if ok else f"FAIL {name}: {detail}")
-        passed, failed = passed + ok, failed + (not ok)
-    print(f"{passed} passed, {failed} failed")
-    return 0 if failed == 0 else 1
+    return report(results)
 
 
 if __name__ == "__main__":

@@ -256,10 +256,7 @@ def main() -> int:
         return 2
     with open(args[0], encoding="utf-8") as f:
         docs = [d for d in yaml.safe_load_all(f) if d]
-    passed = failed = 0
-    for name, ok, detail in checks(docs):
-        print(f"ok   {name}" if ok else f"FAIL {name}: {detail}")
-        passed, failed = passed + ok, failed + (not ok)
+    results = list(checks(docs))
     if "--self-test" in sys.argv:
         for name, mutate in mutations():
             broken = copy.deepcopy(docs)
@@ -268,9 +265,17 @@ def main() -> int:
                 caught = [n for n, ok, _ in checks(broken) if not ok]
             except (LookupError, KeyError, TypeError, ValueError) as err:
                 caught = [f"error: {err}"]
-            ok = bool(caught)
-            print(f"ok   self-test: '{name}' is caught ({caught[0]})" if ok else f"FAIL self-test: '{name}' not caught")
-            passed, failed = passed + ok, failed + (not ok)
+            by = f" ({caught[0]})" if caught else ""
+            results.append((f"self-test: '{name}' is caught{by}", bool(caught), "no check failed"))
+    return report(results)
+
+
+def report(results: list[tuple[str, bool, object]]) -> int:
+    """Prints `ok   NAME` or `FAIL NAME: DETAIL` per result, then the counts; the exit status."""
+    passed = failed = 0
+    for name, ok, detail in results:
+        print(f"ok   {name}" if ok else f"FAIL {name}: {detail}")
+        passed, failed = passed + ok, failed + (not ok)
     print(f"{passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
 

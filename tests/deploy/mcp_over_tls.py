@@ -25,57 +25,18 @@ import ssl
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import mcp.client.streamable_http as mcp_http
-from mcp import ClientSession
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "interop"))
+from mcp_checks import PRODUCT_TOOLS, Checks, enter_legacy_session, follow_task, tool_payload  # noqa: E402
 
 # mcp >= 2 uses the `httpx2` package, mcp 1.x `httpx`: use whichever the transport uses.
 httpx = getattr(mcp_http, "httpx2", None) or getattr(mcp_http, "httpx")
 
-EXPECTED_TOOLS = {
-    "create_sandbox",
-    "connect_sandbox",
-    "kill_sandbox",
-    "list_sandboxes",
-    "run_command",
-    "read_file",
-    "write_file",
-    "list_files",
-    "start_task",
-    "get_task",
-    "cancel_task",
-    "list_tasks",
-}
 PROTOCOL_VERSION = "2025-06-18"
-
-
-class Checks:
-    def __init__(self) -> None:
-        self.passed = 0
-        self.failed = 0
-
-    def check(self, name: str, ok: bool, detail: Any = "") -> bool:
-        if ok:
-            self.passed += 1
-            print(f"ok   {name}", flush=True)
-        else:
-            self.failed += 1
-            print(f"FAIL {name}: {detail}", flush=True)
-        return ok
-
-
-def tool_payload(result: Any) -> tuple[bool, dict[str, Any]]:
-    """(is_error, structured content) of a CallToolResult (SDK object or wire dict), across mcp versions."""
-    data = result if isinstance(result, dict) else result.model_dump(by_alias=True, exclude_none=True)
-    structured = data.get("structuredContent")
-    if structured is None:
-        for item in data.get("content", []):
-            if item.get("type") == "text":
-                with contextlib.suppress(ValueError):
-                    structured = json.loads(item["text"])
-                    break
-    return bool(data.get("isError")), structured if isinstance(structured, dict) else {"raw": data}
 
 
 def sse_messages(body: str) -> list[dict[str, Any]]:
@@ -204,13 +165,7 @@ async def run(url: str, checks: Checks) -> None:
     s1 = s2 = None
     async with sdk_client:
         async with contextlib.AsyncExitStack() as stack:
-            if hasattr(mcp_http, "streamable_http_client"):
-                streams = await stack.enter_async_context(mcp_http.streamable_http_client(url, http_client=sdk_client))
-            else:  # mcp 1.x before streamable_http_client
-                streams = await stack.enter_async_context(
-                    mcp_http.streamablehttp_client(url, httpx_client_factory=lambda **_: sdk_client)
-                )
-            session = await stack.enter_async_context(ClientSession(streams[0], streams[1]))
+            session = await enter_legacy_session(stack, url, sdk_client)
             init = await session.initialize()
             server_name = init.model_dump(by_alias=True).get("serverInfo", {}).get("name")
             checks.check("initialize over HTTPS through nginx", bool(server_name), init)
@@ -218,7 +173,7 @@ async def run(url: str, checks: Checks) -> None:
             checks.check("the server issued an Mcp-Session-Id through the proxy", bool(session_a), exchanges)
 
             tools = {t.name for t in (await session.list_tools()).tools}
-            checks.check("tools/list has the product's tools", EXPECTED_TOOLS <= tools, sorted(EXPECTED_TOOLS - tools))
+            checks.check("tools/list has the product's tools", PRODUCT_TOOLS <= tools, sorted(PRODUCT_TOOLS - tools))
 
             is_err, sc = tool_payload(await session.call_tool("create_sandbox", {"timeout": 300}))
             s1 = sc.get("sandbox_id")
@@ -255,23 +210,7 @@ async def run(url: str, checks: Checks) -> None:
                 not is_err and sc.get("state") in ("running", "succeeded") and 1.5 <= waited <= 9.5,
                 {"waited_s": round(waited, 2), "result": sc},
             )
-            stdout = str(sc.get("stdout", ""))
-            for _ in range(5):
-                if is_err or sc.get("state") != "running":
-                    break
-                is_err, sc = tool_payload(
-                    await session.call_tool(
-                        "get_task",
-                        {
-                            "sandbox_id": s1,
-                            "task_id": task1,
-                            "wait_seconds": 10,
-                            "stdout_offset": sc.get("stdout_next_offset", 0),
-                            "stderr_offset": sc.get("stderr_next_offset", 0),
-                        },
-                    )
-                )
-                stdout += str(sc.get("stdout", ""))
+            is_err, sc, stdout = await follow_task(session, s1, task1, (is_err, sc), wait_seconds=10, max_calls=5)
             total = time.monotonic() - started
             checks.check(
                 "the task ends succeeded with output 'done' within ~3 s of waiting",
@@ -352,13 +291,7 @@ async def run(url: str, checks: Checks) -> None:
         headers={"Authorization": f"Bearer {token}"}, verify=tls, timeout=httpx.Timeout(30.0, read=300.0)
     ) as client_b:
         async with contextlib.AsyncExitStack() as stack:
-            if hasattr(mcp_http, "streamable_http_client"):
-                streams = await stack.enter_async_context(mcp_http.streamable_http_client(url, http_client=client_b))
-            else:
-                streams = await stack.enter_async_context(
-                    mcp_http.streamablehttp_client(url, httpx_client_factory=lambda **_: client_b)
-                )
-            session = await stack.enter_async_context(ClientSession(streams[0], streams[1]))
+            session = await enter_legacy_session(stack, url, client_b)
             await session.initialize()
             deadline = time.monotonic() + 20
             while True:
@@ -425,8 +358,7 @@ def main() -> int:
 
         traceback.print_exc()
         checks.check("the session ran to its end", False, repr(err))
-    print(f"{checks.passed} passed, {checks.failed} failed")
-    return 0 if checks.failed == 0 else 1
+    return checks.summary()
 
 
 if __name__ == "__main__":

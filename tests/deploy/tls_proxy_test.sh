@@ -19,6 +19,7 @@ bin=${SANDBOX_MCP_BIN:-$root/target/debug/sandbox-mcp}
 python=${SANDBOX_MCP_PYTHON:-python3}
 
 log() { printf 'tls_proxy_test: %s\n' "$*" >&2; }
+. "$here/workdir.sh" # remove_work_dir
 die() { log "FAIL: $*"; exit 1; }
 
 if [ "$(id -u)" != 0 ]; then
@@ -73,14 +74,7 @@ cleanup() {
       [ -s "$work/$f" ] && { log "--- last lines of $f"; tail -n 40 "$work/$f" >&2; }
     done
   fi
-  # Never delete through a mount a sandbox may have left behind (it would be a bug: report it).
-  if awk -v w="$work" 'index($5, w) == 1 { found = 1 } END { exit !found }' /proc/self/mountinfo; then
-    log "FAIL: mounts left under $work (not removed):"
-    awk -v w="$work" 'index($5, w) == 1 { print "  " $5 }' /proc/self/mountinfo >&2
-    status=1
-  else
-    rm -rf --one-file-system "$work"
-  fi
+  remove_work_dir "$work" || status=1
   exit "$status"
 }
 trap cleanup EXIT

@@ -22,53 +22,7 @@ import sys
 import httpx
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-
-EXPECTED_TOOLS = {
-    "create_sandbox",
-    "connect_sandbox",
-    "kill_sandbox",
-    "list_sandboxes",
-    "run_command",
-    "read_file",
-    "write_file",
-    "list_files",
-    "start_task",
-    "get_task",
-    "cancel_task",
-    "list_tasks",
-}
-
-
-class Checks:
-    def __init__(self):
-        self.passed = 0
-        self.failed = 0
-
-    def check(self, name, ok, detail=""):
-        if ok:
-            self.passed += 1
-            print(f"ok   {name}")
-        else:
-            self.failed += 1
-            print(f"FAIL {name} {detail}")
-        return ok
-
-
-def structured(result):
-    """The structured result of a tool call (falls back to parsing the text copy)."""
-    if result.structuredContent is not None:
-        return result.structuredContent
-    for block in result.content:
-        if getattr(block, "type", None) == "text":
-            try:
-                return json.loads(block.text)
-            except ValueError:
-                return None
-    return None
-
-
-def text_of(result):
-    return " ".join(b.text for b in result.content if getattr(b, "type", None) == "text")
+from mcp_checks import PRODUCT_TOOLS, Checks, structured, text_of
 
 
 async def run(url, token):
@@ -84,7 +38,7 @@ async def run(url, token):
 
                 tools = await session.list_tools()
                 names = {t.name for t in tools.tools}
-                checks.check("list tools", EXPECTED_TOOLS == names, sorted(names))
+                checks.check("list tools", PRODUCT_TOOLS == names, sorted(names))
                 run_tool = next((t for t in tools.tools if t.name == "run_command"), None)
                 checks.check(
                     "run_command schema rejects unknown fields",
@@ -100,13 +54,13 @@ async def run(url, token):
                 )
 
                 created = await session.call_tool("create_sandbox", {"timeout": 300, "metadata": {"suite": "interop"}})
-                data = structured(created) or {}
+                data = structured(created)
                 sandbox_id = data.get("sandbox_id")
                 if not checks.check("create_sandbox", not created.isError and bool(sandbox_id), text_of(created)):
                     return checks
 
                 ran = await session.call_tool("run_command", {"command": "echo hello; echo oops >&2"})
-                data = structured(ran) or {}
+                data = structured(ran)
                 checks.check(
                     "run_command output",
                     not ran.isError and data.get("exit_code") == 0 and data.get("stdout") == "hello\n"
@@ -114,14 +68,14 @@ async def run(url, token):
                     data,
                 )
                 failed = await session.call_tool("run_command", {"command": "exit 7", "sandbox_id": sandbox_id})
-                data = structured(failed) or {}
+                data = structured(failed)
                 checks.check("non-zero exit is data", not failed.isError and data.get("exit_code") == 7, data)
 
                 text = "line one\nline two ü\n"
                 wrote = await session.call_tool("write_file", {"path": "/home/user/notes/a.txt", "content": text})
                 checks.check("write_file text", not wrote.isError, text_of(wrote))
                 read_back = await session.call_tool("read_file", {"path": "/home/user/notes/a.txt"})
-                data = structured(read_back) or {}
+                data = structured(read_back)
                 checks.check(
                     "read_file text", data.get("encoding") == "text" and data.get("content") == text, data
                 )
@@ -133,7 +87,7 @@ async def run(url, token):
                 )
                 checks.check("write_file base64", not wrote.isError, text_of(wrote))
                 read_back = await session.call_tool("read_file", {"path": "/home/user/notes/b.bin"})
-                data = structured(read_back) or {}
+                data = structured(read_back)
                 checks.check(
                     "read_file binary comes back as base64",
                     data.get("encoding") == "base64" and base64.b64decode(data.get("content", "")) == blob,
@@ -141,12 +95,12 @@ async def run(url, token):
                 )
 
                 listed = await session.call_tool("list_files", {"path": "/home/user/notes"})
-                data = structured(listed) or {}
+                data = structured(listed)
                 names = sorted(e.get("name") for e in data.get("entries", []))
                 checks.check("list_files", names == ["a.txt", "b.bin"], data)
 
                 sandboxes = await session.call_tool("list_sandboxes", {})
-                data = structured(sandboxes) or {}
+                data = structured(sandboxes)
                 mine = [s for s in data.get("sandboxes", []) if s.get("sandbox_id") == sandbox_id]
                 checks.check(
                     "list_sandboxes shows it as default and owned",
@@ -159,7 +113,7 @@ async def run(url, token):
                 checks.check("unknown field is a tool error", unknown.isError, text_of(unknown))
 
                 killed = await session.call_tool("kill_sandbox", {"sandbox_id": sandbox_id})
-                data = structured(killed) or {}
+                data = structured(killed)
                 checks.check("kill_sandbox", not killed.isError and data.get("killed") is True, data)
                 after = await session.call_tool("run_command", {"command": "true", "sandbox_id": sandbox_id})
                 checks.check("killed sandbox is not found", after.isError and "not found" in text_of(after), text_of(after))
@@ -192,8 +146,7 @@ def main():
         print(f"FAIL session crashed: {exc!r}")
         print("0 passed, 1 failed")
         return 1
-    print(f"{checks.passed} passed, {checks.failed} failed")
-    return 0 if checks.failed == 0 else 1
+    return checks.summary()
 
 
 if __name__ == "__main__":

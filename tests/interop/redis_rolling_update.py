@@ -25,6 +25,7 @@ from urllib.parse import urlparse
 
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
+from mcp_checks import Checks, structured
 from tcp_splice import splice
 
 
@@ -78,12 +79,6 @@ class Balancer:
         await splice(reader, writer, up_reader, up_writer)
 
 
-def structured(result):
-    if result.structuredContent is not None:
-        return result.structuredContent
-    return json.loads(result.content[0].text)
-
-
 async def main():
     control = sys.argv[1]
     balancer = Balancer(control)
@@ -91,17 +86,7 @@ async def main():
     while not balancer.ready:
         await asyncio.sleep(0.05)
     url = f"http://127.0.0.1:{port}/mcp"
-    passed = failed = 0
-
-    def check(name, ok, detail=""):
-        nonlocal passed, failed
-        if ok:
-            passed += 1
-            print(f"ok   {name}", flush=True)
-        else:
-            failed += 1
-            print(f"FAIL {name} {detail}", flush=True)
-
+    checks = Checks()
     calls, errors = 0, []
     async with streamable_http_client(url) as (read, write, get_session_id):
         async with ClientSession(read, write) as session:
@@ -122,17 +107,16 @@ async def main():
                     errors.append(f"call {calls}: {type(err).__name__}: {err}")
                 calls += 1
                 await asyncio.sleep(0.01)
-            check(f"{calls} calls through the rolling update, none failed", calls > 0 and not errors, errors[:5])
-            check("same session id throughout (no re-initialize)", get_session_id() == session_id)
-            check(
+            checks.check(f"{calls} calls through the rolling update, none failed", calls > 0 and not errors, errors[:5])
+            checks.check("same session id throughout (no re-initialize)", get_session_id() == session_id)
+            checks.check(
                 "the client was moved off the replaced replica",
                 len(balancer.picked) >= 2,
                 balancer.picked,
             )
     # Leaving the context sent DELETE.
     print(f"BACKENDS {' '.join(balancer.picked)}", flush=True)
-    print(f"{passed} passed, {failed} failed", flush=True)
-    return 0 if failed == 0 else 1
+    return checks.summary()
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ replica 2. Prints "SANDBOX <id>", one line per check, then "N passed, M failed".
 """
 
 import asyncio
-import json
 import os
 import signal
 import sys
@@ -24,6 +23,7 @@ from urllib.parse import urlparse
 
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
+from mcp_checks import Checks, structured
 from tcp_splice import splice
 
 
@@ -60,25 +60,11 @@ class Balancer:
         self.conns.clear()
 
 
-class Checks:
-    def __init__(self):
-        self.passed = 0
-        self.failed = 0
-
-    def check(self, name, ok, detail=""):
-        if ok:
-            self.passed += 1
-            print(f"ok   {name}", flush=True)
-        else:
-            self.failed += 1
-            print(f"FAIL {name} {detail}", flush=True)
-        return ok
-
-
-def structured(result):
-    if result.structuredContent is not None:
-        return result.structuredContent
-    return json.loads(result.content[0].text)
+async def check_default_sandbox(session, checks, name):
+    """The session's default sandbox still holds the file the first call wrote."""
+    result = await session.call_tool("run_command", {"command": "cat /tmp/m"})
+    out = structured(result) if not result.isError else {}
+    checks.check(name, not result.isError and out.get("stdout", "").strip() == "moved", result.content)
 
 
 def addr(base):
@@ -103,13 +89,7 @@ async def main():
             checks.check("run_command on replica 1", not wrote.isError, wrote.content)
 
             balancer.move_to(r2)
-            moved = await session.call_tool("run_command", {"command": "cat /tmp/m"})
-            out = structured(moved) if not moved.isError else {}
-            checks.check(
-                "replica 2 continues the session with its default sandbox",
-                not moved.isError and out.get("stdout", "").strip() == "moved",
-                moved.content,
-            )
+            await check_default_sandbox(session, checks, "replica 2 continues the session with its default sandbox")
             checks.check("same session id (no re-initialize)", get_session_id() == session_id)
             # A second sandbox for the task (start_task retains its sandbox past the session); the
             # first one stays the default by connecting to it again.
@@ -150,16 +130,9 @@ async def main():
             checks.check("back on replica 1", not on_r1.isError, on_r1.content)
             os.kill(r1_pid, signal.SIGKILL)
             balancer.move_to(r2)
-            after = await session.call_tool("run_command", {"command": "cat /tmp/m"})
-            out = structured(after) if not after.isError else {}
-            checks.check(
-                "replica 1 SIGKILLed mid-session: replica 2 continues it",
-                not after.isError and out.get("stdout", "").strip() == "moved",
-                after.content,
-            )
+            await check_default_sandbox(session, checks, "replica 1 SIGKILLed mid-session: replica 2 continues it")
     # Leaving the context sent DELETE (to replica 2).
-    print(f"{checks.passed} passed, {checks.failed} failed", flush=True)
-    return 0 if checks.failed == 0 else 1
+    return checks.summary()
 
 
 if __name__ == "__main__":
