@@ -127,6 +127,10 @@ pub struct ServerConfig {
     pub header_read_timeout_secs: u64,
     /// A connection with no request in flight for this long is closed.
     pub idle_timeout_secs: u64,
+    /// Worker threads of the gateway's async runtime; 0 = one per CPU core. One by default: a call
+    /// then never hops between threads (see `crate::gateway::run_serve`). The embedded local provider
+    /// runs on a runtime of its own with one worker per core whatever is set here.
+    pub worker_threads: usize,
 }
 
 impl ServerConfig {
@@ -155,9 +159,13 @@ impl Default for ServerConfig {
             max_connections: crate::listen::DEFAULT_MAX_CONNECTIONS,
             header_read_timeout_secs: crate::listen::DEFAULT_HEADER_READ_TIMEOUT_SECS,
             idle_timeout_secs: crate::listen::DEFAULT_IDLE_TIMEOUT_SECS,
+            worker_threads: 1,
         }
     }
 }
+
+/// Most worker threads `server.worker_threads` may ask for.
+pub const MAX_WORKER_THREADS: usize = 256;
 
 /// `[auth]`: static bearer tokens, stored as SHA-256 hashes.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -429,6 +437,12 @@ impl Config {
                     .into(),
             );
         }
+        if s.worker_threads > MAX_WORKER_THREADS {
+            return invalid(format!(
+                "server.worker_threads must be at most {MAX_WORKER_THREADS} (got {}); 0 means one per CPU core",
+                s.worker_threads
+            ));
+        }
         for origin in &s.allowed_origins {
             if origin != "null" && !origin.contains("://") {
                 return invalid(format!(
@@ -599,6 +613,17 @@ mod tests {
         assert_eq!(c.provider.kind, ProviderKind::Local);
         assert!(!c.has_auth());
         assert_eq!(c.sandbox.renew_on_use_secs, 600);
+        assert_eq!(c.server.worker_threads, 1);
+    }
+
+    #[test]
+    fn worker_threads_are_bounded() {
+        let c = Config::load_with_env(None, &env(&[("SANDBOX_MCP_SERVER__WORKER_THREADS", "0")])).unwrap();
+        assert_eq!(c.server.worker_threads, 0, "0 = one per core");
+        let message = Config::load_with_env(None, &env(&[("SANDBOX_MCP_SERVER__WORKER_THREADS", "100000")]))
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("server.worker_threads must be at most 256"), "{message}");
     }
 
     #[test]

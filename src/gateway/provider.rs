@@ -1,7 +1,8 @@
 //! Connects the gateway to its sandbox provider: E2B (cloud, self-hosted, or
 //! a separate `sandbox-mcp provider`) or the embedded local provider, which
 //! `serve` starts on a private 127.0.0.1 port with a random per-process API
-//! key and then talks to over HTTP exactly as to E2B.
+//! key, on an async runtime of its own, and then talks to over HTTP exactly as
+//! to E2B.
 
 use std::time::Duration;
 
@@ -16,7 +17,62 @@ use crate::local::{LocalProviderConfig, RunningProvider};
 pub struct ProviderConnection {
     pub client: E2bClient,
     pub api_key: Option<String>,
-    pub embedded: Option<RunningProvider>,
+    pub embedded: Option<EmbeddedProvider>,
+}
+
+/// The embedded local provider and the runtime it runs on: its own, one worker per CPU core, so
+/// sandbox work (spawns, mounts, file RPCs, egress relays) and MCP requests on the gateway's runtime
+/// (`server.worker_threads`) never wait for each other's threads.
+pub struct EmbeddedProvider {
+    running: Option<RunningProvider>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl EmbeddedProvider {
+    /// Starts the provider on a new runtime, listening on a free loopback port.
+    async fn start(config: LocalProviderConfig) -> anyhow::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .thread_name("local-provider")
+            .enable_all()
+            .build()
+            .context("starting the embedded provider's async runtime")?;
+        let handle = runtime.handle().clone();
+        // From here on, dropping the value winds the runtime down without blocking (start-up errors too).
+        let mut embedded = Self { running: None, runtime: Some(runtime) };
+        let running = handle
+            .spawn(async move {
+                // Bound inside the provider's runtime, so the listener's I/O is driven there.
+                let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+                    .await
+                    .context("binding a loopback port for the embedded provider")?;
+                crate::local::start_provider(config, listener).await
+            })
+            .await
+            .context("the embedded provider's start-up task failed")??;
+        embedded.running = Some(running);
+        Ok(embedded)
+    }
+
+    /// The address the provider listens on.
+    pub fn addr(&self) -> Option<std::net::SocketAddr> {
+        self.running.as_ref().map(|r| r.addr)
+    }
+
+    /// Stops the provider (see [`RunningProvider::shutdown`]) on its runtime, then the runtime.
+    pub async fn shutdown(mut self) {
+        if let (Some(running), Some(runtime)) = (self.running.take(), self.runtime.as_ref()) {
+            let _ = runtime.spawn(running.shutdown()).await;
+        }
+    }
+}
+
+impl Drop for EmbeddedProvider {
+    fn drop(&mut self) {
+        // Dropping a runtime inside another one would block (a panic): let its threads wind down alone.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 /// Builds the provider client; starts the embedded provider for `kind = "local"`.
@@ -63,14 +119,12 @@ pub async fn connect(config: &Config) -> anyhow::Result<ProviderConnection> {
                 listen_limits: config.server.listen_limits(),
                 ..LocalProviderConfig::default()
             };
-            let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
-                .await
-                .context("binding a loopback port for the embedded provider")?;
-            let running = crate::local::start_provider(provider_config, listener)
+            let embedded = EmbeddedProvider::start(provider_config)
                 .await
                 .context("starting the embedded local provider (provider.kind = \"local\")")?;
-            let origin = url::Url::parse(&format!("http://{}", running.addr)).context("embedded provider URL")?;
-            tracing::info!(addr = %running.addr, "embedded local provider started");
+            let addr = embedded.addr().context("the embedded provider has no address")?;
+            let origin = url::Url::parse(&format!("http://{addr}")).context("embedded provider URL")?;
+            tracing::info!(%addr, "embedded local provider started");
             let endpoint = ProviderEndpoint {
                 api_url: origin.clone(),
                 sandbox_url: Some(origin),
@@ -79,7 +133,7 @@ pub async fn connect(config: &Config) -> anyhow::Result<ProviderConnection> {
                 request_timeout: timeout,
             };
             let client = E2bClient::new(endpoint).context("building the provider client")?;
-            Ok(ProviderConnection { client, api_key: Some(api_key), embedded: Some(running) })
+            Ok(ProviderConnection { client, api_key: Some(api_key), embedded: Some(embedded) })
         }
     }
 }
