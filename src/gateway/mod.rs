@@ -18,6 +18,7 @@ pub mod oauth;
 pub mod parse_guard;
 pub mod provider;
 pub mod quotas;
+pub mod redis_pool;
 pub mod redis_store;
 pub mod sandbox_tools;
 pub mod server;

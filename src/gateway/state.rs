@@ -5,13 +5,12 @@
 //! kills a session's owned, unretained sandboxes.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio_util::task::TaskTracker;
 
-use super::drain::InFlight;
+use super::drain::Drain;
 use super::metrics::GatewayMetrics;
 use super::sessions::{EndReason, SessionEndHook, SessionRegistry, SessionState};
 use crate::config::Config;
@@ -30,8 +29,8 @@ pub struct GatewayCore {
     pub provider: E2bClient,
     pub sessions: Arc<SessionRegistry>,
     pub masker: Masker,
-    pub in_flight: Arc<InFlight>,
-    pub shutting_down: AtomicBool,
+    /// Graceful shutdown: whether it has begun, and the requests in flight.
+    pub drain: Arc<Drain>,
     /// Prometheus metrics (ops).
     pub metrics: Arc<GatewayMetrics>,
     /// Task tools' service: supervisor install cache and page masking (same secrets as `masker`).
@@ -81,8 +80,7 @@ impl GatewayCore {
             sessions,
             metrics,
             masker,
-            in_flight: Arc::default(),
-            shutting_down: AtomicBool::new(false),
+            drain: Arc::default(),
             cleanups: TaskTracker::new(),
             renewals: Arc::default(),
             stateless_verified: Mutex::default(),
