@@ -10,17 +10,14 @@ use rmcp::{Json, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::args::{MAX_COMMAND_BYTES, RunAs, validate_envs, validate_path, validate_range};
+use super::args::{
+    MAX_COMMAND_BYTES, RUN_DEFAULT_TIMEOUT_SECS, RUN_MAX_TIMEOUT_SECS, RUN_OUTPUT_CAP_BYTES, RunAs, validate_envs,
+    validate_path, validate_range,
+};
 use super::calls::CallContext;
 use super::error::ToolError;
-use super::handler::Gateway;
+use super::state::Gateway;
 use crate::e2b::{CallOptions, E2bError, OutputLimits, wire};
-
-/// Default and longest foreground timeout, seconds.
-pub const RUN_DEFAULT_TIMEOUT_SECS: u64 = 60;
-pub const RUN_MAX_TIMEOUT_SECS: u64 = 600;
-/// Output kept per stream.
-pub const RUN_OUTPUT_CAP_BYTES: usize = 64 * 1024;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

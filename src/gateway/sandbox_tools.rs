@@ -11,13 +11,14 @@ use rmcp::{Json, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::access::{META_DEPLOYMENT, META_RESERVED_PREFIX, META_SESSION, META_TENANT, validate_sandbox_id};
-use super::args::InvalidArgument;
-use super::args::{validate_envs, validate_metadata, validate_range, validate_template};
+use super::access::{META_DEPLOYMENT, META_RESERVED_PREFIX, META_SESSION, META_TENANT};
+use super::args::{
+    InvalidArgument, validate_envs, validate_metadata, validate_range, validate_sandbox_id, validate_template,
+};
 use super::calls::CallContext;
 use super::error::ToolError;
-use super::handler::Gateway;
 use super::sessions::SessionState;
+use super::state::Gateway;
 use crate::e2b::wire;
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]

@@ -22,13 +22,13 @@ use super::auth::{AuthState, TokenSet, require_tenant};
 use super::drain::track_in_flight;
 use super::generation;
 use super::handler::{Gateway, GatewayCore, META_DEPLOYMENT};
-use super::mcp_tasks::TaskIdKey;
 use super::metrics;
 use super::oauth::{self, OAuth};
 use super::provider;
 use super::redis_store::RedisStore;
 use super::sessions::{SessionEndHook, SessionRegistry, TrackingSessionManager};
 use super::shared_sessions::{self, Shared};
+use super::task_ids::TaskIdKey;
 use crate::config::Config;
 use crate::masking::{MIN_SECRET_LEN, Masker};
 

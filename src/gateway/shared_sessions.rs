@@ -17,9 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::auth::{Principal, Tenant};
 use super::generation::is_stateless_version;
-use super::handler::GatewayCore;
 use super::redis_store::{RedisStore, Touched};
 use super::sessions::TrackingSessionManager;
+use super::state::GatewayCore;
 
 /// Bound on each kill during a session cleanup.
 const CLEANUP_KILL_TIMEOUT: Duration = Duration::from_secs(15);
