@@ -16,11 +16,11 @@ use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::Response;
 
-/// Whether shutdown has begun, and the `/mcp` requests still in flight (held by `GatewayCore`, handed
-/// to the middleware).
-#[derive(Default)]
+/// Whether shutdown has begun, and the `/mcp` requests still in flight (a cheap handle: held by
+/// `GatewayCore`, a clone handed to the middleware).
+#[derive(Clone, Default)]
 pub struct Drain {
-    shutting_down: AtomicBool,
+    shutting_down: Arc<AtomicBool>,
     pub in_flight: Arc<InFlight>,
 }
 
@@ -36,7 +36,7 @@ impl Drain {
 }
 
 /// Wraps every `/mcp` POST so it counts as in flight until its body ends or is dropped.
-pub async fn track_in_flight(State(drain): State<Arc<Drain>>, request: Request, next: Next) -> Response {
+pub async fn track_in_flight(State(drain): State<Drain>, request: Request, next: Next) -> Response {
     let mut response = if request.method() != http::Method::POST {
         next.run(request).await
     } else {

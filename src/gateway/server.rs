@@ -213,7 +213,7 @@ pub async fn build_app(
         let interval = Duration::from_secs(config.sessions.sweep_interval_secs);
         shared_sessions::spawn_reaper(shared, interval, reaper_stop.clone())
     });
-    let mcp = mcp.layer(axum::middleware::from_fn_with_state(Arc::clone(&core.drain), track_in_flight));
+    let mcp = mcp.layer(axum::middleware::from_fn_with_state(core.drain.clone(), track_in_flight));
     let mut app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))

@@ -15,7 +15,6 @@ use tokio_util::task::TaskTracker;
 
 use super::drain::Drain;
 use super::metrics::GatewayMetrics;
-use super::quotas::TenantQuotas;
 use super::sessions::{EndReason, SessionEndHook, SessionRegistry, SessionState};
 use super::task_ids::TaskIdKey;
 use crate::config::Config;
@@ -54,13 +53,13 @@ pub struct GatewayCore {
     pub sessions: Arc<SessionRegistry>,
     pub masker: Masker,
     /// Graceful shutdown: whether it has begun, and the requests in flight.
-    pub drain: Arc<Drain>,
+    pub drain: Drain,
     /// Prometheus metrics (ops).
     pub metrics: Arc<GatewayMetrics>,
     /// Task tools' service: supervisor install cache and page masking (same secrets as `masker`).
     pub tasks: TaskService,
     /// Per-tenant limits (`[limits]`).
-    pub quotas: Arc<TenantQuotas>,
+    pub quotas: Arc<super::quotas::TenantQuotas>,
     /// Session cleanups under way (awaited on shutdown).
     pub cleanups: TaskTracker,
     /// Renewal bookkeeping per sandbox (shared with session cleanups, which forget killed ones).
@@ -95,7 +94,7 @@ impl GatewayCore {
     ) -> Self {
         let metrics = Arc::new(GatewayMetrics::new(Arc::clone(&sessions)));
         let tasks = TaskService::new(masker.clone());
-        let quotas = TenantQuotas::new(config.limits.clone());
+        let quotas = super::quotas::TenantQuotas::new(config.limits.clone());
         Self {
             tasks,
             quotas,
@@ -104,7 +103,7 @@ impl GatewayCore {
             sessions,
             metrics,
             masker,
-            drain: Arc::default(),
+            drain: Drain::default(),
             cleanups: TaskTracker::new(),
             renewals: Arc::default(),
             stateless_verified: Mutex::default(),
