@@ -33,36 +33,25 @@ use crate::e2b::wire::{
 const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(90);
 
 /// Dispatches `POST /process.Process/{method}`.
-pub async fn handle(state: Arc<EnvdState>, method: &str, headers: HeaderMap, body: Body) -> Response {
-    let kind = match method {
+pub async fn handle(state: Arc<EnvdState>, method: String, headers: HeaderMap, body: Body) -> Response {
+    let kind = match method.as_str() {
         "Start" | "Connect" => CallKind::ServerStream,
         "List" | "SendSignal" | "SendInput" | "CloseStdin" => CallKind::Unary,
-        "StreamInput" | "Update" => {
-            let err = ConnectError::new(Code::Unimplemented, format!("process.Process/{method} is not supported"));
-            return rpc::unary_error(&err);
+        "StreamInput" | "Update" => return rpc::unimplemented(format!("process.Process/{method} is not supported")),
+        _ => return rpc::unimplemented(format!("unknown method process.Process/{method}")),
+    };
+    rpc::serve(kind, headers, body, |headers, body| async move {
+        match method.as_str() {
+            "Start" => start(&state, &headers, &body).await,
+            "Connect" => connect(&state, &headers, &body),
+            "List" => rpc::decode_unary::<serde_json::Map<String, serde_json::Value>>(&body)
+                .map(|_| rpc::unary_ok(&ListProcessesResponse { processes: state.processes.list() })),
+            "SendSignal" => send_signal(&state, &body),
+            "SendInput" => send_input(&state, &body).await,
+            _ => close_stdin(&state, &body).await,
         }
-        _ => {
-            let err = ConnectError::new(Code::Unimplemented, format!("unknown method process.Process/{method}"));
-            return rpc::unary_error(&err);
-        }
-    };
-    if let Some(response) = rpc::content_type_rejection(&headers, kind) {
-        return response;
-    }
-    let body = match rpc::read_body(body, rpc::MAX_REQUEST_BODY).await {
-        Ok(body) => body,
-        Err(err) => return rpc::error_for(kind, &err),
-    };
-    let result = match method {
-        "Start" => start(&state, &headers, &body).await,
-        "Connect" => connect(&state, &headers, &body),
-        "List" => rpc::decode_unary::<serde_json::Map<String, serde_json::Value>>(&body)
-            .map(|_| rpc::unary_ok(&ListProcessesResponse { processes: state.processes.list() })),
-        "SendSignal" => send_signal(&state, &body),
-        "SendInput" => send_input(&state, &body).await,
-        _ => close_stdin(&state, &body).await,
-    };
-    result.unwrap_or_else(|err| rpc::error_for(kind, &err))
+    })
+    .await
 }
 
 fn not_found(selector: &ProcessSelector) -> ConnectError {
