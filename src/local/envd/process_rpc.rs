@@ -62,23 +62,17 @@ fn not_found(selector: &ProcessSelector) -> ConnectError {
     }
 }
 
+/// A header holding a positive whole number (anything else counts as absent).
+fn positive_header(headers: &HeaderMap, name: &str) -> Option<u64> {
+    headers.get(name).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok()).filter(|&n| n > 0)
+}
+
 fn keepalive_interval(headers: &HeaderMap) -> Duration {
-    headers
-        .get("keepalive-ping-interval")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|&secs| secs > 0)
-        .map(Duration::from_secs)
-        .unwrap_or(DEFAULT_KEEPALIVE)
+    positive_header(headers, "keepalive-ping-interval").map(Duration::from_secs).unwrap_or(DEFAULT_KEEPALIVE)
 }
 
 fn connect_timeout(headers: &HeaderMap) -> Option<Duration> {
-    headers
-        .get("connect-timeout-ms")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|&ms| ms > 0)
-        .map(Duration::from_millis)
+    positive_header(headers, "connect-timeout-ms").map(Duration::from_millis)
 }
 
 /// Resolves the working directory as file paths are resolved (`~`, relative
