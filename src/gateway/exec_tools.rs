@@ -105,16 +105,9 @@ impl Gateway {
 
         let sandbox = self.resolve_sandbox(call, args.sandbox_id.as_deref()).await?;
         self.renew_on_use(&sandbox.id);
-        let request = wire::StartRequest {
-            process: wire::ProcessConfig {
-                cmd: "/bin/bash".into(),
-                args: vec!["-l".into(), "-c".into(), args.command],
-                envs,
-                cwd: args.cwd,
-            },
-            stdin: Some(false),
-            ..Default::default()
-        };
+        let mut request = wire::StartRequest::login_shell(args.command);
+        request.process.envs = envs;
+        request.process.cwd = args.cwd;
         let options = CallOptions::user(user.name()).with_timeout(Duration::from_secs(timeout));
         let limits = OutputLimits { max_stdout: RUN_OUTPUT_CAP_BYTES, max_stderr: RUN_OUTPUT_CAP_BYTES };
         let started = Instant::now();
