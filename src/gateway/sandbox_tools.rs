@@ -222,6 +222,16 @@ impl Gateway {
 }
 
 impl Gateway {
+    /// The sandboxes of `tenant` in this deployment, as the provider lists them (what the sandbox quota
+    /// counts and list_sandboxes shows); `action` says what failed ("could not {action}: ...").
+    async fn sandboxes_of(&self, tenant: &str, action: &str) -> Result<Vec<wire::SandboxDetail>, ToolError> {
+        let filter = [
+            (META_TENANT.to_string(), tenant.to_string()),
+            (META_DEPLOYMENT.to_string(), self.core.deployment().to_owned()),
+        ];
+        self.core.provider.list_all_sandboxes(&filter).await.map_err(|err| ToolError::provider(action, err))
+    }
+
     /// Refuses when the tenant is at `limits.max_sandboxes_per_tenant`; the guard serialises the
     /// tenant's creates until the new sandbox exists.
     async fn check_tenant_sandboxes(
@@ -233,17 +243,7 @@ impl Gateway {
             return Ok(None);
         }
         let guard = self.core.quotas.create_guard(tenant).await;
-        let filter = [
-            (META_TENANT.to_string(), tenant.to_string()),
-            (META_DEPLOYMENT.to_string(), self.core.deployment().to_owned()),
-        ];
-        let live = self
-            .core
-            .provider
-            .list_all_sandboxes(&filter)
-            .await
-            .map_err(|err| ToolError::provider("count your sandboxes", err))?
-            .len();
+        let live = self.sandboxes_of(tenant, "count your sandboxes").await?.len();
         if live >= max {
             return Err(self.core.quotas.sandbox_refusal(tenant, live).into());
         }
@@ -384,16 +384,7 @@ impl Gateway {
     }
 
     async fn list_sandboxes_impl(&self, call: &CallContext) -> Result<ListSandboxesResult, ToolError> {
-        let filter = vec![
-            (META_TENANT.to_string(), call.tenant.clone()),
-            (META_DEPLOYMENT.to_string(), self.core.deployment().to_owned()),
-        ];
-        let details = self
-            .core
-            .provider
-            .list_all_sandboxes(&filter)
-            .await
-            .map_err(|err| ToolError::provider("list sandboxes", err))?;
+        let details = self.sandboxes_of(&call.tenant, "list sandboxes").await?;
         let summarize = |s: Option<&SessionState>| {
             let sandboxes = details
                 .into_iter()
