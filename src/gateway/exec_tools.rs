@@ -47,6 +47,14 @@ pub struct RunCommandResult {
     pub sandbox_id: String,
     /// Exit code of the command (non-zero is a normal result, not a tool error); -1 if killed by a signal.
     pub exit_code: i32,
+    #[serde(flatten)]
+    pub outcome: CommandOutcome,
+}
+
+/// What a command wrote and how it ended besides its exit code: part of `run_command`'s result, and
+/// of an MCP task's (`mcp_tasks`), which has the same shape.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct CommandOutcome {
     /// Standard output (first 64 KiB, decoded as UTF-8 with invalid bytes replaced).
     pub stdout: String,
     /// Standard error (first 64 KiB).
@@ -118,9 +126,7 @@ impl Gateway {
             }
             Err(err) => return Err(ToolError::sandbox_call("run a command in", &sandbox.id, err)),
         };
-        Ok(RunCommandResult {
-            sandbox_id: sandbox.id,
-            exit_code: output.exit_code,
+        let outcome = CommandOutcome {
             stdout: self.core.masker.mask_clipped(&String::from_utf8_lossy(&output.stdout), output.stdout_truncated),
             stderr: self.core.masker.mask_clipped(&String::from_utf8_lossy(&output.stderr), output.stderr_truncated),
             stdout_truncated: output.stdout_truncated,
@@ -129,6 +135,7 @@ impl Gateway {
             stderr_bytes: output.stderr_total,
             error: if output.exited { None } else { Some(output.status.clone()).filter(|s| !s.is_empty()) },
             duration_ms: started.elapsed().as_millis() as u64,
-        })
+        };
+        Ok(RunCommandResult { sandbox_id: sandbox.id, exit_code: output.exit_code, outcome })
     }
 }

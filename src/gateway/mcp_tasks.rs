@@ -24,7 +24,7 @@ use serde_json::Value;
 use super::args::RUN_OUTPUT_CAP_BYTES;
 use super::calls::CallContext;
 use super::error::ToolError;
-use super::exec_tools::RunCommandArgs;
+use super::exec_tools::{CommandOutcome, RunCommandArgs};
 use super::state::Gateway;
 use super::task_ids::{TaskHandle, TaskKind};
 use super::task_tools::{EnvdTransport, StartTaskArgs};
@@ -54,15 +54,8 @@ pub struct TaskRunResult {
     pub state: TaskState,
     /// Exit code (non-zero is a normal result); -1 if unknown.
     pub exit_code: i64,
-    pub stdout: String,
-    pub stderr: String,
-    pub stdout_truncated: bool,
-    pub stderr_truncated: bool,
-    pub stdout_bytes: u64,
-    pub stderr_bytes: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    pub duration_ms: u64,
+    #[serde(flatten)]
+    pub outcome: CommandOutcome,
 }
 
 fn now_ms() -> u64 {
@@ -303,18 +296,20 @@ fn completed_result(view: TaskView, kind: TaskKind) -> JsonObject {
                 view.sandbox_id, view.task_id
             )
         }),
-        stdout_truncated: view.stdout_truncated || view.stdout_next_offset < view.stdout_size,
-        stderr_truncated: view.stderr_truncated || view.stderr_next_offset < view.stderr_size,
-        stdout_bytes: view.stdout_total_bytes.unwrap_or(view.stdout_size),
-        stderr_bytes: view.stderr_total_bytes.unwrap_or(view.stderr_size),
+        outcome: CommandOutcome {
+            stdout_truncated: view.stdout_truncated || view.stdout_next_offset < view.stdout_size,
+            stderr_truncated: view.stderr_truncated || view.stderr_next_offset < view.stderr_size,
+            stdout_bytes: view.stdout_total_bytes.unwrap_or(view.stdout_size),
+            stderr_bytes: view.stderr_total_bytes.unwrap_or(view.stderr_size),
+            stdout: view.stdout,
+            stderr: view.stderr,
+            error,
+            duration_ms,
+        },
         sandbox_id: view.sandbox_id,
         task_id: view.task_id,
         state: view.state,
         exit_code: view.exit_code.unwrap_or(-1),
-        stdout: view.stdout,
-        stderr: view.stderr,
-        error,
-        duration_ms,
     };
     let (started_at, finished_at) = (view_times.0, view_times.1);
     let mut value = serde_json::to_value(&result).unwrap_or(Value::Null);
