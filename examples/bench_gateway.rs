@@ -284,15 +284,7 @@ async fn main() -> anyhow::Result<()> {
     // The provider client acts on the same sandbox (the gateway's own connection info for it).
     let sandbox = direct.connect_sandbox(&sandbox_id, None).await?;
     let envd = direct.envd(&sandbox);
-    let request = wire::StartRequest {
-        process: wire::ProcessConfig {
-            cmd: "/bin/bash".into(),
-            args: vec!["-l".into(), "-c".into(), "true".into()],
-            ..Default::default()
-        },
-        stdin: Some(false),
-        ..Default::default()
-    };
+    let request = wire::StartRequest::login_shell("true");
     let options = CallOptions::user("user").with_timeout(Duration::from_secs(60));
     let limits = OutputLimits { max_stdout: 65536, max_stderr: 65536 };
     let stateless = StatelessCaller::new(&url, &sandbox_id);

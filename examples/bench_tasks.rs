@@ -39,6 +39,12 @@ async fn timed(client: &Client, tool: &str, args: Value) -> anyhow::Result<(Dura
     Ok((t0.elapsed(), v))
 }
 
+/// Starts `command` as a task in `sandbox_id` and returns its task id.
+async fn start_task(client: &Client, sandbox_id: &str, command: &str) -> anyhow::Result<String> {
+    let v = call(client, "start_task", json!({"sandbox_id": sandbox_id, "command": command})).await?;
+    Ok(v["task_id"].as_str().context("task_id")?.to_string())
+}
+
 fn summary(name: &str, target_ms: f64, samples: Vec<Duration>) {
     let target = target_ms.is_finite().then_some(target_ms);
     print_row(name, "ms", &Summary::of_durations(&samples), target);
@@ -133,13 +139,7 @@ async fn main() -> anyhow::Result<()> {
     }
 
     // get_task with a 16 KiB page of a task that wrote 3 MiB (1 MiB kept).
-    let v = call(
-        &client,
-        "start_task",
-        json!({"sandbox_id": sid, "command": "head -c 3145728 /dev/urandom | base64 -w 100"}),
-    )
-    .await?;
-    let big = v["task_id"].as_str().context("task_id")?.to_string();
+    let big = start_task(&client, &sid, "head -c 3145728 /dev/urandom | base64 -w 100").await?;
     loop {
         let v = call(&client, "get_task", json!({"sandbox_id": sid, "task_id": big, "limit": 1, "wait_seconds": 5}))
             .await?;
@@ -162,13 +162,7 @@ async fn main() -> anyhow::Result<()> {
         gets.push(d);
     }
     // The same on a task still running: get_task also checks its supervisor is alive.
-    let v = call(
-        &client,
-        "start_task",
-        json!({"sandbox_id": sid, "command": "head -c 1048576 /dev/urandom | base64 -w 100; sleep 600"}),
-    )
-    .await?;
-    let live = v["task_id"].as_str().context("task_id")?.to_string();
+    let live = start_task(&client, &sid, "head -c 1048576 /dev/urandom | base64 -w 100; sleep 600").await?;
     loop {
         let v = call(
             &client,

@@ -581,11 +581,23 @@ mod tests {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
+    /// A config file `name` holding `toml`, in a directory that lives as long as the returned guard.
+    fn config_file(name: &str, toml: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(name);
+        std::fs::write(&path, toml).unwrap();
+        (dir, path)
+    }
+
+    /// Loads `toml` as the config file, with `vars` as the environment.
+    fn load(toml: &str, vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let (_dir, path) = config_file("c.toml", toml);
+        Config::load_with_env(Some(&path), &env(vars))
+    }
+
     #[test]
     fn a_typo_is_reported_once_plainly_with_the_file_the_key_and_the_valid_keys() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("typo.toml");
-        std::fs::write(&path, "[server]\nlistn = \"127.0.0.1:1\"\n").unwrap();
+        let (_dir, path) = config_file("typo.toml", "[server]\nlistn = \"127.0.0.1:1\"\n");
         let message = Config::load_with_env(Some(&path), &[]).unwrap_err().to_string();
         assert_eq!(message.matches("listn").count(), 2, "once as the key path, once as the key: {message}");
         assert!(message.contains(&format!("key \"server.listn\" in {}", path.display())), "{message}");
@@ -628,21 +640,14 @@ mod tests {
 
     #[test]
     fn file_then_env_override() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.toml");
-        std::fs::write(
-            &path,
+        let c = load(
             "[server]\nlisten = \"127.0.0.1:9000\"\nsession_idle_timeout_secs = 5\n[provider]\nkind = \"e2b\"\napi_url = \"http://127.0.0.1:1\"\n",
-        )
-        .unwrap();
-        let c = Config::load_with_env(
-            Some(&path),
-            &env(&[
+            &[
                 ("SANDBOX_MCP_SERVER__LISTEN", "127.0.0.1:9100"),
                 ("SANDBOX_MCP_SANDBOX__RENEW_ON_USE_SECS", "0"),
                 ("SANDBOX_MCP_SERVER__ALLOWED_HOSTS", "[\"a.example\", \"b.example\"]"),
                 ("SANDBOX_MCP_PYTHON", "/usr/bin/python3"),
-            ]),
+            ],
         )
         .unwrap();
         assert_eq!(c.server.listen.to_string(), "127.0.0.1:9100");
@@ -665,9 +670,7 @@ mod tests {
 
     #[test]
     fn unknown_keys_and_missing_file_are_errors() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.toml");
-        std::fs::write(&path, "[server]\nlisten_on = \"x\"\n").unwrap();
+        let (dir, path) = config_file("c.toml", "[server]\nlisten_on = \"x\"\n");
         let err = Config::load_with_env(Some(&path), &[]).unwrap_err();
         assert!(err.to_string().contains("listen_on"), "{err}");
         assert!(Config::load_with_env(Some(&dir.path().join("none.toml")), &[]).is_err());
@@ -686,19 +689,12 @@ mod tests {
 
     #[test]
     fn oauth_from_file_and_env() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.toml");
-        std::fs::write(
-            &path,
+        let c = load(
             "[auth.oauth]\nissuer = \"https://idp.example.com\"\naudience = \"https://mcp.example.com/mcp\"\n",
-        )
-        .unwrap();
-        let c = Config::load_with_env(
-            Some(&path),
-            &env(&[
+            &[
                 ("SANDBOX_MCP_AUTH__OAUTH__REQUIRED_SCOPES", "[\"sandbox\"]"),
                 ("SANDBOX_MCP_AUTH__OAUTH__TENANT_CLAIM", "org"),
-            ]),
+            ],
         )
         .unwrap();
         assert!(c.has_auth());

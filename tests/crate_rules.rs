@@ -1,7 +1,8 @@
 //! Rules of the source tree that the compiler does not check by itself: every
 //! file says what it owns, `unsafe` lives only in the modules allowed to use it
-//! and every use carries a `SAFETY:` comment, and the declared minimum Rust
-//! version is the one the README states. No root, no processes: runs in
+//! and every use carries a `SAFETY:` comment, the modules of a directory
+//! import each other without cycles, and the declared minimum Rust version is
+//! the one the README states. No root, no processes: runs in
 //! milliseconds.
 
 use std::path::{Path, PathBuf};
@@ -124,4 +125,140 @@ fn declared_minimum_rust_is_the_one_the_readme_states() {
     // (clippy's `incompatible_msrv`, run with -D warnings in CI, checks std APIs against it).
     let minor: u32 = declared.split('.').nth(1).and_then(|m| m.parse().ok()).expect("rust-version is 1.N");
     assert!(minor >= 88, "rust-version {declared} is older than the let chains the code uses (1.88)");
+}
+
+/// The sibling modules of `dir` that each of its modules names (`super::m`, `super::super::m` from a file
+/// in a module's own directory, ..., or `crate::<dir path>::m`), by module name.
+fn sibling_imports(dir: &str) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let dir_path = root().join(dir);
+    let mut modules = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(&dir_path).expect("module directory is readable").flatten() {
+        let path = entry.path();
+        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let mut files = Vec::new();
+        if path.is_dir() {
+            rust_files(&path, &mut files);
+        } else if path.extension().is_some_and(|e| e == "rs") && name != "mod" {
+            files.push(path);
+        }
+        if !files.is_empty() {
+            modules.insert(name, files);
+        }
+    }
+    let crate_path = format!("crate::{}::", dir.trim_start_matches("src/").replace('/', "::"));
+    let mut graph = std::collections::BTreeMap::new();
+    for (name, files) in &modules {
+        let mut named = std::collections::BTreeSet::new();
+        for file in files {
+            let text = std::fs::read_to_string(file).expect("source file is UTF-8");
+            let code: String = text.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n");
+            // How far up `dir` is: one `super` per directory level (a `mod.rs` is its directory's module).
+            let relative = file.strip_prefix(&dir_path).expect("under the directory");
+            let levels = relative.components().count() - usize::from(relative.ends_with("mod.rs"));
+            let prefix = "super::".repeat(levels);
+            for pattern in [prefix.as_str(), crate_path.as_str()] {
+                for (at, _) in code.match_indices(pattern) {
+                    // `super::x` inside `super::super::x` names another module.
+                    if code[..at].ends_with("super::") {
+                        continue;
+                    }
+                    let rest = &code[at + pattern.len()..];
+                    let heads: Vec<&str> = match rest.strip_prefix('{') {
+                        // A group: the first name of each top-level item.
+                        Some(group) => {
+                            let (mut depth, mut items, mut start) = (0, Vec::new(), 0);
+                            for (i, c) in group.char_indices() {
+                                match c {
+                                    '{' => depth += 1,
+                                    '}' if depth == 0 => {
+                                        items.push(&group[start..i]);
+                                        break;
+                                    }
+                                    '}' => depth -= 1,
+                                    ',' if depth == 0 => {
+                                        items.push(&group[start..i]);
+                                        start = i + 1;
+                                    }
+                                    _ => {}
+                                }
+                            }
+                            items
+                        }
+                        None => vec![rest],
+                    };
+                    for head in heads {
+                        let ident: String =
+                            head.trim_start().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                        if ident != *name && modules.contains_key(&ident) {
+                            named.insert(ident);
+                        }
+                    }
+                }
+            }
+        }
+        graph.insert(name.clone(), named);
+    }
+    graph
+}
+
+/// A cycle of `graph` (the module names along it), if any.
+fn find_cycle(graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit<'a>(
+        node: &'a str,
+        graph: &'a std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+        path: &mut Vec<&'a str>,
+        done: &mut std::collections::BTreeSet<&'a str>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|n| *n == node) {
+            return Some(path[at..].iter().chain([&node]).map(|n| n.to_string()).collect());
+        }
+        if !done.insert(node) {
+            return None;
+        }
+        path.push(node);
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(cycle) = visit(next, graph, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        None
+    }
+    let mut done = std::collections::BTreeSet::new();
+    graph.keys().find_map(|node| visit(node, graph, &mut Vec::new(), &mut done))
+}
+
+/// Every module directory below src/ (src/gateway, src/local/envd, ...).
+fn module_directories() -> Vec<String> {
+    fn walk(dir: &Path, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).expect("source directory is readable").flatten() {
+            if entry.path().is_dir() {
+                out.push(entry.path().strip_prefix(root()).expect("under the root").to_string_lossy().into_owned());
+                walk(&entry.path(), out);
+            }
+        }
+    }
+    let mut dirs = Vec::new();
+    walk(&root().join("src"), &mut dirs);
+    dirs.sort();
+    dirs
+}
+
+#[test]
+fn sibling_modules_import_each_other_without_cycles() {
+    let gateway = sibling_imports("src/gateway");
+    assert!(gateway.len() > 20, "found only {} modules in src/gateway", gateway.len());
+    assert!(gateway["server"].contains("handler"), "the scan must see `use super::handler::...`: {gateway:?}");
+    assert!(gateway["oauth"].is_empty() && gateway["mcp_tasks"].contains("task_ids"), "{gateway:?}");
+    let dirs = module_directories();
+    assert!(dirs.contains(&"src/local/envd".to_string()), "{dirs:?}");
+    for dir in dirs {
+        if let Some(cycle) = find_cycle(&sibling_imports(&dir)) {
+            panic!(
+                "the modules of {dir} import each other in a cycle: {}; move what both need to a module lower \
+                 down (in src/gateway: limits to args.rs, the Gateway type to state.rs)",
+                cycle.join(" -> ")
+            );
+        }
+    }
 }

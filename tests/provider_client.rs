@@ -31,15 +31,7 @@ async fn create(client: &E2bClient) -> (wire::Sandbox, EnvdClient) {
 }
 
 fn bash(script: &str) -> wire::StartRequest {
-    wire::StartRequest {
-        process: wire::ProcessConfig {
-            cmd: "/bin/bash".into(),
-            args: vec!["-l".into(), "-c".into(), script.into()],
-            ..Default::default()
-        },
-        stdin: Some(false),
-        ..Default::default()
-    }
+    wire::StartRequest::login_shell(script)
 }
 
 async fn run_ok(envd: &EnvdClient, script: &str, opts: &CallOptions) -> String {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use base64::Engine;
 use bytes::{Bytes, BytesMut};
 use reqwest::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, HeaderValue, RANGE};
-use reqwest::{Method, RequestBuilder, StatusCode};
+use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -137,18 +137,28 @@ impl EnvdClient {
         opts: &CallOptions,
         retry: RetryPolicy,
     ) -> Result<Resp, E2bError> {
-        let timeout = self.unary_timeout(opts);
-        let ctx = self.ctx(op, retry, timeout);
+        let ctx = self.ctx(op, retry, self.unary_timeout(opts));
+        let response = self.send_unary(&ctx, path, body, opts).await?;
+        transport::read_json(&ctx, response).await
+    }
+
+    /// Sends a unary call to `path` under `ctx` (its deadline, its retries): the response, whatever its status.
+    async fn send_unary(
+        &self,
+        ctx: &CallCtx<'_>,
+        path: &str,
+        body: &impl Serialize,
+        opts: &CallOptions,
+    ) -> Result<Response, E2bError> {
         let body = Bytes::from(serde_json::to_vec(body).map_err(|e| ctx.protocol(format!("cannot encode: {e}")))?);
-        let response = transport::send(&ctx, || {
+        transport::send(ctx, || {
             let request = self
                 .request(Method::POST, path)
                 .header(CONTENT_TYPE, connect_rpc::CONTENT_TYPE_UNARY_JSON)
                 .body(body.clone());
-            Self::connect_headers(request, opts, timeout.map(|t| t.as_millis()))
+            Self::connect_headers(request, opts, ctx.timeout.map(|t| t.as_millis()))
         })
-        .await?;
-        transport::read_json(&ctx, response).await
+        .await
     }
 
     /// `GET /health` of envd (2xx = running; 502 → [`E2bError::SandboxNotRunning`]).
@@ -217,17 +227,8 @@ impl EnvdClient {
     ) -> Result<Vec<wire::EntryInfo>, E2bError> {
         let body = wire::ListDirRequest { path: path.to_owned(), depth: depth.max(1) };
         let (rpc_path, op) = rpc::LIST_DIR;
-        let timeout = self.unary_timeout(opts);
-        let ctx = self.ctx(op, RetryPolicy::Idempotent, timeout);
-        let body = Bytes::from(serde_json::to_vec(&body).map_err(|e| ctx.protocol(format!("cannot encode: {e}")))?);
-        let response = transport::send(&ctx, || {
-            let request = self
-                .request(Method::POST, rpc_path)
-                .header(CONTENT_TYPE, connect_rpc::CONTENT_TYPE_UNARY_JSON)
-                .body(body.clone());
-            Self::connect_headers(request, opts, timeout.map(|t| t.as_millis()))
-        })
-        .await?;
+        let ctx = self.ctx(op, RetryPolicy::Idempotent, self.unary_timeout(opts));
+        let response = self.send_unary(&ctx, rpc_path, &body, opts).await?;
         if !response.status().is_success() {
             return Err(transport::error_from_response(&ctx, response).await);
         }

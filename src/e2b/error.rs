@@ -77,35 +77,28 @@ fn chain(err: &reqwest::Error) -> String {
 impl E2bError {
     /// The operation that failed (`create_sandbox`, `process.Start`, ...).
     pub fn op(&self) -> &'static str {
-        match self {
-            E2bError::NotFound { op, .. }
-            | E2bError::SandboxNotRunning { op, .. }
-            | E2bError::Auth { op, .. }
-            | E2bError::RateLimited { op, .. }
-            | E2bError::Api { op, .. }
-            | E2bError::Rpc { op, .. }
-            | E2bError::Timeout { op, .. }
-            | E2bError::Transport { op, .. }
-            | E2bError::Protocol { op, .. }
-            | E2bError::Config { op, .. }
-            | E2bError::TooLarge { op, .. } => op,
-        }
+        self.context().0
     }
 
     /// The sandbox concerned, if any.
     pub fn sandbox_id(&self) -> Option<&str> {
+        self.context().1
+    }
+
+    /// What every variant records: the operation and the sandbox concerned.
+    fn context(&self) -> (&'static str, Option<&str>) {
         match self {
-            E2bError::NotFound { sandbox_id, .. }
-            | E2bError::SandboxNotRunning { sandbox_id, .. }
-            | E2bError::Auth { sandbox_id, .. }
-            | E2bError::RateLimited { sandbox_id, .. }
-            | E2bError::Api { sandbox_id, .. }
-            | E2bError::Rpc { sandbox_id, .. }
-            | E2bError::Timeout { sandbox_id, .. }
-            | E2bError::Transport { sandbox_id, .. }
-            | E2bError::Protocol { sandbox_id, .. }
-            | E2bError::Config { sandbox_id, .. }
-            | E2bError::TooLarge { sandbox_id, .. } => sandbox_id.as_deref(),
+            E2bError::NotFound { op, sandbox_id, .. }
+            | E2bError::SandboxNotRunning { op, sandbox_id, .. }
+            | E2bError::Auth { op, sandbox_id, .. }
+            | E2bError::RateLimited { op, sandbox_id, .. }
+            | E2bError::Api { op, sandbox_id, .. }
+            | E2bError::Rpc { op, sandbox_id, .. }
+            | E2bError::Timeout { op, sandbox_id, .. }
+            | E2bError::Transport { op, sandbox_id, .. }
+            | E2bError::Protocol { op, sandbox_id, .. }
+            | E2bError::Config { op, sandbox_id, .. }
+            | E2bError::TooLarge { op, sandbox_id, .. } => (op, sandbox_id.as_deref()),
         }
     }
 

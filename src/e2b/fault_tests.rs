@@ -76,15 +76,7 @@ fn stream_response(chunks: Vec<Bytes>) -> Response {
 }
 
 fn echo_request() -> wire::StartRequest {
-    wire::StartRequest {
-        process: wire::ProcessConfig {
-            cmd: "/bin/bash".into(),
-            args: vec!["-l".into(), "-c".into(), "echo hi".into()],
-            ..Default::default()
-        },
-        stdin: Some(false),
-        ..Default::default()
-    }
+    wire::StartRequest::login_shell("echo hi")
 }
 
 #[tokio::test]

@@ -251,6 +251,21 @@ pub struct StartRequest {
     pub stdin: Option<bool>,
 }
 
+impl StartRequest {
+    /// `command` run by a login shell (`/bin/bash -l -c`), without stdin (as `run_command` runs it).
+    pub fn login_shell(command: impl Into<String>) -> Self {
+        Self {
+            process: ProcessConfig {
+                cmd: "/bin/bash".into(),
+                args: vec!["-l".into(), "-c".into(), command.into()],
+                ..Default::default()
+            },
+            stdin: Some(false),
+            ..Default::default()
+        }
+    }
+}
+
 /// `process.ProcessSelector` (oneof pid | tag).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ProcessSelector {

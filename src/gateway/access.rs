@@ -6,10 +6,10 @@
 
 use std::time::{Duration, SystemTime};
 
-use super::args::{InvalidArgument, clip};
+use super::args::validate_sandbox_id;
 use super::calls::CallContext;
 use super::error::ToolError;
-use super::handler::Gateway;
+use super::state::Gateway;
 use crate::e2b::{EnvdClient, wire};
 
 /// Metadata keys the gateway puts on every sandbox it creates.
@@ -118,15 +118,4 @@ impl Gateway {
     pub(crate) fn renew_on_use(&self, sandbox_id: &str) {
         self.core.renew_on_use(sandbox_id);
     }
-}
-
-/// Sandbox ids: 1-128 of `[A-Za-z0-9_-]`.
-pub(crate) fn validate_sandbox_id(id: &str) -> Result<(), InvalidArgument> {
-    if id.is_empty() || id.len() > 128 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-        return Err(InvalidArgument(format!(
-            "invalid sandbox_id {:?}: expected the id returned by create_sandbox or list_sandboxes",
-            clip(id, 80)
-        )));
-    }
-    Ok(())
 }

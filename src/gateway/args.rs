@@ -1,5 +1,7 @@
-//! Limits and validators shared by the tool argument types. Every check runs
-//! before any provider call and answers with a sentence an agent can act on.
+//! The tools' limits (argument sizes and ranges, how much of an answer is
+//! kept) and the validators shared by the tool argument types. Every check
+//! runs before any provider call and answers with a sentence an agent can act
+//! on.
 
 use std::collections::HashMap;
 
@@ -19,6 +21,24 @@ pub const MAX_METADATA_KEY_BYTES: usize = 64;
 pub const MAX_METADATA_VALUE_BYTES: usize = 512;
 /// Longest template name.
 pub const MAX_TEMPLATE_BYTES: usize = 128;
+
+/// Default and longest foreground timeout (`run_command`), seconds.
+pub const RUN_DEFAULT_TIMEOUT_SECS: u64 = 60;
+pub const RUN_MAX_TIMEOUT_SECS: u64 = 600;
+/// Output kept per stream (`run_command`).
+pub const RUN_OUTPUT_CAP_BYTES: usize = 64 * 1024;
+
+/// Largest file `read_file` returns / `write_file` accepts, bytes (decoded).
+pub const MAX_FILE_BYTES: u64 = 10 * 1024 * 1024;
+/// Deepest `list_files` recursion, and most entries returned.
+pub const MAX_LIST_DEPTH: u32 = 10;
+pub const MAX_LIST_ENTRIES: usize = 5000;
+/// Bytes of file content `read_file` returns when no `length` is given: base64 of it stays under
+/// 512 KiB, so the JSON-RPC message fits the 1 MiB limit of common clients (the official Python SDK).
+pub const READ_DEFAULT_BYTES: u64 = 256 * 1024;
+/// Largest ListDir answer read from envd for `list_files` (about 5000 entries with long names
+/// need under 2 MiB); reading stops past it, so a huge tree cannot grow the gateway's memory.
+pub const MAX_LIST_RESPONSE_BYTES: u64 = 4 * 1024 * 1024;
 
 /// A refused argument: the sentence says which one and how to fix it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -51,6 +71,17 @@ pub fn clip(text: &str, max: usize) -> String {
         Some((i, _)) => format!("{}...", &text[..i]),
         None => text.to_string(),
     }
+}
+
+/// Sandbox ids: 1-128 of `[A-Za-z0-9_-]`.
+pub fn validate_sandbox_id(id: &str) -> Result<(), InvalidArgument> {
+    if id.is_empty() || id.len() > 128 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+        return Err(InvalidArgument(format!(
+            "invalid sandbox_id {:?}: expected the id returned by create_sandbox or list_sandboxes",
+            clip(id, 80)
+        )));
+    }
+    Ok(())
 }
 
 /// A path or cwd: non-empty, bounded, no NUL.

@@ -150,7 +150,7 @@ pub async fn require_tenant(State(state): State<AuthState>, mut request: Request
             if let Some(store) = state.sessions.store() {
                 let _ = store.end_now(new_id).await;
             }
-            return super::shared_sessions::unavailable(&super::redis_store::StoreError::Unavailable(err.to_string()));
+            return super::redis_pool::StoreError::Unavailable(err.to_string()).into_response();
         }
     }
     response

@@ -12,7 +12,7 @@ use rmcp::Json;
 
 use super::auth::Tenant;
 use super::error::ToolError;
-use super::handler::Gateway;
+use super::state::Gateway;
 
 /// A tool result: structured value (plus its text copy), or an `isError` sentence.
 pub(crate) type ToolResult<T> = Result<Json<T>, String>;

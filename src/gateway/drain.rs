@@ -1,4 +1,5 @@
-//! Counts `/mcp` POST requests until their response body has been fully sent
+//! Graceful shutdown's state, [`Drain`]: whether shutdown has begun, and the
+//! count of `/mcp` POST requests until their response body has been fully sent
 //! (an MCP tool result travels in the SSE body, after the handler returns),
 //! so that graceful shutdown can wait for in-flight calls to be *delivered*:
 //! the [`InFlight`] count and the middleware that keeps it; once shutdown has
@@ -7,7 +8,7 @@
 //! which a load balancer sends to a ready replica.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::extract::{Request, State};
@@ -15,17 +16,34 @@ use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::Response;
 
-use super::state::GatewayCore;
+/// Whether shutdown has begun, and the `/mcp` requests still in flight (a cheap handle: held by
+/// `GatewayCore`, a clone handed to the middleware).
+#[derive(Clone, Default)]
+pub struct Drain {
+    shutting_down: Arc<AtomicBool>,
+    pub in_flight: Arc<InFlight>,
+}
+
+impl Drain {
+    /// Marks the start of shutdown: readiness goes off and connections close after their response.
+    pub fn begin(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+}
 
 /// Wraps every `/mcp` POST so it counts as in flight until its body ends or is dropped.
-pub async fn track_in_flight(State(core): State<Arc<GatewayCore>>, request: Request, next: Next) -> Response {
+pub async fn track_in_flight(State(drain): State<Drain>, request: Request, next: Next) -> Response {
     let mut response = if request.method() != http::Method::POST {
         next.run(request).await
     } else {
-        let guard = core.in_flight.enter_owned();
+        let guard = drain.in_flight.enter_owned();
         crate::guarded_body::guard_response(next.run(request).await, guard)
     };
-    if core.shutting_down.load(Ordering::SeqCst) {
+    if drain.is_shutting_down() {
         response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     response

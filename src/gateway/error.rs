@@ -10,10 +10,7 @@ use crate::tasks::launch::LaunchError;
 use crate::tasks::page::PageError;
 use crate::tasks::service::TaskError;
 
-use super::args::InvalidArgument;
-use super::exec_tools::RUN_MAX_TIMEOUT_SECS;
-use super::file_tools::{MAX_LIST_ENTRIES, MAX_LIST_RESPONSE_BYTES};
-use super::generation::MISSING_SANDBOX_ID;
+use super::args::{InvalidArgument, MAX_LIST_ENTRIES, MAX_LIST_RESPONSE_BYTES, RUN_MAX_TIMEOUT_SECS};
 use super::quotas::QuotaRefusal;
 use super::sessions::SessionError;
 
@@ -36,7 +33,10 @@ pub enum ToolError {
     #[error(transparent)]
     Quota(#[from] QuotaRefusal),
     /// A sessionless (2026-07-28) call without `sandbox_id`.
-    #[error("{}", MISSING_SANDBOX_ID)]
+    #[error(
+        "sandbox_id is required: requests of MCP 2026-07-28 have no session, so there is no default sandbox. \
+         Pass the sandbox_id returned by create_sandbox (or one from list_sandboxes)."
+    )]
     MissingSandboxId,
     /// A session call without `sandbox_id` before any create/connect.
     #[error(

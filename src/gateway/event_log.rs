@@ -9,13 +9,16 @@
 //! all: a replay from it needs only what follows). A resuming client loses nothing by it: an event it holds needs no
 //! replay, and one written a moment later is found by the replay, which
 //! follows an unfinished request stream until its response; graceful shutdown
-//! flushes the queue (`RedisStore::flush_events`). A session's standalone
+//! flushes the queue ([`EventLog::flush_events`]). A session's standalone
 //! (`<session>:common`) stream, which the replicas serving the session write
 //! in turn, keeps Redis-assigned ids and is written at once.
 //!
 //! Every request stream is bound to the session that opened it (an owner key
 //! beside the stream, queued before the client can see any of its event ids),
 //! and a replay is given only to that session: `stream_belongs_to`.
+//!
+//! [`EventLog`] owns the writer and uses the session store's connections
+//! (`redis_pool.rs`); the session store holds it (`RedisStore::events`).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -28,7 +31,7 @@ use rmcp::transport::streamable_http_server::session::{
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
-use super::redis_store::{RedisStore, StoreError, now_ms};
+use super::redis_pool::{RedisPool, StoreError, now_ms};
 
 /// Events kept per SSE stream (older ones are trimmed).
 const MAX_EVENTS_PER_STREAM: usize = 1000;
@@ -140,24 +143,44 @@ async fn run_writer(mut conn: ConnectionManager, mut rx: mpsc::Receiver<Write>, 
     }
 }
 
+/// How long SSE events (and their streams' owners) are kept: the session idle timeout, at least a minute.
+fn event_ttl(idle: Duration) -> Duration {
+    idle.max(Duration::from_secs(60))
+}
+
 /// Whether an event ends a request's SSE stream (its response or error).
 fn is_terminal(event: &ServerSseMessage) -> bool {
     matches!(event.message.as_deref(), Some(ServerJsonRpcMessage::Response(_) | ServerJsonRpcMessage::Error(_)))
 }
 
-impl RedisStore {
+/// The SSE event log of legacy sessions (rmcp's `EventStore`; cheap to clone).
+#[derive(Clone)]
+pub struct EventLog {
+    redis: RedisPool,
+    /// The session idle timeout (bounds how long a replay follows a live stream).
+    idle: Duration,
+    writer: EventWriter,
+}
+
+impl EventLog {
+    /// Starts the background writer on one connection of `redis`.
+    pub fn spawn(redis: RedisPool, idle: Duration) -> Self {
+        let writer = EventWriter::spawn(redis.conn(), event_ttl(idle), redis.timeout());
+        Self { redis, idle, writer }
+    }
+
     fn events_key(&self, stream_id: &str) -> String {
-        self.key(&format!("ev:{stream_id}"))
+        self.redis.key(&format!("ev:{stream_id}"))
     }
 
     fn owner_key(&self, stream_id: &str) -> String {
-        self.key(&format!("ev:{stream_id}:owner"))
+        self.redis.key(&format!("ev:{stream_id}:owner"))
     }
 
     /// Binds a request stream to the session that opened it (queued: written before any later event of it).
     pub async fn bind_stream(&self, stream_id: &str, session_id: &str) -> Result<(), StoreError> {
         let write = Write::Owner { key: self.owner_key(stream_id), session: session_id.to_string() };
-        self.events.send(write).await
+        self.writer.send(write).await
     }
 
     /// Whether `session_id` may replay the stream of `last_event_id` (its own request streams and its
@@ -170,8 +193,8 @@ impl RedisStore {
         let key = self.owner_key(stream_id);
         let deadline = tokio::time::Instant::now() + OWNER_WAIT;
         loop {
-            let mut conn = self.conn();
-            let owner: Option<String> = self.bounded(redis::cmd("GET").arg(&key).query_async(&mut conn)).await?;
+            let mut conn = self.redis.conn();
+            let owner: Option<String> = self.redis.bounded(redis::cmd("GET").arg(&key).query_async(&mut conn)).await?;
             match owner {
                 Some(owner) => return Ok(owner == session_id),
                 None if tokio::time::Instant::now() >= deadline => return Ok(false),
@@ -183,16 +206,17 @@ impl RedisStore {
     /// Waits (at most `timeout`) until every event queued so far is written (graceful shutdown).
     pub async fn flush_events(&self, timeout: Duration) {
         let (done, wait) = oneshot::channel();
-        if self.events.send(Write::Flush(done)).await.is_ok() && tokio::time::timeout(timeout, wait).await.is_err() {
+        if self.writer.send(Write::Flush(done)).await.is_ok() && tokio::time::timeout(timeout, wait).await.is_err() {
             tracing::warn!("SSE event log: queued events not written within {timeout:?}");
         }
     }
 
     /// Events of `stream_id` after the entry `after` (exclusive), with their ids.
     async fn events_after(&self, stream_id: &str, after: &str) -> Result<Vec<ServerSseMessage>, StoreError> {
-        let mut conn = self.conn();
+        let mut conn = self.redis.conn();
         let start = format!("({after}");
         let entries: Vec<(String, Vec<(String, String)>)> = self
+            .redis
             .bounded(redis::cmd("XRANGE").arg(self.events_key(stream_id)).arg(start).arg("+").query_async(&mut conn))
             .await?;
         let mut events = Vec::with_capacity(entries.len());
@@ -222,16 +246,16 @@ impl RedisStore {
             .arg(data)
             .cmd("PEXPIRE")
             .arg(key)
-            .arg(self.event_ttl().as_millis() as u64)
+            .arg(event_ttl(self.idle).as_millis() as u64)
             .ignore();
-        let mut conn = self.conn();
-        let (entry_id,): (String,) = self.bounded(pipe.query_async(&mut conn)).await?;
+        let mut conn = self.redis.conn();
+        let (entry_id,): (String,) = self.redis.bounded(pipe.query_async(&mut conn)).await?;
         Ok(entry_id)
     }
 }
 
 #[async_trait::async_trait]
-impl EventStore for RedisStore {
+impl EventStore for EventLog {
     async fn store_event(&self, stream_id: &str, event: &ServerSseMessage) -> Result<EventId, EventStoreError> {
         let stored = StoredEvent {
             message: event.message.as_deref().cloned(),
@@ -244,10 +268,10 @@ impl EventStore for RedisStore {
         } else if event.message.is_none() {
             // A priming event (a retry hint, no message): a replay from its id needs only the events after
             // it, so it gets an id in the stream's order and nothing is written.
-            self.events.next_entry()
+            self.writer.next_entry()
         } else {
-            let entry = self.events.next_entry();
-            self.events.send(Write::Event { key, entry: entry.clone(), data }).await?;
+            let entry = self.writer.next_entry();
+            self.writer.send(Write::Event { key, entry: entry.clone(), data }).await?;
             entry
         };
         Ok(format!("{stream_id}#{entry}"))
@@ -274,7 +298,7 @@ impl EventStore for RedisStore {
                     return;
                 }
             }
-            let deadline = tokio::time::Instant::now() + store.idle();
+            let deadline = tokio::time::Instant::now() + store.idle;
             while tokio::time::Instant::now() < deadline && !tx.is_closed() {
                 tokio::time::sleep(REPLAY_POLL).await;
                 let after = last.rsplit_once('#').map(|(_, e)| e.to_string()).unwrap_or_default();

@@ -10,17 +10,14 @@ use rmcp::{Json, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::args::{MAX_COMMAND_BYTES, RunAs, validate_envs, validate_path, validate_range};
+use super::args::{
+    MAX_COMMAND_BYTES, RUN_DEFAULT_TIMEOUT_SECS, RUN_MAX_TIMEOUT_SECS, RUN_OUTPUT_CAP_BYTES, RunAs, validate_envs,
+    validate_path, validate_range,
+};
 use super::calls::CallContext;
 use super::error::ToolError;
-use super::handler::Gateway;
+use super::state::Gateway;
 use crate::e2b::{CallOptions, E2bError, OutputLimits, wire};
-
-/// Default and longest foreground timeout, seconds.
-pub const RUN_DEFAULT_TIMEOUT_SECS: u64 = 60;
-pub const RUN_MAX_TIMEOUT_SECS: u64 = 600;
-/// Output kept per stream.
-pub const RUN_OUTPUT_CAP_BYTES: usize = 64 * 1024;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -50,6 +47,14 @@ pub struct RunCommandResult {
     pub sandbox_id: String,
     /// Exit code of the command (non-zero is a normal result, not a tool error); -1 if killed by a signal.
     pub exit_code: i32,
+    #[serde(flatten)]
+    pub outcome: CommandOutcome,
+}
+
+/// What a command wrote and how it ended besides its exit code: part of `run_command`'s result, and
+/// of an MCP task's (`mcp_tasks`), which has the same shape.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct CommandOutcome {
     /// Standard output (first 64 KiB, decoded as UTF-8 with invalid bytes replaced).
     pub stdout: String,
     /// Standard error (first 64 KiB).
@@ -108,16 +113,9 @@ impl Gateway {
 
         let sandbox = self.resolve_sandbox(call, args.sandbox_id.as_deref()).await?;
         self.renew_on_use(&sandbox.id);
-        let request = wire::StartRequest {
-            process: wire::ProcessConfig {
-                cmd: "/bin/bash".into(),
-                args: vec!["-l".into(), "-c".into(), args.command],
-                envs,
-                cwd: args.cwd,
-            },
-            stdin: Some(false),
-            ..Default::default()
-        };
+        let mut request = wire::StartRequest::login_shell(args.command);
+        request.process.envs = envs;
+        request.process.cwd = args.cwd;
         let options = CallOptions::user(user.name()).with_timeout(Duration::from_secs(timeout));
         let limits = OutputLimits { max_stdout: RUN_OUTPUT_CAP_BYTES, max_stderr: RUN_OUTPUT_CAP_BYTES };
         let started = Instant::now();
@@ -128,9 +126,7 @@ impl Gateway {
             }
             Err(err) => return Err(ToolError::sandbox_call("run a command in", &sandbox.id, err)),
         };
-        Ok(RunCommandResult {
-            sandbox_id: sandbox.id,
-            exit_code: output.exit_code,
+        let outcome = CommandOutcome {
             stdout: self.core.masker.mask_clipped(&String::from_utf8_lossy(&output.stdout), output.stdout_truncated),
             stderr: self.core.masker.mask_clipped(&String::from_utf8_lossy(&output.stderr), output.stderr_truncated),
             stdout_truncated: output.stdout_truncated,
@@ -139,6 +135,7 @@ impl Gateway {
             stderr_bytes: output.stderr_total,
             error: if output.exited { None } else { Some(output.status.clone()).filter(|s| !s.is_empty()) },
             duration_ms: started.elapsed().as_millis() as u64,
-        })
+        };
+        Ok(RunCommandResult { sandbox_id: sandbox.id, exit_code: output.exit_code, outcome })
     }
 }

@@ -10,23 +10,14 @@ use rmcp::{Json, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::args::{RunAs, validate_path, validate_range};
+use super::args::{
+    MAX_FILE_BYTES, MAX_LIST_DEPTH, MAX_LIST_ENTRIES, MAX_LIST_RESPONSE_BYTES, READ_DEFAULT_BYTES, RunAs,
+    validate_path, validate_range,
+};
 use super::calls::CallContext;
 use super::error::ToolError;
-use super::handler::Gateway;
+use super::state::Gateway;
 use crate::e2b::{CallOptions, E2bError, wire};
-
-/// Largest file `read_file` returns / `write_file` accepts, bytes (decoded).
-pub const MAX_FILE_BYTES: u64 = 10 * 1024 * 1024;
-/// Deepest `list_files` recursion, and most entries returned.
-pub const MAX_LIST_DEPTH: u32 = 10;
-pub const MAX_LIST_ENTRIES: usize = 5000;
-/// Bytes of file content `read_file` returns when no `length` is given: base64 of it stays under
-/// 512 KiB, so the JSON-RPC message fits the 1 MiB limit of common clients (the official Python SDK).
-pub const READ_DEFAULT_BYTES: u64 = 256 * 1024;
-/// Largest ListDir answer read from envd for `list_files` (about 5000 entries with long names
-/// need under 2 MiB); reading stops past it, so a huge tree cannot grow the gateway's memory.
-pub const MAX_LIST_RESPONSE_BYTES: u64 = 4 * 1024 * 1024;
 
 /// How file content is carried in JSON.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -18,18 +18,14 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::model::{CacheScope, JsonObject, ListToolsResult, ProtocolVersion, ResultType};
 use serde_json::Value;
 
-use super::handler::{Gateway, Routers};
 use super::sessions::SessionRegistry;
+use super::state::{Gateway, Routers};
 
 /// The first protocol version without sessions.
 pub const STATELESS_VERSION: &str = "2026-07-28";
 
 /// How long a 2026-07-28 client may cache `tools/list` (the list changes only with a new release).
 pub const TOOLS_LIST_TTL_MS: u64 = 300_000;
-
-/// The answer to a sessionless call that names no sandbox.
-pub const MISSING_SANDBOX_ID: &str = "sandbox_id is required: requests of MCP 2026-07-28 have no session, so there \
-     is no default sandbox. Pass the sandbox_id returned by create_sandbox (or one from list_sandboxes).";
 
 /// Server instructions for legacy (session) clients.
 pub const LEGACY_INSTRUCTIONS: &str = "Linux sandboxes for agents. Call create_sandbox first (it becomes this \
@@ -127,7 +123,7 @@ pub fn build_routers(base: ToolRouter<Gateway>) -> Routers {
 }
 
 /// The `sandbox_id` property description in 2026-07-28 schemas (it is still optional in the schema so
-/// that one argument type serves both generations; the tool answers with `MISSING_SANDBOX_ID`).
+/// that one argument type serves both generations; the tool answers with `ToolError::MissingSandboxId`).
 fn reword_sandbox_id_property(schema: &mut Arc<JsonObject>) {
     let mut object = (**schema).clone();
     if let Some(Value::Object(props)) = object.get_mut("properties")

@@ -1,11 +1,11 @@
-//! The per-session MCP handler: [`Gateway`] (one per session, sharing one
-//! [`GatewayCore`]), the tool routers of both protocol generations, and the
-//! `ServerHandler` methods (tools, MCP tasks). What a tool call needs lives
-//! beside it: the caller and the error-to-sentence step in `calls`, sandbox
-//! resolution in `access`, shared state in `state`, the errors in `error`.
+//! What the per-session MCP handler ([`Gateway`], defined in `state`) serves:
+//! every tool family's router combined, the routers of both protocol
+//! generations, and the `ServerHandler` methods (tools, MCP tasks). What a
+//! tool call needs lives beside it: the caller and the error-to-sentence step
+//! in `calls`, sandbox resolution in `access`, shared state in `state`, the
+//! errors in `error`. The tool families import `state`, never this module.
 
 use std::borrow::Cow;
-use std::sync::Arc;
 
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
@@ -20,20 +20,7 @@ use rmcp::{ErrorData as McpError, ServerHandler, tool_handler};
 use super::{generation, mcp_tasks};
 
 pub use super::access::{META_DEPLOYMENT, META_RESERVED_PREFIX, META_SESSION, META_TENANT};
-pub use super::state::GatewayCore;
-
-/// The per-session MCP handler.
-#[derive(Clone)]
-pub struct Gateway {
-    pub(crate) core: Arc<GatewayCore>,
-    pub(crate) routers: Arc<Routers>,
-}
-
-/// The tool routers of both protocol generations (same tools, descriptions for each; portable schemas).
-pub struct Routers {
-    pub legacy: ToolRouter<Gateway>,
-    pub modern: ToolRouter<Gateway>,
-}
+pub use super::state::{Gateway, GatewayCore, Routers};
 
 impl Gateway {
     /// Every tool family, combined once (raw schemars schemas, legacy descriptions).
@@ -44,10 +31,6 @@ impl Gateway {
     /// Both generations' routers, built once and shared by every session and request.
     pub fn routers() -> Routers {
         super::generation::build_routers(Self::tool_router())
-    }
-
-    pub fn new(core: Arc<GatewayCore>, routers: Arc<Routers>) -> Self {
-        Self { core, routers }
     }
 }
 

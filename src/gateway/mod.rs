@@ -18,20 +18,22 @@ pub mod oauth;
 pub mod parse_guard;
 pub mod provider;
 pub mod quotas;
+pub mod redis_pool;
 pub mod redis_store;
 pub mod sandbox_tools;
 pub mod server;
 pub mod sessions;
 pub mod shared_sessions;
 pub mod state;
+pub mod task_ids;
 pub mod task_tools;
 
 #[cfg(test)]
 mod tool_tests;
 
 pub use error::ToolError;
-pub use handler::Gateway;
 pub use sessions::{SessionRegistry, SessionState};
+pub use state::Gateway;
 pub use state::GatewayCore;
 
 /// Arguments of `sandbox-mcp serve`.

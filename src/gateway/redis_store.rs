@@ -3,7 +3,8 @@
 //! replica replays to take over a session), our per-session records (tenant,
 //! principal, default sandbox, owned and retained sets), idle expiry and the
 //! cleanup lease that makes session-end cleanup run exactly once across
-//! replicas. The SSE event log (rmcp's `EventStore`) is `event_log.rs`.
+//! replicas. The SSE event log (rmcp's `EventStore`) is `event_log.rs`; the
+//! connections, key prefix and call timeout both use are `redis_pool.rs`.
 //!
 //! Keys (all under `key_prefix`): `:expiry` (sorted set: session id → idle
 //! deadline in ms), `:s:<id>` (hash: tenant, principal, default), `:s:<id>:owned`
@@ -14,29 +15,16 @@
 //! script (atomic, never half-written).
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use redis::aio::ConnectionManager;
-use redis::{AsyncCommands, IntoConnectionInfo, Script};
+use redis::{AsyncCommands, Script};
 use rmcp::transport::streamable_http_server::session::{
     SessionState as RmcpSessionState, SessionStore, SessionStoreError,
 };
 
-use super::event_log::EventWriter;
-
+use super::event_log::EventLog;
+use super::redis_pool::{RedisPool, StoreError, now_ms};
 use crate::config::SessionsConfig;
-
-/// Errors of the Redis session store (all retryable by the client).
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum StoreError {
-    #[error("session store (Redis) unavailable: {0}; retry in a few seconds")]
-    Unavailable(String),
-    #[error("session store (Redis) did not answer within {0:?}; retry in a few seconds")]
-    Timeout(Duration),
-    #[error("unreadable data in the session store: {0}")]
-    Corrupt(String),
-}
 
 /// A session's shared record (what `SessionState` holds besides the local `verified` cache).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -124,21 +112,18 @@ redis.call('ZREM', KEYS[6], ARGV[1])
 return 1
 "#;
 
-/// The Redis connection pool and every operation on shared session state (cheap to clone).
+/// Every operation on shared session state (cheap to clone).
 #[derive(Clone)]
 pub struct RedisStore {
-    pool: Vec<ConnectionManager>,
-    next: std::sync::Arc<AtomicUsize>,
-    prefix: String,
-    timeout: Duration,
+    redis: RedisPool,
     idle: Duration,
     lease: Duration,
     touch: Script,
     apply: Script,
     end_now: Script,
     finish: Script,
-    /// The SSE event log's background writer (`event_log.rs`).
-    pub(super) events: EventWriter,
+    /// The SSE event log (`event_log.rs`).
+    events: EventLog,
 }
 
 /// What `RedisStore::touch` found.
@@ -152,49 +137,14 @@ pub enum Touched {
     NotYours,
 }
 
-pub(super) fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or_default()
-}
-
 impl RedisStore {
     /// Connects the pool (fails start-up with a clear error when Redis is unreachable or the URL is bad).
     pub async fn connect(config: &SessionsConfig, idle: Duration) -> Result<Self, StoreError> {
-        let url = config.redis_url().ok_or_else(|| StoreError::Unavailable("sessions.store is memory".into()))?;
-        let mut info =
-            url.into_connection_info().map_err(|e| StoreError::Unavailable(format!("bad sessions.store URL: {e}")))?;
-        if info.redis_settings().password().is_none()
-            && let Ok(password) = std::env::var(&config.password_env)
-            && !password.is_empty()
-        {
-            let settings = info.redis_settings().clone().set_password(password);
-            info = info.set_redis_settings(settings);
-        }
-        let client = redis::Client::open(info).map_err(|e| StoreError::Unavailable(e.to_string()))?;
-        let timeout = Duration::from_millis(config.timeout_ms);
-        let manager_config = redis::aio::ConnectionManagerConfig::new()
-            .set_response_timeout(Some(timeout))
-            .set_connection_timeout(Some(timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
-        let mut pool = Vec::with_capacity(config.pool_size);
-        for _ in 0..config.pool_size {
-            let manager = tokio::time::timeout(
-                timeout * 3,
-                ConnectionManager::new_with_config(client.clone(), manager_config.clone()),
-            )
-            .await
-            .map_err(|_| StoreError::Timeout(timeout * 3))?
-            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-            pool.push(manager);
-        }
-        // Same as `event_ttl`.
-        let events = EventWriter::spawn(pool[0].clone(), idle.max(Duration::from_secs(60)), timeout);
+        let redis = RedisPool::connect(config).await?;
+        let events = EventLog::spawn(redis.clone(), idle);
         Ok(Self {
             events,
-            pool,
-            next: std::sync::Arc::new(AtomicUsize::new(0)),
-            prefix: config.key_prefix.clone(),
-            timeout,
+            redis,
             idle,
             lease: Duration::from_secs(config.cleanup_lease_secs),
             touch: Script::new(TOUCH),
@@ -204,35 +154,22 @@ impl RedisStore {
         })
     }
 
-    pub(super) fn conn(&self) -> ConnectionManager {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.pool.len();
-        self.pool[i].clone()
-    }
-
-    /// Bounds a Redis call by the configured timeout.
-    pub(super) async fn bounded<T>(&self, call: impl Future<Output = redis::RedisResult<T>>) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(StoreError::Unavailable(err.to_string())),
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
-        }
-    }
-
-    pub(super) fn key(&self, suffix: &str) -> String {
-        format!("{}:{suffix}", self.prefix)
+    /// The SSE event log (rmcp's `EventStore`), on the same connections.
+    pub fn events(&self) -> &EventLog {
+        &self.events
     }
 
     /// Record keys of a session: hash, owned, retained, lease, init.
     fn session_keys(&self, id: &str) -> [String; 5] {
-        let base = self.key(&format!("s:{id}"));
+        let base = self.redis.key(&format!("s:{id}"));
         let owned = format!("{base}:owned");
         [base.clone(), owned, format!("{base}:retained"), format!("{base}:lease"), format!("{base}:init")]
     }
 
     /// `PING` (readiness).
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let mut conn = self.conn();
-        self.bounded(redis::cmd("PING").query_async::<String>(&mut conn)).await.map(|_| ())
+        let mut conn = self.redis.conn();
+        self.redis.bounded(redis::cmd("PING").query_async::<String>(&mut conn)).await.map(|_| ())
     }
 
     /// Registers a new session with a fresh idle deadline.
@@ -240,9 +177,9 @@ impl RedisStore {
         let [hash, ..] = self.session_keys(id);
         let deadline = now_ms() + self.idle.as_millis() as u64;
         let mut pipe = redis::pipe();
-        pipe.atomic().hset(&hash, "created", now_ms()).ignore().zadd(self.key("expiry"), id, deadline).ignore();
-        let mut conn = self.conn();
-        self.bounded(pipe.query_async::<()>(&mut conn)).await
+        pipe.atomic().hset(&hash, "created", now_ms()).ignore().zadd(self.redis.key("expiry"), id, deadline).ignore();
+        let mut conn = self.redis.conn();
+        self.redis.bounded(pipe.query_async::<()>(&mut conn)).await
     }
 
     /// The record of a live session of `tenant` and `principal`, refreshing its idle deadline; a session
@@ -255,14 +192,14 @@ impl RedisStore {
             .key(&owned)
             .key(&retained)
             .key(&lease)
-            .key(self.key("expiry"))
+            .key(self.redis.key("expiry"))
             .arg(id)
             .arg(now)
             .arg(now + self.idle.as_millis() as u64)
             .arg(tenant)
             .arg(principal);
-        let mut conn = self.conn();
-        let found: redis::Value = self.bounded(invocation.invoke_async(&mut conn)).await?;
+        let mut conn = self.redis.conn();
+        let found: redis::Value = self.redis.bounded(invocation.invoke_async(&mut conn)).await?;
         let (fields, owned, retained): (Vec<String>, Vec<String>, Vec<String>) = match found {
             redis::Value::Nil => return Ok(Touched::Gone),
             redis::Value::Int(_) => return Ok(Touched::NotYours),
@@ -311,8 +248,8 @@ impl RedisStore {
                 invocation.arg(item);
             }
         }
-        let mut conn = self.conn();
-        let applied: i64 = self.bounded(invocation.invoke_async(&mut conn)).await?;
+        let mut conn = self.redis.conn();
+        let applied: i64 = self.redis.bounded(invocation.invoke_async(&mut conn)).await?;
         Ok(applied == 1)
     }
 
@@ -320,33 +257,33 @@ impl RedisStore {
     pub async fn end_now(&self, id: &str) -> Result<bool, StoreError> {
         let [hash, ..] = self.session_keys(id);
         let mut invocation = self.end_now.key(&hash);
-        invocation.key(self.key("expiry")).arg(id);
-        let mut conn = self.conn();
-        let ended: i64 = self.bounded(invocation.invoke_async(&mut conn)).await?;
+        invocation.key(self.redis.key("expiry")).arg(id);
+        let mut conn = self.redis.conn();
+        let ended: i64 = self.redis.bounded(invocation.invoke_async(&mut conn)).await?;
         Ok(ended == 1)
     }
 
     /// Sessions whose idle deadline has passed (at most `limit`).
     pub async fn expired(&self, limit: isize) -> Result<Vec<String>, StoreError> {
-        let mut conn = self.conn();
-        self.bounded(conn.zrangebyscore_limit(self.key("expiry"), "-inf", now_ms(), 0, limit)).await
+        let mut conn = self.redis.conn();
+        self.redis.bounded(conn.zrangebyscore_limit(self.redis.key("expiry"), "-inf", now_ms(), 0, limit)).await
     }
 
     /// Takes the cleanup lease of a session; returns its record when this replica got it.
     pub async fn lease(&self, id: &str, holder: &str) -> Result<Option<Record>, StoreError> {
         let [hash, owned, retained, lease, _init] = self.session_keys(id);
-        let mut conn = self.conn();
+        let mut conn = self.redis.conn();
         let options = redis::SetOptions::default()
             .conditional_set(redis::ExistenceCheck::NX)
             .with_expiration(redis::SetExpiry::PX(self.lease.as_millis() as u64));
-        let got: Option<String> = self.bounded(conn.set_options(&lease, holder, options)).await?;
+        let got: Option<String> = self.redis.bounded(conn.set_options(&lease, holder, options)).await?;
         if got.is_none() {
             return Ok(None);
         }
         let mut pipe = redis::pipe();
         pipe.hgetall(&hash).smembers(&owned).smembers(&retained);
         let (fields, owned, retained): (Vec<(String, String)>, BTreeSet<String>, BTreeSet<String>) =
-            self.bounded(pipe.query_async(&mut conn)).await?;
+            self.redis.bounded(pipe.query_async(&mut conn)).await?;
         let mut record = Record { owned, retained, ..Record::default() };
         for (field, value) in fields {
             match field.as_str() {
@@ -362,17 +299,17 @@ impl RedisStore {
     /// Records that an owned sandbox has been killed (so a replica taking the cleanup over skips it).
     pub async fn killed(&self, id: &str, sandbox_id: &str) -> Result<(), StoreError> {
         let [_hash, owned, ..] = self.session_keys(id);
-        let mut conn = self.conn();
-        self.bounded(conn.srem::<_, _, ()>(&owned, sandbox_id)).await
+        let mut conn = self.redis.conn();
+        self.redis.bounded(conn.srem::<_, _, ()>(&owned, sandbox_id)).await
     }
 
     /// Deletes a cleaned-up session (only while `holder` still holds its lease).
     pub async fn finish(&self, id: &str, holder: &str) -> Result<bool, StoreError> {
         let [hash, owned, retained, lease, init] = self.session_keys(id);
         let mut invocation = self.finish.key(&hash);
-        invocation.key(&owned).key(&retained).key(&lease).key(&init).key(self.key("expiry")).arg(id).arg(holder);
-        let mut conn = self.conn();
-        let done: i64 = self.bounded(invocation.invoke_async(&mut conn)).await?;
+        invocation.key(&owned).key(&retained).key(&lease).key(&init).key(self.redis.key("expiry")).arg(id).arg(holder);
+        let mut conn = self.redis.conn();
+        let done: i64 = self.redis.bounded(invocation.invoke_async(&mut conn)).await?;
         Ok(done == 1)
     }
 }
@@ -381,8 +318,8 @@ impl RedisStore {
 impl SessionStore for RedisStore {
     async fn load(&self, session_id: &str) -> Result<Option<RmcpSessionState>, SessionStoreError> {
         let [.., init] = self.session_keys(session_id);
-        let mut conn = self.conn();
-        let data: Option<String> = self.bounded(conn.get(&init)).await?;
+        let mut conn = self.redis.conn();
+        let data: Option<String> = self.redis.bounded(conn.get(&init)).await?;
         match data {
             Some(data) => Ok(Some(serde_json::from_str(&data)?)),
             None => Ok(None),
@@ -392,9 +329,9 @@ impl SessionStore for RedisStore {
     async fn store(&self, session_id: &str, state: &RmcpSessionState) -> Result<(), SessionStoreError> {
         let [.., init] = self.session_keys(session_id);
         let data = serde_json::to_string(state)?;
-        let mut conn = self.conn();
+        let mut conn = self.redis.conn();
         // Lives as long as the session: deleted with it by `finish` (and by rmcp on DELETE).
-        self.bounded(conn.set::<_, _, ()>(&init, data)).await?;
+        self.redis.bounded(conn.set::<_, _, ()>(&init, data)).await?;
         Ok(())
     }
 
@@ -402,18 +339,6 @@ impl SessionStore for RedisStore {
         // The session's keys go with its cleanup (`finish`), which must still find it after a DELETE.
         let _ = session_id;
         Ok(())
-    }
-}
-
-impl RedisStore {
-    /// The session idle timeout (the expiry of records and event logs).
-    pub fn idle(&self) -> Duration {
-        self.idle
-    }
-
-    /// How long SSE events (and their streams' owners) are kept.
-    pub fn event_ttl(&self) -> Duration {
-        self.idle.max(Duration::from_secs(60))
     }
 }
 

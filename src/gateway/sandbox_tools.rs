@@ -11,13 +11,14 @@ use rmcp::{Json, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::access::{META_DEPLOYMENT, META_RESERVED_PREFIX, META_SESSION, META_TENANT, validate_sandbox_id};
-use super::args::InvalidArgument;
-use super::args::{validate_envs, validate_metadata, validate_range, validate_template};
+use super::access::{META_DEPLOYMENT, META_RESERVED_PREFIX, META_SESSION, META_TENANT};
+use super::args::{
+    InvalidArgument, validate_envs, validate_metadata, validate_range, validate_sandbox_id, validate_template,
+};
 use super::calls::CallContext;
 use super::error::ToolError;
-use super::handler::Gateway;
 use super::sessions::SessionState;
+use super::state::Gateway;
 use crate::e2b::wire;
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]
@@ -221,6 +222,16 @@ impl Gateway {
 }
 
 impl Gateway {
+    /// The sandboxes of `tenant` in this deployment, as the provider lists them (what the sandbox quota
+    /// counts and list_sandboxes shows); `action` says what failed ("could not {action}: ...").
+    async fn sandboxes_of(&self, tenant: &str, action: &str) -> Result<Vec<wire::SandboxDetail>, ToolError> {
+        let filter = [
+            (META_TENANT.to_string(), tenant.to_string()),
+            (META_DEPLOYMENT.to_string(), self.core.deployment().to_owned()),
+        ];
+        self.core.provider.list_all_sandboxes(&filter).await.map_err(|err| ToolError::provider(action, err))
+    }
+
     /// Refuses when the tenant is at `limits.max_sandboxes_per_tenant`; the guard serialises the
     /// tenant's creates until the new sandbox exists.
     async fn check_tenant_sandboxes(
@@ -232,17 +243,7 @@ impl Gateway {
             return Ok(None);
         }
         let guard = self.core.quotas.create_guard(tenant).await;
-        let filter = [
-            (META_TENANT.to_string(), tenant.to_string()),
-            (META_DEPLOYMENT.to_string(), self.core.deployment().to_owned()),
-        ];
-        let live = self
-            .core
-            .provider
-            .list_all_sandboxes(&filter)
-            .await
-            .map_err(|err| ToolError::provider("count your sandboxes", err))?
-            .len();
+        let live = self.sandboxes_of(tenant, "count your sandboxes").await?.len();
         if live >= max {
             return Err(self.core.quotas.sandbox_refusal(tenant, live).into());
         }
@@ -383,16 +384,7 @@ impl Gateway {
     }
 
     async fn list_sandboxes_impl(&self, call: &CallContext) -> Result<ListSandboxesResult, ToolError> {
-        let filter = vec![
-            (META_TENANT.to_string(), call.tenant.clone()),
-            (META_DEPLOYMENT.to_string(), self.core.deployment().to_owned()),
-        ];
-        let details = self
-            .core
-            .provider
-            .list_all_sandboxes(&filter)
-            .await
-            .map_err(|err| ToolError::provider("list sandboxes", err))?;
+        let details = self.sandboxes_of(&call.tenant, "list sandboxes").await?;
         let summarize = |s: Option<&SessionState>| {
             let sandboxes = details
                 .into_iter()

@@ -6,7 +6,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -23,13 +22,13 @@ use super::auth::{AuthState, TokenSet, require_tenant};
 use super::drain::track_in_flight;
 use super::generation;
 use super::handler::{Gateway, GatewayCore, META_DEPLOYMENT};
-use super::mcp_tasks::TaskIdKey;
 use super::metrics;
 use super::oauth::{self, OAuth};
 use super::provider;
 use super::redis_store::RedisStore;
 use super::sessions::{SessionEndHook, SessionRegistry, TrackingSessionManager};
 use super::shared_sessions::{self, Shared};
+use super::task_ids::TaskIdKey;
 use crate::config::Config;
 use crate::masking::{MIN_SECRET_LEN, Masker};
 
@@ -128,7 +127,7 @@ pub async fn build_app(
     let core = Arc::new(GatewayCore::new(Arc::clone(&config), provider, Arc::clone(&sessions), masker, task_key));
 
     let mut local_sessions = match &store {
-        Some(store) => LocalSessionManager::default().with_event_store(Arc::new(store.clone())),
+        Some(store) => LocalSessionManager::default().with_event_store(Arc::new(store.events().clone())),
         None => LocalSessionManager::default(),
     };
     local_sessions.session_config.keep_alive = Some(Duration::from_secs(config.server.session_idle_timeout_secs));
@@ -214,7 +213,7 @@ pub async fn build_app(
         let interval = Duration::from_secs(config.sessions.sweep_interval_secs);
         shared_sessions::spawn_reaper(shared, interval, reaper_stop.clone())
     });
-    let mcp = mcp.layer(axum::middleware::from_fn_with_state(Arc::clone(&core), track_in_flight));
+    let mcp = mcp.layer(axum::middleware::from_fn_with_state(core.drain.clone(), track_in_flight));
     let mut app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -285,7 +284,7 @@ pub async fn serve_on(
         _ = stop.cancelled() => {}
         result = &mut server => {
             // The server ended by itself: report why after cleaning up.
-            core.shutting_down.store(true, Ordering::SeqCst);
+            core.drain.begin();
             core.end_all_sessions(Duration::from_secs(config.server.shutdown_grace_secs)).await;
             metrics_stop.cancel();
             if let Some(embedded) = connection.embedded { embedded.shutdown().await; }
@@ -298,9 +297,9 @@ pub async fn serve_on(
     let grace = Duration::from_secs(config.server.shutdown_grace_secs);
     let deadline = tokio::time::Instant::now() + grace;
     let cleanup_reserve = (grace / 4).min(MAX_CLEANUP_RESERVE);
-    core.shutting_down.store(true, Ordering::SeqCst);
+    core.drain.begin();
     tracing::info!(
-        in_flight = core.in_flight.current(),
+        in_flight = core.drain.in_flight.current(),
         grace_secs = grace.as_secs(),
         "shutting down: readiness off, waiting for in-flight calls"
     );
@@ -313,7 +312,8 @@ pub async fn serve_on(
         let handover = HANDOVER_DRAIN.min(calls_deadline.saturating_duration_since(tokio::time::Instant::now()));
         tokio::time::sleep(handover).await;
     }
-    let left = core.in_flight.wait_idle(calls_deadline.saturating_duration_since(tokio::time::Instant::now())).await;
+    let left =
+        core.drain.in_flight.wait_idle(calls_deadline.saturating_duration_since(tokio::time::Instant::now())).await;
     if left > 0 {
         tracing::warn!(in_flight = left, "grace period over; ending sessions with calls still running");
     }
@@ -329,12 +329,12 @@ pub async fn serve_on(
         // request arriving in between, where another replica would have served it.
         http_stop.cancel();
         let settle = deadline.saturating_duration_since(tokio::time::Instant::now()).min(CONNECTION_CLOSE_TIMEOUT);
-        core.in_flight.wait_idle(settle).await;
+        core.drain.in_flight.wait_idle(settle).await;
     }
     sessions_stop.cancel();
     if let Some(store) = &store {
         // Events still queued for the shared log: a client resuming elsewhere may need them.
-        store.flush_events(CONNECTION_CLOSE_TIMEOUT).await;
+        store.events().flush_events(CONNECTION_CLOSE_TIMEOUT).await;
     }
     reaper_stop.cancel();
     if let Some(reaper) = reaper {
@@ -431,7 +431,7 @@ async fn healthz() -> impl IntoResponse {
 }
 
 async fn readyz(State(core): State<Arc<GatewayCore>>) -> impl IntoResponse {
-    if core.shutting_down.load(Ordering::SeqCst) {
+    if core.drain.is_shutting_down() {
         return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n".to_string());
     }
     if let Some(store) = core.sessions.store()

@@ -24,7 +24,8 @@ use rmcp::transport::streamable_http_server::session::{
     EventStore, RestoreOutcome, ServerSseMessage, SessionId, SessionManager,
 };
 
-use super::redis_store::{Record, RecordDiff, RedisStore, StoreError};
+use super::redis_pool::StoreError;
+use super::redis_store::{Record, RecordDiff, RedisStore};
 use crate::e2b::wire;
 
 /// What one MCP session knows about sandboxes.
@@ -434,7 +435,7 @@ impl SessionManager for TrackingSessionManager {
         if let Some(stream_id) =
             first.as_ref().and_then(|event| event.event_id.as_deref()).and_then(|id| id.rsplit_once('#'))
         {
-            store.bind_stream(stream_id.0, id).await?;
+            store.events().bind_stream(stream_id.0, id).await?;
         }
         Ok(futures_util::stream::iter(first).chain(stream).right_stream())
     }
@@ -457,7 +458,7 @@ impl SessionManager for TrackingSessionManager {
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
         // In memory, rmcp replays from the session's own worker; the shared log needs the check.
         if let Some(store) = self.registry.store()
-            && !store.stream_belongs_to(&last_event_id, id).await?
+            && !store.events().stream_belongs_to(&last_event_id, id).await?
         {
             tracing::warn!(session = %id, "Last-Event-ID names a stream of another session (or an unknown one): no replay");
             return Err(ManagerError::ForeignStream);

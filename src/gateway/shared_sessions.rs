@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Request, State};
-use axum::http::{Method, StatusCode, header};
+use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use rmcp::transport::streamable_http_server::session::SessionId;
@@ -17,16 +17,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::auth::{Principal, Tenant};
 use super::generation::is_stateless_version;
-use super::handler::GatewayCore;
-use super::redis_store::{RedisStore, StoreError, Touched};
+use super::redis_store::{RedisStore, Touched};
 use super::sessions::TrackingSessionManager;
+use super::state::GatewayCore;
 
 /// Bound on each kill during a session cleanup.
 const CLEANUP_KILL_TIMEOUT: Duration = Duration::from_secs(15);
 /// Expired sessions handled per sweep.
 const SWEEP_BATCH: isize = 64;
-/// Seconds a client should wait before retrying when Redis is down.
-const RETRY_AFTER_SECS: &str = "2";
 
 /// What the middleware and the reaper share.
 #[derive(Clone)]
@@ -50,21 +48,6 @@ impl Shared {
     }
 }
 
-/// The answer when Redis cannot be reached: 503, `Retry-After`, and a JSON-RPC error saying to retry.
-pub fn unavailable(err: &StoreError) -> Response {
-    let body = serde_json::json!({
-        "jsonrpc": "2.0",
-        "id": null,
-        "error": { "code": -32000, "message": err.to_string(), "data": { "retryable": true } }
-    });
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
-        [(header::RETRY_AFTER, RETRY_AFTER_SECS), (header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
-        .into_response()
-}
-
 /// `/mcp` middleware, inside auth: refreshes the session only for the tenant and principal it is bound to
 /// (anyone else gets the 404 of an unknown session, and the session's idle deadline does not move).
 pub async fn refresh(State(shared): State<Shared>, request: Request, next: Next) -> Response {
@@ -79,7 +62,7 @@ pub async fn refresh(State(shared): State<Shared>, request: Request, next: Next)
                 .is_some_and(|v| is_stateless_version(v.trim()))
             && let Err(err) = shared.store.ping().await
         {
-            return unavailable(&err);
+            return err.into_response();
         }
         return next.run(request).await;
     };
@@ -90,7 +73,7 @@ pub async fn refresh(State(shared): State<Shared>, request: Request, next: Next)
         return (StatusCode::NOT_FOUND, "session not found\n").into_response();
     };
     match shared.store.touch(&id, tenant, principal).await {
-        Err(err) => return unavailable(&err),
+        Err(err) => return err.into_response(),
         Ok(Touched::Gone) => {
             // Ended (DELETE elsewhere, expiry) or unknown: drop any local worker; rmcp answers 404.
             if shared.core.sessions.contains(&id) {
@@ -114,7 +97,7 @@ pub async fn refresh(State(shared): State<Shared>, request: Request, next: Next)
             Ok(false) => {}
             Err(err) => {
                 tracing::warn!(session = %id, error = %err, "DELETE: cannot mark the session ended in Redis");
-                return unavailable(&err);
+                return err.into_response();
             }
         }
     }

@@ -1,19 +1,22 @@
-//! State shared by every session's handler ([`GatewayCore`]): the provider
-//! client, the session registry, the masker, quotas, metrics, the task
-//! service; the bookkeeping of sandbox deadlines (renew on use) and of
+//! The per-session MCP handler, [`Gateway`] (the tool families add their
+//! tools to it, `handler.rs` combines them and serves MCP), and the state it
+//! shares with every session ([`GatewayCore`]): the provider client, the
+//! session registry, the masker, quotas, metrics, the task service, graceful
+//! shutdown; the bookkeeping of sandbox deadlines (renew on use) and of
 //! sandboxes checked for sessionless callers; and the session-end hook that
 //! kills a session's owned, unretained sandboxes.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use rmcp::handler::server::router::tool::ToolRouter;
 use tokio_util::task::TaskTracker;
 
-use super::drain::InFlight;
+use super::drain::Drain;
 use super::metrics::GatewayMetrics;
 use super::sessions::{EndReason, SessionEndHook, SessionRegistry, SessionState};
+use super::task_ids::TaskIdKey;
 use crate::config::Config;
 use crate::e2b::{E2bClient, E2bError, wire};
 use crate::masking::Masker;
@@ -24,14 +27,33 @@ const RENEW_MIN_INTERVAL: Duration = Duration::from_secs(10);
 /// Bound on each kill during session cleanup.
 const CLEANUP_KILL_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// The per-session MCP handler (one per session, sharing one [`GatewayCore`]).
+#[derive(Clone)]
+pub struct Gateway {
+    pub(crate) core: Arc<GatewayCore>,
+    pub(crate) routers: Arc<Routers>,
+}
+
+/// The tool routers of both protocol generations (same tools, descriptions for each; portable schemas).
+pub struct Routers {
+    pub legacy: ToolRouter<Gateway>,
+    pub modern: ToolRouter<Gateway>,
+}
+
+impl Gateway {
+    pub fn new(core: Arc<GatewayCore>, routers: Arc<Routers>) -> Self {
+        Self { core, routers }
+    }
+}
+
 /// State shared by every session's handler.
 pub struct GatewayCore {
     pub config: Arc<Config>,
     pub provider: E2bClient,
     pub sessions: Arc<SessionRegistry>,
     pub masker: Masker,
-    pub in_flight: Arc<InFlight>,
-    pub shutting_down: AtomicBool,
+    /// Graceful shutdown: whether it has begun, and the requests in flight.
+    pub drain: Drain,
     /// Prometheus metrics (ops).
     pub metrics: Arc<GatewayMetrics>,
     /// Task tools' service: supervisor install cache and page masking (same secrets as `masker`).
@@ -45,7 +67,7 @@ pub struct GatewayCore {
     /// Sandboxes checked for sessionless (2026-07-28) callers: sandbox id -> (tenant, connection info).
     stateless_verified: Mutex<HashMap<String, (String, wire::Sandbox)>>,
     /// Key binding MCP task ids to their tenant (see `mcp_tasks`).
-    pub(crate) task_key: super::mcp_tasks::TaskIdKey,
+    pub(crate) task_key: TaskIdKey,
 }
 
 /// Most sandboxes remembered for sessionless callers (the cache is cleared when full).
@@ -68,7 +90,7 @@ impl GatewayCore {
         provider: E2bClient,
         sessions: Arc<SessionRegistry>,
         masker: Masker,
-        task_key: super::mcp_tasks::TaskIdKey,
+        task_key: TaskIdKey,
     ) -> Self {
         let metrics = Arc::new(GatewayMetrics::new(Arc::clone(&sessions)));
         let tasks = TaskService::new(masker.clone());
@@ -81,8 +103,7 @@ impl GatewayCore {
             sessions,
             metrics,
             masker,
-            in_flight: Arc::default(),
-            shutting_down: AtomicBool::new(false),
+            drain: Drain::default(),
             cleanups: TaskTracker::new(),
             renewals: Arc::default(),
             stateless_verified: Mutex::default(),

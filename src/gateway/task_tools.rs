@@ -19,7 +19,7 @@ use super::access::ResolvedSandbox;
 use super::args::validate_envs;
 use super::calls::CallContext;
 use super::error::ToolError;
-use super::handler::Gateway;
+use super::state::Gateway;
 use crate::e2b::{CallOptions, E2bError, OutputLimits, wire};
 use crate::tasks::TaskId;
 use crate::tasks::launch::{self, TaskSpec};

@@ -72,6 +72,13 @@ fn spec(command: &str, envs: &[(&str, &str)], timeout: Option<i64>) -> TaskSpec 
     TaskSpec::new(command.to_owned(), None, envs, timeout).unwrap()
 }
 
+/// Starts `command` (no extra environment, the default timeout) as a new task in sandbox "sbx".
+async fn start(svc: &TaskService, t: &LocalPython, command: &str) -> TaskId {
+    let id = TaskId::generate();
+    svc.start(t, "sbx", &id, &spec(command, &[], None)).await.unwrap();
+    id
+}
+
 fn page(out: i64, err: i64, limit: i64) -> PageRequest {
     PageRequest::new(Some(out), Some(err), Some(limit)).unwrap()
 }
@@ -164,8 +171,7 @@ async fn secrets_are_masked_by_supervisor_and_gateway() {
 async fn cancel_and_timeout_end_tasks() {
     let t = LocalPython::new();
     let svc = t.service(&[]);
-    let id = TaskId::generate();
-    svc.start(&t, "sbx", &id, &spec("echo go; sleep 30", &[], None)).await.unwrap();
+    let id = start(&svc, &t, "echo go; sleep 30").await;
     let v = svc.status(&t, "sbx", &id, &page(0, 0, 100), 5.0).await.unwrap();
     assert_eq!((v.state, v.stdout.as_str()), (TaskState::Running, "go\n"));
     let c = svc.cancel(&t, "sbx", &id, &page(0, 0, 100)).await.unwrap();
@@ -281,8 +287,7 @@ async fn direct_reads_match_the_supervisor_in_every_state() {
 async fn direct_reads_leave_unfamiliar_records_to_the_supervisor() {
     let t = LocalPython::new();
     let svc = t.service(&[]);
-    let id = TaskId::generate();
-    svc.start(&t, "sbx", &id, &spec("echo hi", &[], None)).await.unwrap();
+    let id = start(&svc, &t, "echo hi").await;
     assert_eq!(wait_terminal(&svc, &t, &id).await.state, TaskState::Succeeded);
     let path = t.home.path().join(format!(".sandbox-mcp/tasks/{id}/status.json"));
     let p = page(0, 0, 100);

@@ -16,28 +16,18 @@ use crate::connect_rpc::{Code, ConnectError};
 use crate::e2b::wire::{Empty, EntryResponse, ListDirRequest, ListDirResponse, MoveRequest, PathRequest};
 
 /// Dispatches `POST /filesystem.Filesystem/{method}`.
-pub async fn handle(state: Arc<EnvdState>, method: &str, headers: HeaderMap, body: Body) -> Response {
-    let kind = match method {
-        "Stat" | "ListDir" | "MakeDir" | "Remove" | "Move" => CallKind::Unary,
+pub async fn handle(state: Arc<EnvdState>, method: String, headers: HeaderMap, body: Body) -> Response {
+    match method.as_str() {
+        "Stat" | "ListDir" | "MakeDir" | "Remove" | "Move" => {}
         "WatchDir" | "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher" => {
-            let err =
-                ConnectError::new(Code::Unimplemented, format!("filesystem.Filesystem/{method} is not supported"));
-            return rpc::unary_error(&err);
+            return rpc::unimplemented(format!("filesystem.Filesystem/{method} is not supported"));
         }
-        _ => {
-            let err = ConnectError::new(Code::Unimplemented, format!("unknown method filesystem.Filesystem/{method}"));
-            return rpc::unary_error(&err);
-        }
-    };
-    if let Some(response) = rpc::content_type_rejection(&headers, kind) {
-        return response;
+        _ => return rpc::unimplemented(format!("unknown method filesystem.Filesystem/{method}")),
     }
-    let body = match rpc::read_body(body, rpc::MAX_REQUEST_BODY).await {
-        Ok(body) => body,
-        Err(err) => return rpc::unary_error(&err),
-    };
-    let result = dispatch(&state, method, &headers, &body).await;
-    result.unwrap_or_else(|err| rpc::unary_error(&err))
+    rpc::serve(CallKind::Unary, headers, body, |headers, body| async move {
+        dispatch(&state, &method, &headers, &body).await
+    })
+    .await
 }
 
 async fn dispatch(state: &EnvdState, method: &str, headers: &HeaderMap, body: &[u8]) -> Result<Response, ConnectError> {

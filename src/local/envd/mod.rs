@@ -51,7 +51,7 @@ use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post};
 
 use crate::connect_rpc::{Code, ConnectError};
 pub use reaper::ExitOutcome;
@@ -143,8 +143,8 @@ fn app(state: Arc<EnvdState>) -> Router {
         .route("/envs", get(envs))
         .route("/metrics", get(get_metrics))
         .route("/files", get(files::download).post(files::upload))
-        .route("/process.Process/{method}", post(process_rpc_route))
-        .route("/filesystem.Filesystem/{method}", post(fs_rpc_route))
+        .route("/process.Process/{method}", connect_service(process_rpc::handle))
+        .route("/filesystem.Filesystem/{method}", connect_service(fs_rpc::handle))
         .fallback(fallback)
         .layer(DefaultBodyLimit::disable())
         .with_state(state)
@@ -162,29 +162,21 @@ async fn get_metrics(State(state): State<Arc<EnvdState>>) -> Response {
     axum::Json(usage_metrics::snapshot(&state.cpu)).into_response()
 }
 
-async fn process_rpc_route(
-    State(state): State<Arc<EnvdState>>,
-    Path(method): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    process_rpc::handle(state, &method, headers, body).await
-}
-
-async fn fs_rpc_route(
-    State(state): State<Arc<EnvdState>>,
-    Path(method): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    fs_rpc::handle(state, &method, headers, body).await
+/// The route of a Connect service (`POST /<service>/{method}`), served by its `handle`.
+fn connect_service<F, Fut>(handle: F) -> MethodRouter<Arc<EnvdState>>
+where
+    F: FnOnce(Arc<EnvdState>, String, HeaderMap, Body) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response> + Send + 'static,
+{
+    post(move |State(state): State<Arc<EnvdState>>, Path(method): Path<String>, headers: HeaderMap, body: Body| {
+        handle(state, method, headers, body)
+    })
 }
 
 async fn fallback(uri: axum::http::Uri) -> Response {
     let path = uri.path();
     if path.starts_with("/process.") || path.starts_with("/filesystem.") {
-        let err = ConnectError::new(Code::Unimplemented, format!("unknown method {path}"));
-        return rpc::unary_error(&err);
+        return rpc::unimplemented(format!("unknown method {path}"));
     }
     files::http_error(StatusCode::NOT_FOUND, format!("no envd route for {path}"))
 }

@@ -33,36 +33,25 @@ use crate::e2b::wire::{
 const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(90);
 
 /// Dispatches `POST /process.Process/{method}`.
-pub async fn handle(state: Arc<EnvdState>, method: &str, headers: HeaderMap, body: Body) -> Response {
-    let kind = match method {
+pub async fn handle(state: Arc<EnvdState>, method: String, headers: HeaderMap, body: Body) -> Response {
+    let kind = match method.as_str() {
         "Start" | "Connect" => CallKind::ServerStream,
         "List" | "SendSignal" | "SendInput" | "CloseStdin" => CallKind::Unary,
-        "StreamInput" | "Update" => {
-            let err = ConnectError::new(Code::Unimplemented, format!("process.Process/{method} is not supported"));
-            return rpc::unary_error(&err);
+        "StreamInput" | "Update" => return rpc::unimplemented(format!("process.Process/{method} is not supported")),
+        _ => return rpc::unimplemented(format!("unknown method process.Process/{method}")),
+    };
+    rpc::serve(kind, headers, body, |headers, body| async move {
+        match method.as_str() {
+            "Start" => start(&state, &headers, &body).await,
+            "Connect" => connect(&state, &headers, &body),
+            "List" => rpc::decode_unary::<serde_json::Map<String, serde_json::Value>>(&body)
+                .map(|_| rpc::unary_ok(&ListProcessesResponse { processes: state.processes.list() })),
+            "SendSignal" => send_signal(&state, &body),
+            "SendInput" => send_input(&state, &body).await,
+            _ => close_stdin(&state, &body).await,
         }
-        _ => {
-            let err = ConnectError::new(Code::Unimplemented, format!("unknown method process.Process/{method}"));
-            return rpc::unary_error(&err);
-        }
-    };
-    if let Some(response) = rpc::content_type_rejection(&headers, kind) {
-        return response;
-    }
-    let body = match rpc::read_body(body, rpc::MAX_REQUEST_BODY).await {
-        Ok(body) => body,
-        Err(err) => return rpc::error_for(kind, &err),
-    };
-    let result = match method {
-        "Start" => start(&state, &headers, &body).await,
-        "Connect" => connect(&state, &headers, &body),
-        "List" => rpc::decode_unary::<serde_json::Map<String, serde_json::Value>>(&body)
-            .map(|_| rpc::unary_ok(&ListProcessesResponse { processes: state.processes.list() })),
-        "SendSignal" => send_signal(&state, &body),
-        "SendInput" => send_input(&state, &body).await,
-        _ => close_stdin(&state, &body).await,
-    };
-    result.unwrap_or_else(|err| rpc::error_for(kind, &err))
+    })
+    .await
 }
 
 fn not_found(selector: &ProcessSelector) -> ConnectError {
@@ -73,23 +62,17 @@ fn not_found(selector: &ProcessSelector) -> ConnectError {
     }
 }
 
+/// A header holding a positive whole number (anything else counts as absent).
+fn positive_header(headers: &HeaderMap, name: &str) -> Option<u64> {
+    headers.get(name).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok()).filter(|&n| n > 0)
+}
+
 fn keepalive_interval(headers: &HeaderMap) -> Duration {
-    headers
-        .get("keepalive-ping-interval")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|&secs| secs > 0)
-        .map(Duration::from_secs)
-        .unwrap_or(DEFAULT_KEEPALIVE)
+    positive_header(headers, "keepalive-ping-interval").map(Duration::from_secs).unwrap_or(DEFAULT_KEEPALIVE)
 }
 
 fn connect_timeout(headers: &HeaderMap) -> Option<Duration> {
-    headers
-        .get("connect-timeout-ms")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|&ms| ms > 0)
-        .map(Duration::from_millis)
+    positive_header(headers, "connect-timeout-ms").map(Duration::from_millis)
 }
 
 /// Resolves the working directory as file paths are resolved (`~`, relative

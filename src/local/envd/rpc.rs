@@ -1,4 +1,5 @@
-//! Connect RPC plumbing for the envd handlers: decoding unary and
+//! Connect RPC plumbing for the envd handlers: serving one call (content
+//! type, bounded body, errors in the call's framing), decoding unary and
 //! server-streaming requests (JSON codec only) and building unary, error and
 //! streaming responses.
 
@@ -56,6 +57,28 @@ pub fn stream_error(err: &ConnectError) -> Response {
     let mut response = Response::new(Body::from(encode_end_stream(Some(err))));
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE_STREAM_JSON));
     response
+}
+
+/// Serves one call of `kind`: checks the content type, reads the body (at most `MAX_REQUEST_BODY`), runs
+/// `call` on the headers and body, and answers its error, or any earlier one, in the call's framing.
+pub async fn serve<F, Fut>(kind: CallKind, headers: HeaderMap, body: Body, call: F) -> Response
+where
+    F: FnOnce(HeaderMap, Bytes) -> Fut,
+    Fut: Future<Output = Result<Response, ConnectError>>,
+{
+    if let Some(response) = content_type_rejection(&headers, kind) {
+        return response;
+    }
+    let body = match read_body(body, MAX_REQUEST_BODY).await {
+        Ok(body) => body,
+        Err(err) => return error_for(kind, &err),
+    };
+    call(headers, body).await.unwrap_or_else(|err| error_for(kind, &err))
+}
+
+/// The answer to a method this envd does not serve (unary framing: the call is refused before it starts).
+pub fn unimplemented(message: String) -> Response {
+    unary_error(&ConnectError::new(Code::Unimplemented, message))
 }
 
 /// The error response for `kind`.
