@@ -88,3 +88,30 @@ async fn embedded_provider_and_graceful_shutdown() {
     let left = provider.client().list_all_sandboxes(&[]).await.unwrap();
     assert!(left.iter().all(|s| s.sandbox_id != id), "sandbox {id} survived the gateway's shutdown: {left:?}");
 }
+
+/// The gateway's runtime has `server.worker_threads` workers (one by default) and the embedded
+/// provider a runtime of its own with one worker per core, as each logs at start-up.
+#[tokio::test(flavor = "multi_thread")]
+async fn gateway_and_embedded_provider_run_on_their_own_runtimes() {
+    require_root!();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for (env, gateway_workers) in [(vec![], 1), (vec![("SANDBOX_MCP_SERVER__WORKER_THREADS", "3")], 3)] {
+        let gateway = Gateway::start("", &env);
+        let log = gateway.log_text();
+        let field = |message: &str, key: &str| {
+            log.lines()
+                .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+                .find(|line| line["message"].as_str().is_some_and(|m| m.contains(message)))
+                .and_then(|line| line[key].as_u64())
+        };
+        assert_eq!(field("gateway listening", "workers"), Some(gateway_workers), "{env:?}: {log}");
+        assert_eq!(field("embedded local provider started", "workers"), Some(cores as u64), "{env:?}: {log}");
+        // Its threads are the provider runtime's own (named), beside the gateway's.
+        let provider_threads = std::fs::read_dir(format!("/proc/{}/task", gateway.pid()))
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|name| name.trim() == "local-provider")
+            .count();
+        assert!(provider_threads >= cores, "{provider_threads} local-provider threads for {cores} cores");
+    }
+}

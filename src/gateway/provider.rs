@@ -24,22 +24,16 @@ pub struct ProviderConnection {
 /// sandbox work (spawns, mounts, file RPCs, egress relays) and MCP requests on the gateway's runtime
 /// (`server.worker_threads`) never wait for each other's threads.
 pub struct EmbeddedProvider {
-    running: Option<RunningProvider>,
-    runtime: Option<tokio::runtime::Runtime>,
+    running: RunningProvider,
+    runtime: OwnRuntime,
 }
 
 impl EmbeddedProvider {
     /// Starts the provider on a new runtime, listening on a free loopback port.
     async fn start(config: LocalProviderConfig) -> anyhow::Result<Self> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .thread_name("local-provider")
-            .enable_all()
-            .build()
-            .context("starting the embedded provider's async runtime")?;
-        let handle = runtime.handle().clone();
-        // From here on, dropping the value winds the runtime down without blocking (start-up errors too).
-        let mut embedded = Self { running: None, runtime: Some(runtime) };
-        let running = handle
+        let runtime = OwnRuntime::new()?;
+        let running = runtime
+            .handle()
             .spawn(async move {
                 // Bound inside the provider's runtime, so the listener's I/O is driven there.
                 let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
@@ -49,26 +43,50 @@ impl EmbeddedProvider {
             })
             .await
             .context("the embedded provider's start-up task failed")??;
-        embedded.running = Some(running);
-        Ok(embedded)
+        Ok(Self { running, runtime })
     }
 
     /// The address the provider listens on.
-    pub fn addr(&self) -> Option<std::net::SocketAddr> {
-        self.running.as_ref().map(|r| r.addr)
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.running.addr
     }
 
-    /// Stops the provider (see [`RunningProvider::shutdown`]) on its runtime, then the runtime.
-    pub async fn shutdown(mut self) {
-        if let (Some(running), Some(runtime)) = (self.running.take(), self.runtime.as_ref()) {
-            let _ = runtime.spawn(running.shutdown()).await;
-        }
+    /// Worker threads of the provider's runtime.
+    pub fn workers(&self) -> usize {
+        self.runtime.handle().metrics().num_workers()
+    }
+
+    /// Stops the provider (see [`RunningProvider::shutdown`]) on its runtime; the runtime winds down
+    /// when `self` is dropped.
+    pub async fn shutdown(self) {
+        let _ = self.runtime.handle().spawn(self.running.shutdown()).await;
     }
 }
 
-impl Drop for EmbeddedProvider {
+/// A runtime owned from inside another one: dropping it lets its threads wind down in the background
+/// (a plain `Runtime` dropped inside a runtime would block, which panics), on start-up errors too.
+struct OwnRuntime {
+    runtime: Option<tokio::runtime::Runtime>,
+    handle: tokio::runtime::Handle,
+}
+
+impl OwnRuntime {
+    fn new() -> anyhow::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .thread_name("local-provider")
+            .enable_all()
+            .build()
+            .context("starting the embedded provider's async runtime")?;
+        Ok(Self { handle: runtime.handle().clone(), runtime: Some(runtime) })
+    }
+
+    fn handle(&self) -> &tokio::runtime::Handle {
+        &self.handle
+    }
+}
+
+impl Drop for OwnRuntime {
     fn drop(&mut self) {
-        // Dropping a runtime inside another one would block (a panic): let its threads wind down alone.
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
         }
@@ -122,9 +140,9 @@ pub async fn connect(config: &Config) -> anyhow::Result<ProviderConnection> {
             let embedded = EmbeddedProvider::start(provider_config)
                 .await
                 .context("starting the embedded local provider (provider.kind = \"local\")")?;
-            let addr = embedded.addr().context("the embedded provider has no address")?;
+            let addr = embedded.addr();
             let origin = url::Url::parse(&format!("http://{addr}")).context("embedded provider URL")?;
-            tracing::info!(%addr, "embedded local provider started");
+            tracing::info!(%addr, workers = embedded.workers(), "embedded local provider started (own runtime)");
             let endpoint = ProviderEndpoint {
                 api_url: origin.clone(),
                 sandbox_url: Some(origin),

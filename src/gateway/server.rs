@@ -272,7 +272,8 @@ pub async fn serve_on(
         build_app(Arc::clone(&config), connection.client, connection.api_key.as_deref(), embedded).await?;
 
     let addr: SocketAddr = listener.local_addr().context("reading the listening address")?;
-    tracing::info!(%addr, auth = config.has_auth(), provider = ?config.provider.kind, "sandbox-mcp gateway listening (MCP on /mcp)");
+    let workers = tokio::runtime::Handle::current().metrics().num_workers(); // ops: server.worker_threads in effect
+    tracing::info!(%addr, auth = config.has_auth(), provider = ?config.provider.kind, workers, "sandbox-mcp gateway listening (MCP on /mcp)");
     log_deployment_sandboxes(Arc::clone(&core)); // ops: background, never blocks start-up
     let http_stop = CancellationToken::new();
     let http_stop_signal = http_stop.clone();
