@@ -160,6 +160,69 @@ async fn envelopes_split_byte_by_byte_decode_incrementally() {
     server.abort();
 }
 
+/// A finished command's stream whose body ends only after `then` (the chunked terminator in a
+/// packet of its own, as it comes through a proxy), or never.
+fn finished_command_then(then: futures_util::stream::BoxStream<'static, Result<Bytes, Infallible>>) -> Response {
+    let frames = [
+        event(ProcessEvent::Start(StartEvent { pid: 5 })),
+        event(ProcessEvent::End(EndEvent { exit_code: 0, exited: true, status: "exit status 0".into(), error: None })),
+        encode_end_stream(None),
+    ];
+    let head = futures_util::stream::iter(frames.into_iter().map(Ok::<_, Infallible>));
+    let body = Body::from_stream(futures_util::StreamExt::chain(head, then));
+    ([("content-type", "application/connect+json")], body).into_response()
+}
+
+#[tokio::test]
+async fn a_finished_stream_reads_its_body_to_the_end_so_the_connection_is_reused() {
+    let peers = Arc::new(Mutex::new(Vec::new()));
+    let seen = peers.clone();
+    let router = Router::new().route(
+        "/process.Process/Start",
+        post(move |axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>| {
+            seen.lock().unwrap().push(peer);
+            async move {
+                // The terminator comes 20 ms after the end-stream frame.
+                let late_end = futures_util::stream::once(async {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    Ok::<_, Infallible>(Bytes::new())
+                });
+                finished_command_then(futures_util::StreamExt::boxed(late_end))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url: url::Url = format!("http://{}", listener.local_addr().unwrap()).parse().unwrap();
+    let server = tokio::spawn(async move {
+        let service = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
+        axum::serve(listener, service).await.unwrap();
+    });
+    let envd = client(&url).envd(&sandbox("sbx-r", None));
+    for _ in 0..5 {
+        let out = envd.run(&echo_request(), &CallOptions::default(), OutputLimits::default()).await.unwrap();
+        assert_eq!((out.pid, out.exit_code, out.exited), (5, 0, true));
+    }
+    let peers = peers.lock().unwrap().clone();
+    assert_eq!(peers.len(), 5);
+    assert!(peers.iter().all(|p| *p == peers[0]), "each command opened a new connection: {peers:?}");
+    server.abort();
+}
+
+#[tokio::test]
+async fn a_body_that_never_ends_after_the_end_stream_frame_does_not_hold_up_the_result() {
+    let router = Router::new().route(
+        "/process.Process/Start",
+        post(|| async { finished_command_then(futures_util::StreamExt::boxed(futures_util::stream::pending())) }),
+    );
+    let (url, server) = serve(router).await;
+    let envd = client(&url).envd(&sandbox("sbx-p", None));
+    let started = std::time::Instant::now();
+    let out = envd.run(&echo_request(), &CallOptions::default(), OutputLimits::default()).await.unwrap();
+    assert_eq!((out.exit_code, out.exited), (0, true));
+    assert!(started.elapsed() < Duration::from_secs(2), "waited {:?}", started.elapsed());
+    server.abort();
+}
+
 #[tokio::test]
 async fn stalled_stream_times_out_and_run_kills_the_process() {
     let recorder = Arc::new(Recorder::default());
