@@ -159,17 +159,20 @@ pub async fn build_app(
 
     let routers = Arc::new(Gateway::routers());
     let factory_core = Arc::clone(&core);
-    let service = StreamableHttpService::new(
+    // Behind an `Arc`: every middleware clones the service it wraps on every request, and rmcp's own
+    // clone copies its configuration (the Host and Origin lists).
+    let service = Arc::new(StreamableHttpService::new(
         move || Ok(Gateway::new(Arc::clone(&factory_core), Arc::clone(&routers))),
         manager,
         http_config,
-    );
+    ));
+    let service = tower::service_fn(move |request: axum::extract::Request| {
+        let service = Arc::clone(&service);
+        async move { Ok::<_, std::convert::Infallible>(service.handle(request).await) }
+    });
     let oauth = OAuth::from_config(&config.auth.oauth).map_err(|e| anyhow::anyhow!(e))?;
     let auth =
         AuthState { tokens: TokenSet::new(&config.auth.tokens), sessions: Arc::clone(&sessions), oauth: oauth.clone() };
-    let mcp = Router::new()
-        .nest_service("/mcp", service)
-        .layer(axum::middleware::from_fn_with_state(Arc::clone(&sessions), generation::session_delete));
     // ops (metrics): never readable with a tenant token. On the admin listener when one is set; else on
     // the main listener, behind the dedicated metrics token when auth is on (open when auth is off).
     let metrics_stop = CancellationToken::new();
@@ -192,28 +195,31 @@ pub async fn build_app(
         }
     }
     let request_guard = super::parse_guard::RequestGuard::new(config.server.max_body_bytes);
-    let mcp = mcp.layer(axum::middleware::from_fn_with_state(request_guard, super::parse_guard::check_request)).layer(
-        axum::middleware::from_fn_with_state(
-            super::quotas::SessionLimit {
-                sessions: Arc::clone(&sessions),
-                max_per_tenant: config.limits.max_sessions_per_tenant,
-            },
-            super::quotas::limit_sessions,
-        ),
-    );
-    // With Redis: refresh the session's record (and idle deadline) after auth, and only for the tenant and
-    // principal the session is bound to: a request with a stolen or guessed session id keeps nothing alive.
-    let mcp = match &shared {
-        Some(shared) => mcp.layer(axum::middleware::from_fn_with_state(shared.clone(), shared_sessions::refresh)),
-        None => mcp,
+    let session_limit = super::quotas::SessionLimit {
+        sessions: Arc::clone(&sessions),
+        max_per_tenant: config.limits.max_sessions_per_tenant,
     };
-    let mcp = mcp.layer(axum::middleware::from_fn_with_state(auth, require_tenant));
+    // The middlewares of /mcp, outermost first, composed as one service: layered route by route
+    // (`Router::layer`), each layer would box the rest and clone all of it again on every request.
+    let mcp_stack = tower::ServiceBuilder::new()
+        .layer(axum::middleware::from_fn_with_state(core.drain.clone(), track_in_flight))
+        .layer(axum::middleware::from_fn_with_state(auth, require_tenant))
+        // With Redis: refresh the session's record (and idle deadline) after auth, and only for the tenant
+        // and principal the session is bound to: a request with a stolen or guessed session id keeps
+        // nothing alive.
+        .option_layer(
+            shared.clone().map(|shared| axum::middleware::from_fn_with_state(shared, shared_sessions::refresh)),
+        )
+        .layer(axum::middleware::from_fn_with_state(session_limit, super::quotas::limit_sessions))
+        .layer(axum::middleware::from_fn_with_state(request_guard, super::parse_guard::check_request))
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&sessions), generation::session_delete))
+        .service(service);
+    let mcp = Router::new().nest_service("/mcp", mcp_stack);
     let reaper_stop = CancellationToken::new();
     let reaper = shared.clone().map(|shared| {
         let interval = Duration::from_secs(config.sessions.sweep_interval_secs);
         shared_sessions::spawn_reaper(shared, interval, reaper_stop.clone())
     });
-    let mcp = mcp.layer(axum::middleware::from_fn_with_state(core.drain.clone(), track_in_flight));
     let mut app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -238,14 +244,17 @@ pub async fn build_app(
 fn edge_layers(router: Router) -> Router {
     use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
     let request_id = http::HeaderName::from_static(super::calls::REQUEST_ID_HEADER);
-    router
-        .layer(tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer::new([
-            http::header::AUTHORIZATION,
-            http::header::COOKIE,
-        ]))
-        .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
-        .layer(PropagateRequestIdLayer::new(request_id.clone()))
-        .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
+    // One layer of the router (outermost first): each `Router::layer` boxes every route once more.
+    router.layer(
+        tower::ServiceBuilder::new()
+            .layer(SetRequestIdLayer::new(request_id.clone(), MakeRequestUuid))
+            .layer(PropagateRequestIdLayer::new(request_id))
+            .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
+            .layer(tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer::new([
+                http::header::AUTHORIZATION,
+                http::header::COOKIE,
+            ])),
+    )
 }
 
 /// The answer to a request whose handler panicked (a bug): 500 with a JSON-RPC error body.
