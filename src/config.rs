@@ -128,7 +128,7 @@ pub struct ServerConfig {
     /// A connection with no request in flight for this long is closed.
     pub idle_timeout_secs: u64,
     /// Worker threads of the gateway's async runtime; 0 = one per CPU core. One by default: a call
-    /// then never hops between threads (see `crate::gateway::run_serve`). The embedded local provider
+    /// then never hops between threads (see `gateway_runtime` in `crate::gateway`). The embedded local provider
     /// runs on a runtime of its own with one worker per core whatever is set here.
     pub worker_threads: usize,
 }
