@@ -8,7 +8,8 @@
 //!    directly, for a legacy session and for MCP 2026-07-28 (target <= 0.5 ms each), both driven by
 //!    the same raw HTTP client (one keep-alive connection; the legacy SSE answer read to its end), and
 //!    for a legacy session through rmcp's client (whose own tasks and channels add to the figure),
-//!    the paths interleaved sample by sample; the gateway's CPU time per call on each path; the
+//!    the paths interleaved sample by sample; the gateway's, provider's and this client's CPU time per
+//!    call on each path; the
 //!    client-side p50 with the official Python SDK v2 in both generations
 //!    (`$SANDBOX_MCP_PYTHON_V2`). `BENCH_GATEWAY_ONLY=latency` stops after this part;
 //! 2. tool calls per second with 32 concurrent MCP sessions;
