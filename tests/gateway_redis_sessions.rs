@@ -17,11 +17,13 @@ use common::redis_server::Redis;
 use common::*;
 use serde_json::json;
 
-/// The test's redis-server (persistent: it is stopped and started again), None after a loud
-/// skip when redis-server is not installed.
-fn start_redis() -> Option<Redis> {
+/// The test's redis-server, None after a loud skip when redis-server is not installed.
+/// `persistent` only for a test that stops and starts it again: its data is then synced to disk on
+/// every write, and on a busy CI disk one such write took longer than the replicas' 500 ms Redis
+/// timeout, so a call got the retryable 503 that the tests without an outage must never see.
+fn start_redis(persistent: bool) -> Option<Redis> {
     require_command!("redis-server", None);
-    Some(Redis::start(true))
+    Some(Redis::start(persistent))
 }
 
 /// A `sandbox-mcp provider` whose log is captured (to count the kill calls it receives).
@@ -82,7 +84,7 @@ async fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool 
 fn python_client_session_moves_between_replicas() {
     let python = require_env!("SANDBOX_MCP_PYTHON", "a python with mcp==1.30.0");
     require_root!();
-    let Some(redis) = start_redis() else { return };
+    let Some(redis) = start_redis(false) else { return };
     let provider = CountingProvider::start();
     let config = redis_config(&redis, &unique_prefix("py"), 120);
     let mut r1 = replica(&provider, &config);
@@ -120,7 +122,7 @@ fn python_client_session_moves_between_replicas() {
 #[test]
 fn expiry_cleans_up_once_across_replicas_after_a_crash_and_a_dead_lease() {
     require_root!();
-    let Some(redis) = start_redis() else { return };
+    let Some(redis) = start_redis(false) else { return };
     let provider = CountingProvider::start();
     let prefix = unique_prefix("expiry");
     let config = redis_config(&redis, &prefix, 4);
@@ -171,7 +173,7 @@ fn expiry_cleans_up_once_across_replicas_after_a_crash_and_a_dead_lease() {
 #[test]
 fn delete_on_another_replica_ends_the_session_everywhere() {
     require_root!();
-    let Some(redis) = start_redis() else { return };
+    let Some(redis) = start_redis(false) else { return };
     let provider = CountingProvider::start();
     let prefix = unique_prefix("delete");
     let config = redis_config(&redis, &prefix, 120);
@@ -220,7 +222,7 @@ fn delete_on_another_replica_ends_the_session_everywhere() {
 #[test]
 fn redis_outage_fails_readiness_and_calls_retryably_then_recovers() {
     require_root!();
-    let Some(mut redis) = start_redis() else { return };
+    let Some(mut redis) = start_redis(true) else { return };
     let provider = CountingProvider::start();
     let prefix = unique_prefix("outage");
     let r1 = replica(&provider, &redis_config(&redis, &prefix, 120));
@@ -249,6 +251,8 @@ fn redis_outage_fails_readiness_and_calls_retryably_then_recovers() {
         assert!(call.headers().get("retry-after").is_some());
         let body = call.text().await.unwrap();
         assert!(body.contains("retry") && body.contains("Redis"), "{body}");
+        // The replica's log says why it answered 503 (the client's error alone does not).
+        assert!(r1.log_text().contains("cannot refresh the session in Redis; answered 503"), "{}", r1.log_text());
         let init = http
             .post(r1.mcp_url())
             .header("accept", "application/json, text/event-stream")
@@ -295,7 +299,7 @@ fn write_control(path: &std::path::Path, backends: &[&Gateway], done: bool) {
 fn python_client_keeps_its_session_through_a_rolling_update() {
     let python = require_env!("SANDBOX_MCP_PYTHON", "a python with mcp==1.30.0");
     require_root!();
-    let Some(redis) = start_redis() else { return };
+    let Some(redis) = start_redis(false) else { return };
     let provider = CountingProvider::start();
     let prefix = unique_prefix("roll");
     let config = redis_config(&redis, &prefix, 120);
@@ -457,7 +461,7 @@ async fn replay(http: &reqwest::Client, url: &str, session: &str, last_event_id:
 #[test]
 fn last_event_id_replay_is_bound_to_its_session() {
     require_root!();
-    let Some(redis) = start_redis() else { return };
+    let Some(redis) = start_redis(false) else { return };
     let provider = CountingProvider::start();
     let config = redis_config(&redis, &unique_prefix("replay"), 120);
     let r1 = replica(&provider, &config);
@@ -503,7 +507,7 @@ fn deadline_of(redis: &Redis, prefix: &str, session: &str) -> u64 {
 #[test]
 fn a_request_that_fails_auth_neither_refreshes_nor_reads_a_session() {
     require_root!();
-    let Some(redis) = start_redis() else { return };
+    let Some(redis) = start_redis(false) else { return };
     let provider = CountingProvider::start();
     let prefix = unique_prefix("authfirst");
     let (acme, beta) = ("acme-token-0123456789abcdef", "beta-token-0123456789abcdef");

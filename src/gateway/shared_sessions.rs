@@ -62,6 +62,7 @@ pub async fn refresh(State(shared): State<Shared>, request: Request, next: Next)
                 .is_some_and(|v| is_stateless_version(v.trim()))
             && let Err(err) = shared.store.ping().await
         {
+            tracing::warn!(error = %err, "initialize refused: Redis does not answer; answered 503");
             return err.into_response();
         }
         return next.run(request).await;
@@ -73,7 +74,11 @@ pub async fn refresh(State(shared): State<Shared>, request: Request, next: Next)
         return (StatusCode::NOT_FOUND, "session not found\n").into_response();
     };
     match shared.store.touch(&id, tenant, principal).await {
-        Err(err) => return err.into_response(),
+        Err(err) => {
+            // The client gets a retryable 503; the log says why (a Redis outage or a slow answer).
+            tracing::warn!(session = %id, error = %err, "cannot refresh the session in Redis; answered 503");
+            return err.into_response();
+        }
         Ok(Touched::Gone) => {
             // Ended (DELETE elsewhere, expiry) or unknown: drop any local worker; rmcp answers 404.
             if shared.core.sessions.contains(&id) {
