@@ -572,10 +572,11 @@ impl Provider {
         let internet = allow_internet_access.unwrap_or(true);
         let policy = EgressPolicy::new(&network, internet).map_err(|e| ProviderError::BadRequest(e.to_string()))?;
         // Applied first: if the namespace refuses them, the stored rules stay those in force.
-        if let Some(net) = entry.net.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-            net.set_policy(policy).map_err(|err| {
-                ProviderError::Internal(format!("cannot apply the network rules in the sandbox's namespace: {err}"))
-            })?;
+        let cannot_apply =
+            |err| ProviderError::Internal(format!("cannot apply the network rules in the sandbox's namespace: {err}"));
+        let update = entry.net.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|net| net.policy_update());
+        if let Some(update) = update {
+            update.map_err(cannot_apply)?.apply(policy).await.map_err(cannot_apply)?;
         }
         entry.update(|rec| {
             rec.network = network;

@@ -164,11 +164,29 @@ pub struct SandboxNet {
 }
 
 impl SandboxNet {
+    /// What [`PolicyUpdate::apply`] needs, taken so that no lock on the sandbox's network is held
+    /// while `nft` runs (a duplicate of the namespace descriptor, and the shared state).
+    pub fn policy_update(&self) -> std::io::Result<PolicyUpdate> {
+        Ok(PolicyUpdate { netns: self.netns.try_clone()?, shared: Arc::clone(&self.shared) })
+    }
+}
+
+/// Replaces a sandbox's egress rules, from [`SandboxNet::policy_update`].
+pub struct PolicyUpdate {
+    netns: OwnedFd,
+    shared: Arc<SandboxNetShared>,
+}
+
+impl PolicyUpdate {
     /// Replaces the sandbox's rules (already validated); new connections and flows use them. The
-    /// kernel guard is updated first: if that fails, nothing changes and the error is returned.
-    pub fn set_policy(&self, policy: EgressPolicy) -> std::io::Result<()> {
+    /// kernel guard is updated first (`nft` in the namespace, on a blocking thread, not on an async
+    /// worker): if that fails, nothing changes and the error is returned.
+    pub async fn apply(self, policy: EgressPolicy) -> std::io::Result<()> {
         let (allow, deny) = policy.kernel_sets();
-        netns::set_guard(&self.netns, &allow, &deny)?;
+        let netns = self.netns;
+        tokio::task::spawn_blocking(move || netns::set_guard(&netns, &allow, &deny))
+            .await
+            .map_err(|err| std::io::Error::other(format!("the nft task failed: {err}")))??;
         *self.shared.policy.write().unwrap_or_else(|p| p.into_inner()) = policy;
         Ok(())
     }
