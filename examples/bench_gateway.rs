@@ -267,8 +267,8 @@ asyncio.run(main(*sys.argv[1:4]))
 }
 
 // The client runs on one thread, like an agent's. On a two-core machine a work-stealing client spent
-// 0.49 ms of CPU per direct call (0.19 ms on one thread) and took that from the provider and the gateway
-// it measures.
+// 0.47-0.51 ms of CPU per direct call (0.19-0.24 ms on one thread) and took that from the provider and
+// the gateway it measures.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     if !nix::unistd::geteuid().is_root() {

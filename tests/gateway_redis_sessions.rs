@@ -19,8 +19,9 @@ use serde_json::json;
 
 /// The test's redis-server, None after a loud skip when redis-server is not installed.
 /// `persistent` only for a test that stops and starts it again: its data is then synced to disk on
-/// every write, and on a busy CI disk one such write took longer than the replicas' 500 ms Redis
-/// timeout, so a call got the retryable 503 that the tests without an outage must never see.
+/// every write, which a busy disk can hold up for long enough to turn a call into the retryable 503
+/// that the tests without an outage must never see (a CI run failed with such a 503; the slow fsync
+/// is the likely cause, not a proven one).
 fn start_redis(persistent: bool) -> Option<Redis> {
     require_command!("redis-server", None);
     Some(Redis::start(persistent))

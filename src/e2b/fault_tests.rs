@@ -35,11 +35,12 @@ impl Recorder {
     }
 }
 
+/// Serves `router` on a free port; handlers may take `ConnectInfo<SocketAddr>` (the client's address).
 async fn serve(router: Router) -> (url::Url, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
-        axum::serve(listener, router).await.unwrap();
+        axum::serve(listener, router.into_make_service_with_connect_info::<std::net::SocketAddr>()).await.unwrap();
     });
     (format!("http://{addr}").parse().unwrap(), task)
 }
@@ -191,12 +192,7 @@ async fn a_finished_stream_reads_its_body_to_the_end_so_the_connection_is_reused
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url: url::Url = format!("http://{}", listener.local_addr().unwrap()).parse().unwrap();
-    let server = tokio::spawn(async move {
-        let service = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
-        axum::serve(listener, service).await.unwrap();
-    });
+    let (url, server) = serve(router).await;
     let envd = client(&url).envd(&sandbox("sbx-r", None));
     for _ in 0..5 {
         let out = envd.run(&echo_request(), &CallOptions::default(), OutputLimits::default()).await.unwrap();
