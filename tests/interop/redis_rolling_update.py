@@ -8,9 +8,10 @@ CONTROL_FILE (JSON, rewritten by the test as it replaces replicas):
 {"backends": ["http://127.0.0.1:PORT", ...], "done": false}
 
 The client talks to a small TCP balancer standing in for a Kubernetes Service:
-it probes each backend's /readyz every 100 ms and sends each new connection to
-the first ready backend in the list (so the client sits on the replica being
-replaced until it turns unready). The client keeps calling `run_command`
+it probes each backend's /readyz every 100 ms, each on its own, and sends each
+new connection to the first ready backend in the list (so the client sits on
+the replica being replaced until it turns unready), or to the next one if that
+refuses the connection. The client keeps calling `run_command`
 until "done": every call must succeed, in the same session, on the same
 default sandbox. Prints "SANDBOX <id>", "READY" once calling, one line per
 check, then "N passed, M failed".
@@ -34,56 +35,72 @@ def read_control(path):
         return json.load(f)
 
 
+PROBE_INTERVAL = 0.1
+PROBE_TIMEOUT = 2.0
+
+
 def probe(base):
     try:
-        with urllib.request.urlopen(f"{base}/readyz", timeout=0.5) as r:
+        with urllib.request.urlopen(f"{base}/readyz", timeout=PROBE_TIMEOUT) as r:
             return r.status == 200
     except Exception:
         return False
 
 
 class Balancer:
-    """New connections go to the first ready backend; open ones stay where they are."""
+    """New connections go to the first ready backend; open ones stay where they are.
+
+    Like a Kubernetes Service behind a proxy that tries the next endpoint when a
+    connect is refused (nginx's `proxy_next_upstream error`). Each backend is
+    probed on its own, so a slow `/readyz` of one (a busy machine) never holds
+    back the news that another turned unready."""
 
     def __init__(self, control):
         self.control = control
-        self.ready = []
+        self.status = {}
         self.picked = []
+
+    def ready(self):
+        return [b for b in read_control(self.control)["backends"] if self.status.get(b)]
 
     async def start(self):
         self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
-        asyncio.create_task(self.probe_loop())
+        asyncio.create_task(self.watch_backends())
         return self.server.sockets[0].getsockname()[1]
 
-    async def probe_loop(self):
+    async def watch_backends(self):
+        probing = set()
         while True:
-            backends = read_control(self.control)["backends"]
-            ready = await asyncio.gather(*(asyncio.to_thread(probe, b) for b in backends))
-            self.ready = [b for b, ok in zip(backends, ready) if ok]
-            await asyncio.sleep(0.1)
+            for backend in read_control(self.control)["backends"]:
+                if backend not in probing:
+                    probing.add(backend)
+                    asyncio.create_task(self.probe_loop(backend))
+            await asyncio.sleep(PROBE_INTERVAL)
+
+    async def probe_loop(self, backend):
+        while True:
+            self.status[backend] = await asyncio.to_thread(probe, backend)
+            await asyncio.sleep(PROBE_INTERVAL)
 
     async def handle(self, reader, writer):
-        if not self.ready:
-            writer.close()
+        for backend in self.ready():
+            url = urlparse(backend)
+            try:
+                up_reader, up_writer = await asyncio.open_connection(url.hostname, url.port)
+            except OSError:
+                continue  # stopped listening before its probe said so: the next ready backend
+            if not self.picked or self.picked[-1] != backend:
+                self.picked.append(backend)
+            await splice(reader, writer, up_reader, up_writer)
             return
-        backend = self.ready[0]
-        if not self.picked or self.picked[-1] != backend:
-            self.picked.append(backend)
-        url = urlparse(backend)
-        try:
-            up_reader, up_writer = await asyncio.open_connection(url.hostname, url.port)
-        except OSError:
-            writer.close()
-            return
-
-        await splice(reader, writer, up_reader, up_writer)
+        writer.close()
 
 
 async def main():
     control = sys.argv[1]
     balancer = Balancer(control)
     port = await balancer.start()
-    while not balancer.ready:
+    while not balancer.ready():
         await asyncio.sleep(0.05)
     url = f"http://127.0.0.1:{port}/mcp"
     checks = Checks()
