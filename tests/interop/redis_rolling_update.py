@@ -10,11 +10,12 @@ CONTROL_FILE (JSON, rewritten by the test as it replaces replicas):
 The client talks to a small TCP balancer standing in for a Kubernetes Service:
 it probes each backend's /readyz every 100 ms, each on its own, and sends each
 new connection to the first ready backend in the list (so the client sits on
-the replica being replaced until it turns unready), or to the next one if that
-refuses the connection. The client keeps calling `run_command`
+the replica being replaced until it turns unready). The client keeps calling `run_command`
 until "done": every call must succeed, in the same session, on the same
 default sandbox. Prints "SANDBOX <id>", "READY" once calling, one line per
-check, then "N passed, M failed".
+check, then "N passed, M failed"; balancer events (a backend turning ready or
+unready, where new connections go, a refused connection) on lines that start
+with a timestamp.
 """
 
 import asyncio
@@ -47,21 +48,27 @@ def probe(base):
         return False
 
 
+def event(text):
+    """A timestamped balancer event on stdout (the test shows it when the client fails)."""
+    print(f"{time.monotonic():.3f} {text}", flush=True)
+
+
 class Balancer:
     """New connections go to the first ready backend; open ones stay where they are.
 
-    Like a Kubernetes Service behind a proxy that tries the next endpoint when a
-    connect is refused (nginx's `proxy_next_upstream error`). Each backend is
-    probed on its own, so a slow `/readyz` of one (a busy machine) never holds
-    back the news that another turned unready."""
+    Each backend is probed on its own, so a slow `/readyz` of one (a busy
+    machine) never holds back the news that another turned unready. A backend
+    that refuses the connection fails the client's request: the replica being
+    replaced must stay reachable until the balancer has seen it unready."""
 
     def __init__(self, control):
         self.control = control
+        self.backends = []
         self.status = {}
         self.picked = []
 
     def ready(self):
-        return [b for b in read_control(self.control)["backends"] if self.status.get(b)]
+        return [b for b in self.backends if self.status.get(b)]
 
     async def start(self):
         self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
@@ -69,31 +76,40 @@ class Balancer:
         return self.server.sockets[0].getsockname()[1]
 
     async def watch_backends(self):
-        probing = set()
         while True:
-            for backend in read_control(self.control)["backends"]:
-                if backend not in probing:
-                    probing.add(backend)
+            self.backends = read_control(self.control)["backends"]
+            for backend in self.backends:
+                if backend not in self.status:
+                    self.status[backend] = False
                     asyncio.create_task(self.probe_loop(backend))
             await asyncio.sleep(PROBE_INTERVAL)
 
     async def probe_loop(self, backend):
         while True:
-            self.status[backend] = await asyncio.to_thread(probe, backend)
+            ok = await asyncio.to_thread(probe, backend)
+            if ok != self.status[backend]:
+                event(f"{backend} {'ready' if ok else 'unready'}")
+            self.status[backend] = ok
             await asyncio.sleep(PROBE_INTERVAL)
 
     async def handle(self, reader, writer):
-        for backend in self.ready():
-            url = urlparse(backend)
-            try:
-                up_reader, up_writer = await asyncio.open_connection(url.hostname, url.port)
-            except OSError:
-                continue  # stopped listening before its probe said so: the next ready backend
-            if not self.picked or self.picked[-1] != backend:
-                self.picked.append(backend)
-            await splice(reader, writer, up_reader, up_writer)
+        ready = self.ready()
+        if not ready:
+            event("no backend ready: connection closed")
+            writer.close()
             return
-        writer.close()
+        backend = ready[0]
+        if not self.picked or self.picked[-1] != backend:
+            self.picked.append(backend)
+            event(f"new connections go to {backend}")
+        url = urlparse(backend)
+        try:
+            up_reader, up_writer = await asyncio.open_connection(url.hostname, url.port)
+        except OSError as err:
+            event(f"{backend} refused the connection: {err}")
+            writer.close()
+            return
+        await splice(reader, writer, up_reader, up_writer)
 
 
 async def main():
