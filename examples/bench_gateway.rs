@@ -9,8 +9,7 @@
 //!    the same raw HTTP client (one keep-alive connection; the legacy SSE answer read to its end), and
 //!    for a legacy session through rmcp's client (whose own tasks and channels add to the figure),
 //!    the paths interleaved sample by sample; the gateway's, provider's and this client's CPU time per
-//!    call on each path; the
-//!    client-side p50 with the official Python SDK v2 in both generations
+//!    call on each path; the client-side p50 with the official Python SDK v2 in both generations
 //!    (`$SANDBOX_MCP_PYTHON_V2`). `BENCH_GATEWAY_ONLY=latency` stops after this part;
 //! 2. tool calls per second with 32 concurrent MCP sessions;
 //! 3. gateway RSS growth with 1,000 idle sessions (target <= 64 KiB per session);
