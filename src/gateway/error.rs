@@ -101,8 +101,9 @@ pub enum ToolError {
 pub enum ProviderFailure {
     /// The provider's global sandbox limit: not transient, and the way out is to free one.
     #[error(
-        "the sandbox limit of the whole deployment is reached ({message}); kill a sandbox you no longer need \
-         (kill_sandbox; list_sandboxes shows yours) or ask the operator to raise local.max_sandboxes"
+        "the sandbox limit of the whole deployment is reached ({message}); a slot frees when any sandbox is \
+         killed or reaches its deadline: kill one you no longer need (kill_sandbox; list_sandboxes shows \
+         yours), or ask the operator to raise local.max_sandboxes or lower limits.max_sandboxes_per_tenant"
     )]
     DeploymentLimit { message: String, op: &'static str },
     /// Unreachable, busy, timed out: the same call may well succeed in a few seconds.
