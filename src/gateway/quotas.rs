@@ -194,6 +194,12 @@ pub enum QuotaRefusal {
     Sandboxes { tenant: String, live: usize, setting: String },
 }
 
+/// Whether an `MCP-Protocol-Version` is of the sessionless generation (as `generation.rs` judges it;
+/// not imported from there, which sits above this module).
+fn is_stateless_version(version: &str) -> bool {
+    version.len() == 10 && version >= rmcp::model::ProtocolVersion::V_2026_07_28.as_str()
+}
+
 /// State of the session-limit middleware.
 #[derive(Clone)]
 pub struct SessionLimit {
@@ -203,10 +209,16 @@ pub struct SessionLimit {
     pub idle_timeout_secs: u64,
 }
 
-/// Refuses a new MCP session (a POST without `Mcp-Session-Id`) when the tenant already has
+/// Refuses a new MCP session (a legacy POST without `Mcp-Session-Id`) when the tenant already has
 /// its limit of live sessions (`limits.max_sessions_per_tenant`): 429 with a JSON-RPC error saying so.
+/// 2026-07-28 requests never open a session, so they are not refused here.
 pub async fn limit_sessions(State(limit): State<SessionLimit>, request: Request, next: Next) -> Response {
-    let new_session = request.method() == Method::POST && !request.headers().contains_key("mcp-session-id");
+    let headers = request.headers();
+    let stateless = headers
+        .get("mcp-protocol-version")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| is_stateless_version(v.trim()));
+    let new_session = request.method() == Method::POST && !headers.contains_key("mcp-session-id") && !stateless;
     if limit.limit.max > 0
         && new_session
         && let Some(Tenant(tenant)) = request.extensions().get::<Tenant>()
@@ -295,6 +307,13 @@ mod tests {
         );
         small.server.max_connections = 2;
         assert_eq!(TenantLimits::from_config(&small).calls.max, 1);
+    }
+
+    #[test]
+    fn only_legacy_versions_can_open_sessions() {
+        assert!(is_stateless_version("2026-07-28") && is_stateless_version("2027-01-01"));
+        assert!(!is_stateless_version("2025-11-25") && !is_stateless_version("2026-07-2") && !is_stateless_version(""));
+        assert_eq!(is_stateless_version("2026-07-28"), super::super::generation::is_stateless_version("2026-07-28"));
     }
 
     #[test]
