@@ -87,23 +87,18 @@ impl SessionsConfig {
     }
 }
 
-/// `[limits]`: per-tenant limits (0: no limit). The global sandbox limit is `local.max_sandboxes`
-/// (or the remote provider's own).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// `[limits]`: per-tenant limits (0: no limit; unset: a fair-share default derived from the
+/// deployment, see `gateway::quotas::TenantLimits`). The global sandbox limit is
+/// `local.max_sandboxes` (or the remote provider's own).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitsConfig {
     /// Live sandboxes per tenant (counted at the provider, this deployment only).
-    pub max_sandboxes_per_tenant: usize,
+    pub max_sandboxes_per_tenant: Option<usize>,
     /// Live MCP sessions per tenant.
-    pub max_sessions_per_tenant: usize,
+    pub max_sessions_per_tenant: Option<usize>,
     /// Tool calls running at once per tenant.
-    pub max_concurrent_calls_per_tenant: usize,
-}
-
-impl Default for LimitsConfig {
-    fn default() -> Self {
-        Self { max_sandboxes_per_tenant: 0, max_sessions_per_tenant: 256, max_concurrent_calls_per_tenant: 256 }
-    }
+    pub max_concurrent_calls_per_tenant: Option<usize>,
 }
 
 /// `[server]`: the HTTP listener and MCP transport.
@@ -626,6 +621,20 @@ mod tests {
         assert!(!c.has_auth());
         assert_eq!(c.sandbox.renew_on_use_secs, 600);
         assert_eq!(c.server.worker_threads, 1);
+    }
+
+    #[test]
+    fn per_tenant_limits_are_unset_by_default_and_set_from_the_file_or_the_environment() {
+        let c = Config::load_with_env(None, &[]).unwrap();
+        assert_eq!(c.limits.max_sandboxes_per_tenant, None, "unset: derived by the gateway");
+        let c = load(
+            "[limits]\nmax_sandboxes_per_tenant = 0\nmax_sessions_per_tenant = 3\n",
+            &[("SANDBOX_MCP_LIMITS__MAX_CONCURRENT_CALLS_PER_TENANT", "5")],
+        )
+        .unwrap();
+        assert_eq!(c.limits.max_sandboxes_per_tenant, Some(0));
+        assert_eq!(c.limits.max_sessions_per_tenant, Some(3));
+        assert_eq!(c.limits.max_concurrent_calls_per_tenant, Some(5));
     }
 
     #[test]

@@ -364,3 +364,46 @@ async fn create_sandbox_network_rules_apply_and_the_gateway_is_unreachable_from_
     }
     close(client).await;
 }
+
+/// A file the sandbox user may not read or write (issue 23 §5): read_file, write_file and
+/// list_files as `user` answer "permission denied" naming the path and the user (not
+/// "authentication failed (HTTP 403)"), nothing is written, and the same calls as root succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permission_denied_file_errors_name_the_path_and_the_user() {
+    require_root!();
+    let provider = Provider::start();
+    let gateway = Gateway::start_e2b(&provider, "", &[]);
+    let client = connect(&gateway.mcp_url(), None).await;
+    let id = ok(&client, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_string();
+    let setup = "mkdir -p /srv/locked /srv/closed && echo root-only > /srv/secret.txt && chmod 600 /srv/secret.txt \
+                 && chmod 755 /srv/locked && chmod 700 /srv/closed && touch /srv/closed/inside";
+    let made = ok(&client, "run_command", json!({"command": setup, "user": "root"})).await;
+    assert_eq!(made["exit_code"], json!(0), "{made}");
+
+    let cases = [
+        ("read_file", json!({"path": "/srv/secret.txt"}), "/srv/secret.txt", "read"),
+        ("write_file", json!({"path": "/srv/locked/new.txt", "content": "x"}), "/srv/locked/new.txt", "write"),
+        ("write_file", json!({"path": "/srv/secret.txt", "content": "x"}), "/srv/secret.txt", "write"),
+        ("list_files", json!({"path": "/srv/closed"}), "/srv/closed", "list"),
+    ];
+    for (tool, args, path, verb) in cases {
+        let message = err(&client, tool, args).await;
+        assert!(message.contains("permission denied"), "{tool}: {message}");
+        assert!(
+            message.contains(path) && message.contains("user \"user\""),
+            "{tool} must name {path} and the user: {message}"
+        );
+        assert!(message.contains(verb) && message.contains(&id), "{tool}: {message}");
+        assert!(!message.contains("authentication") && !message.contains("403"), "{tool}: {message}");
+    }
+    // Nothing was written or changed; as root the same calls work.
+    let after =
+        ok(&client, "run_command", json!({"command": "cat /srv/secret.txt; ls /srv/locked", "user": "root"})).await;
+    assert_eq!(after["stdout"], json!("root-only\n"), "{after}");
+    let read = ok(&client, "read_file", json!({"path": "/srv/secret.txt", "user": "root"})).await;
+    assert_eq!(read["content"], json!("root-only\n"));
+    ok(&client, "write_file", json!({"path": "/srv/locked/new.txt", "content": "x", "user": "root"})).await;
+    let listed = ok(&client, "list_files", json!({"path": "/srv/closed", "user": "root"})).await;
+    assert_eq!(listed["entries"][0]["name"], json!("inside"), "{listed}");
+    close(client).await;
+}

@@ -15,7 +15,8 @@ pub enum E2bError {
     /// envd answered 502 "... was not found": the sandbox is gone or not running.
     #[error("{op}{}: sandbox is not running: {message}", on(.sandbox_id))]
     SandboxNotRunning { op: &'static str, sandbox_id: Option<String>, message: String },
-    /// 401/403: bad API key, access token or envd user.
+    /// Control plane 401/403 (bad API key), envd 401 (bad access token, signature or envd user).
+    /// envd's 403 is not this but `Rpc` with `permission_denied` (see [`E2bError::is_permission_denied`]).
     #[error("{op}{}: authentication failed (HTTP {status}): {message}", on(.sandbox_id))]
     Auth { op: &'static str, sandbox_id: Option<String>, status: u16, message: String },
     /// 429 (after the retries, if the call retries).
@@ -109,6 +110,12 @@ impl E2bError {
             self,
             E2bError::NotFound { .. } | E2bError::SandboxNotRunning { .. } | E2bError::Rpc { code: Code::NotFound, .. }
         )
+    }
+
+    /// True when envd refused a path to the user it acts as (file mode, ownership): HTTP 403 on
+    /// `/files`, or Connect's `permission_denied`.
+    pub fn is_permission_denied(&self) -> bool {
+        matches!(self, E2bError::Rpc { code: Code::PermissionDenied, .. })
     }
 
     /// True when the sandbox itself is gone (control-plane 404 or envd 502 "was not found").

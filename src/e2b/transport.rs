@@ -203,7 +203,9 @@ pub(crate) fn error_from_parts(
         return E2bError::SandboxNotRunning { op, sandbox_id, message };
     }
     match (ctx.plane, code) {
-        (_, 401 | 403) => E2bError::Auth { op, sandbox_id, status: code, message },
+        // envd (E2B's and ours) answers 401 for every credential problem (access token, signature,
+        // unknown user); its 403 is Connect's permission_denied: the user may not touch that path.
+        (Plane::Control, 401 | 403) | (Plane::Envd, 401) => E2bError::Auth { op, sandbox_id, status: code, message },
         (_, 429) => E2bError::RateLimited { op, sandbox_id, retry_after, message },
         (Plane::Control, 404) => E2bError::NotFound { op, sandbox_id, message },
         (Plane::Control, _) => E2bError::Api { op, sandbox_id, status: code, message },

@@ -60,6 +60,13 @@ pub enum ToolError {
     /// A file or directory the tool was asked about does not exist (a normal answer: not counted).
     #[error("{path}: no such file or directory in sandbox {sandbox_id}")]
     FileNotFound { path: String, sandbox_id: String },
+    /// The sandbox user the tool acted as may not read, write or list the path (mode, ownership):
+    /// a normal answer, not a provider failure.
+    #[error(
+        "permission denied: user \"{user}\" may not {action} {path} in sandbox {sandbox_id}; check its owner and \
+         mode (list_files of its directory, or run_command \"ls -ld\"), or pass user \"root\""
+    )]
+    FilePermissionDenied { action: &'static str, path: String, user: &'static str, sandbox_id: String },
     /// A file larger than the read cap.
     #[error("{path} is larger than {limit} bytes; read a part with run_command (head, tail, split)")]
     FileTooLarge { path: String, limit: u64, op: &'static str },
@@ -94,8 +101,9 @@ pub enum ToolError {
 pub enum ProviderFailure {
     /// The provider's global sandbox limit: not transient, and the way out is to free one.
     #[error(
-        "the sandbox limit of the whole deployment is reached ({message}); kill a sandbox you no longer need \
-         (kill_sandbox; list_sandboxes shows yours) or ask the operator to raise local.max_sandboxes"
+        "the sandbox limit of the whole deployment is reached ({message}); a slot frees when any sandbox is \
+         killed or reaches its deadline: kill one you no longer need (kill_sandbox; list_sandboxes shows \
+         yours), or ask the operator to raise local.max_sandboxes or lower limits.max_sandboxes_per_tenant"
     )]
     DeploymentLimit { message: String, op: &'static str },
     /// Unreachable, busy, timed out: the same call may well succeed in a few seconds.
@@ -146,13 +154,22 @@ impl ToolError {
         Self::provider(format!("{action} sandbox {sandbox_id}"), err)
     }
 
-    /// A file operation failed: a gone sandbox, a missing path, a size cap, or the provider.
-    pub fn file_call(action: &str, path: &str, sandbox_id: &str, err: E2bError) -> Self {
+    /// A file operation of `user` failed: a gone sandbox, a missing path, a path the user may not
+    /// touch, a size cap, or the provider.
+    pub fn file_call(action: &'static str, path: &str, user: &'static str, sandbox_id: &str, err: E2bError) -> Self {
         if err.is_sandbox_gone() {
             return Self::sandbox_call(action, sandbox_id, err);
         }
         if err.is_not_found() {
             return Self::FileNotFound { path: path.to_owned(), sandbox_id: sandbox_id.to_owned() };
+        }
+        if err.is_permission_denied() {
+            return Self::FilePermissionDenied {
+                action,
+                path: path.to_owned(),
+                user,
+                sandbox_id: sandbox_id.to_owned(),
+            };
         }
         if let E2bError::TooLarge { limit, op, .. } = err {
             return Self::FileTooLarge { path: path.to_owned(), limit, op };
@@ -317,7 +334,7 @@ mod tests {
             code: crate::connect_rpc::Code::NotFound,
             message: "no such file".into(),
         };
-        let err = ToolError::file_call("read", "/x", "sbx1", missing);
+        let err = ToolError::file_call("read", "/x", "user", "sbx1", missing);
         assert_eq!(err.to_string(), "/x: no such file or directory in sandbox sbx1");
         assert_eq!((err.provider_op(), err.gone_sandbox()), (None, None), "a missing file is a normal answer");
         let gone = E2bError::SandboxNotRunning {
@@ -325,11 +342,34 @@ mod tests {
             sandbox_id: Some("sbx1".into()),
             message: "sandbox sbx1 was not found".into(),
         };
-        assert_eq!(ToolError::file_call("read", "/x", "sbx1", gone).gone_sandbox(), Some("sbx1"));
+        assert_eq!(ToolError::file_call("read", "/x", "user", "sbx1", gone).gone_sandbox(), Some("sbx1"));
         let big = E2bError::TooLarge { op: "files.read", sandbox_id: None, limit: 10 };
-        let big = ToolError::file_call("read", "/x", "sbx1", big);
+        let big = ToolError::file_call("read", "/x", "user", "sbx1", big);
         assert_eq!(big.to_string(), "/x is larger than 10 bytes; read a part with run_command (head, tail, split)");
         assert_eq!(big.provider_op(), Some("files.read"));
+    }
+
+    #[test]
+    fn a_path_the_user_may_not_touch_is_permission_denied_with_the_path_and_the_user() {
+        // envd answers 403 on /files (mapped to Connect's permission_denied) and permission_denied on its RPCs.
+        let denied = E2bError::Rpc {
+            op: "files.write",
+            sandbox_id: Some("sbx1".into()),
+            code: crate::connect_rpc::Code::PermissionDenied,
+            message: "permission denied for '/srv/x'".into(),
+        };
+        let err = ToolError::file_call("write", "/srv/x", "user", "sbx1", denied);
+        assert_eq!(
+            err.to_string(),
+            "permission denied: user \"user\" may not write /srv/x in sandbox sbx1; check its owner and mode \
+             (list_files of its directory, or run_command \"ls -ld\"), or pass user \"root\""
+        );
+        assert_eq!((err.provider_op(), err.gone_sandbox()), (None, None), "the user's answer, not a provider failure");
+        assert!(!err.is_transient() && !err.is_not_found());
+        // A bad credential stays an authentication failure.
+        let auth = E2bError::Auth { op: "files.read", sandbox_id: None, status: 401, message: "bad token".into() };
+        let err = ToolError::file_call("read", "/x", "user", "sbx1", auth);
+        assert!(err.to_string().contains("authentication failed (HTTP 401)"), "{err}");
     }
 
     #[test]

@@ -189,12 +189,13 @@ impl Gateway {
         validate_range("length", length, 1, MAX_FILE_BYTES)?;
         let sandbox = self.resolve_sandbox(call, args.sandbox_id.as_deref()).await?;
         self.renew_on_use(&sandbox.id);
-        let options = CallOptions::user(args.user.unwrap_or_default().name());
+        let user = args.user.unwrap_or_default().name();
+        let options = CallOptions::user(user);
         let part = sandbox
             .envd
             .read_file_range(&args.path, offset, length, &options)
             .await
-            .map_err(|e| ToolError::file_call("read", &args.path, &sandbox.id, e))?;
+            .map_err(|e| ToolError::file_call("read", &args.path, user, &sandbox.id, e))?;
         let size = part.size;
         let mut data = part.data;
         let mut truncated = offset + (data.len() as u64) < size;
@@ -249,12 +250,13 @@ impl Gateway {
         let sandbox = self.resolve_sandbox(call, args.sandbox_id.as_deref()).await?;
         self.renew_on_use(&sandbox.id);
         let size = data.len() as u64;
-        let options = CallOptions::user(args.user.unwrap_or_default().name());
+        let user = args.user.unwrap_or_default().name();
+        let options = CallOptions::user(user);
         let written = sandbox
             .envd
             .write_file(&args.path, data, &options)
             .await
-            .map_err(|e| ToolError::file_call("write", &args.path, &sandbox.id, e))?;
+            .map_err(|e| ToolError::file_call("write", &args.path, user, &sandbox.id, e))?;
         Ok(WriteFileResult { sandbox_id: sandbox.id, path: written.path, bytes_written: size })
     }
 
@@ -265,11 +267,12 @@ impl Gateway {
         validate_range("depth", u64::from(depth), 1, u64::from(MAX_LIST_DEPTH))?;
         let sandbox = self.resolve_sandbox(call, args.sandbox_id.as_deref()).await?;
         self.renew_on_use(&sandbox.id);
-        let options = CallOptions::user(args.user.unwrap_or_default().name());
+        let user = args.user.unwrap_or_default().name();
+        let options = CallOptions::user(user);
         let mut entries = match sandbox.envd.list_dir_capped(&path, depth, MAX_LIST_RESPONSE_BYTES, &options).await {
             Ok(entries) => entries,
             Err(E2bError::TooLarge { .. }) => return Err(ToolError::ListingTooLarge { path, depth }),
-            Err(e) => return Err(ToolError::file_call("list", &path, &sandbox.id, e)),
+            Err(e) => return Err(ToolError::file_call("list", &path, user, &sandbox.id, e)),
         };
         let truncated = entries.len() > MAX_LIST_ENTRIES;
         entries.truncate(MAX_LIST_ENTRIES);

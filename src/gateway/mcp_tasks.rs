@@ -206,6 +206,8 @@ impl Gateway {
         // The sandbox is checked to be the caller's tenant's (the MAC already says so) and resumed if paused.
         let method = op.method();
         let result = async {
+            // Under the tenant's call quota like a tool call: each holds a connection and a provider call.
+            let _permit = self.core.quotas.start_call(&call.tenant)?;
             let sandbox = self.resolve_sandbox(call, Some(&handle.sandbox_id)).await?;
             let transport = EnvdTransport { gateway: self, sandbox: &sandbox };
             let (id, task) = (sandbox.id.as_str(), &handle.task_id);

@@ -232,8 +232,9 @@ impl Gateway {
         self.core.provider.list_all_sandboxes(&filter).await.map_err(|err| ToolError::provider(action, err))
     }
 
-    /// Refuses when the tenant is at `limits.max_sandboxes_per_tenant`; the guard serialises the
-    /// tenant's creates until the new sandbox exists.
+    /// Refuses when the tenant is at its sandbox limit (`limits.max_sandboxes_per_tenant`, by default
+    /// its share of the deployment); the guard serialises the tenant's creates until the new sandbox
+    /// exists, so a tenant has at most one create in flight per replica.
     async fn check_tenant_sandboxes(
         &self,
         tenant: &str,

@@ -197,7 +197,8 @@ pub async fn build_app(
     let request_guard = super::parse_guard::RequestGuard::new(config.server.max_body_bytes);
     let session_limit = super::quotas::SessionLimit {
         sessions: Arc::clone(&sessions),
-        max_per_tenant: config.limits.max_sessions_per_tenant,
+        limit: core.quotas.limits().sessions.clone(),
+        idle_timeout_secs: config.server.session_idle_timeout_secs,
     };
     // The middlewares of /mcp, outermost first, composed as one service: layered route by route
     // (`Router::layer`), each layer would box the rest and clone all of it again on every request.

@@ -94,7 +94,7 @@ impl GatewayCore {
     ) -> Self {
         let metrics = Arc::new(GatewayMetrics::new(Arc::clone(&sessions)));
         let tasks = TaskService::new(masker.clone());
-        let quotas = super::quotas::TenantQuotas::new(config.limits.clone());
+        let quotas = super::quotas::TenantQuotas::new(super::quotas::TenantLimits::from_config(&config));
         Self {
             tasks,
             quotas,

@@ -379,15 +379,39 @@ async fn sessionless_calls_need_a_sandbox_id() {
 }
 
 #[tokio::test]
+async fn without_a_configured_limit_each_tenant_gets_its_share_of_the_deployment() {
+    // Two tenants on an E2B provider: 20 assumed sandboxes, 10 each; stateless creates count too.
+    let h = harness(|_| {}).await;
+    let alice = h.session(ALICE).await;
+    for _ in 0..5 {
+        ok(&alice, "create_sandbox", json!({})).await;
+        let created = h.stateless_call(ALICE, "create_sandbox", json!({})).await;
+        assert!(created["structuredContent"]["sandbox_id"].is_string(), "{created}");
+    }
+    let refused = h.stateless_call(ALICE, "create_sandbox", json!({})).await;
+    let message = refused["content"][0]["text"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with(
+            "tenant limit reached: tenant alice already has 10 live sandboxes \
+             (limits.max_sandboxes_per_tenant = 10, the default: 20 sandboxes (E2B's Hobby plan) shared by 2 tenants)"
+        ),
+        "{message}"
+    );
+    let bob = h.session(BOB).await;
+    ok(&bob, "create_sandbox", json!({})).await;
+}
+
+#[tokio::test]
 async fn tenant_sandbox_quota_is_enforced_with_an_actionable_sentence() {
-    let h = harness(|c| c.limits.max_sandboxes_per_tenant = 1).await;
+    let h = harness(|c| c.limits.max_sandboxes_per_tenant = Some(1)).await;
     let (alice, bob) = (h.session(ALICE).await, h.session(BOB).await);
     let id = ok(&alice, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_owned();
     let message = err(&alice, "create_sandbox", json!({})).await;
     assert_eq!(
         message,
         "tenant limit reached: tenant alice already has 1 live sandboxes (limits.max_sandboxes_per_tenant = 1); \
-         kill one you no longer need (kill_sandbox; list_sandboxes shows yours) and create again"
+         a slot frees when one is killed (kill_sandbox; list_sandboxes shows yours), when the MCP session that \
+         created it ends (unless a task was started in it), or when it reaches its deadline; then create again"
     );
     ok(&bob, "create_sandbox", json!({})).await; // per tenant
     assert_eq!(ok(&alice, "kill_sandbox", json!({"sandbox_id": id})).await["killed"], json!(true));
