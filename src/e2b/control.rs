@@ -304,6 +304,17 @@ impl E2bClient {
             format!("https://{ENVD_PORT}-{sandbox_id}.{domain}")
         }
     }
+
+    /// The `{domain}` of a sandbox's `{port}-{sandboxID}.{domain}` hosts (what the SDK's
+    /// `get_host(port)` builds): the domain the provider reported for it, else the configured one
+    /// when sandboxes are reached through it (no shared sandbox URL); `None` when nothing says
+    /// how a sandbox's ports are reached from outside.
+    pub fn sandbox_domain(&self, reported: Option<&str>) -> Option<String> {
+        let endpoint = &self.inner.endpoint;
+        let configured = endpoint.sandbox_url.is_none().then_some(endpoint.domain.as_str());
+        let usable = |d: &&str| !d.is_empty();
+        reported.map(str::trim).filter(usable).or(configured.map(str::trim).filter(usable)).map(str::to_owned)
+    }
 }
 
 /// The SDK's metadata filter value: `urlencode({quote(k): quote(v)})` (the
@@ -353,6 +364,17 @@ mod tests {
         let client = E2bClient::new(endpoint(None, "self.hosted")).unwrap();
         assert_eq!(client.envd_url("abc", Some("")), "https://49983-abc.self.hosted");
         assert_eq!(client.url(&["sandboxes", "a/b"]).as_str(), "http://127.0.0.1:9/api/sandboxes/a%2Fb");
+    }
+
+    #[test]
+    fn sandbox_domain_is_reported_or_derived_only_without_a_shared_url() {
+        let shared = E2bClient::new(endpoint(Some("http://127.0.0.1:7/"), "e2b.app")).unwrap();
+        assert_eq!(shared.sandbox_domain(None), None);
+        assert_eq!(shared.sandbox_domain(Some("sandbox.test")).as_deref(), Some("sandbox.test"));
+        let cloud = E2bClient::new(endpoint(None, "e2b.app")).unwrap();
+        assert_eq!(cloud.sandbox_domain(None).as_deref(), Some("e2b.app"));
+        assert_eq!(cloud.sandbox_domain(Some(" ")).as_deref(), Some("e2b.app"));
+        assert_eq!(cloud.sandbox_domain(Some("my.host")).as_deref(), Some("my.host"));
     }
 
     #[test]

@@ -19,6 +19,8 @@ pub const HEADER_SANDBOX_ID: &str = "e2b-sandbox-id";
 pub const HEADER_SANDBOX_PORT: &str = "e2b-sandbox-port";
 /// Header carrying the per-sandbox envd access token.
 pub const HEADER_ACCESS_TOKEN: &str = "x-access-token";
+/// Header carrying a sandbox's traffic access token on requests to its ports (when not public).
+pub const HEADER_TRAFFIC_ACCESS_TOKEN: &str = "e2b-traffic-access-token";
 /// Header carrying the control-plane API key.
 pub const HEADER_API_KEY: &str = "x-api-key";
 

@@ -38,13 +38,14 @@ pub struct CreateSandboxArgs {
     /// Your own key/value labels (at most 32; keys starting with "sandbox_mcp_" are reserved).
     #[serde(default)]
     pub metadata: Option<HashMap<String, String>>,
-    /// Outbound network rules. Default: the internet is reachable, private and internal addresses
-    /// are not.
+    /// Network rules. Outbound default: the internet is reachable, private and internal addresses
+    /// are not. Inbound default: servers in the sandbox answer only requests that carry its
+    /// traffic_access_token (see allow_public_traffic).
     #[serde(default)]
     pub network: Option<NetworkArgs>,
 }
 
-/// Egress rules of a new sandbox (E2B's semantics: allow_out wins over deny_out).
+/// Network rules of a new sandbox (E2B's semantics: allow_out wins over deny_out).
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkArgs {
@@ -60,6 +61,11 @@ pub struct NetworkArgs {
     /// false: no outbound access except allow_out (default true).
     #[serde(default)]
     pub allow_internet_access: Option<bool>,
+    /// true: servers listening in the sandbox answer anyone who can reach its port URLs, without
+    /// a token. Default false: every request to one of its ports must carry the
+    /// traffic_access_token this tool returns, in the e2b-traffic-access-token header.
+    #[serde(default)]
+    pub allow_public_traffic: Option<bool>,
 }
 
 /// Most entries in each of `allow_out` and `deny_out`.
@@ -101,6 +107,24 @@ fn validate_network(network: &NetworkArgs) -> Result<(), InvalidArgument> {
     Ok(())
 }
 
+/// How to reach a server listening in the sandbox from outside it.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct InboundAccess {
+    /// true: its ports answer requests without a token (created with allow_public_traffic).
+    pub public: bool,
+    /// Host name of the sandbox's port N from outside, with "{port}" to replace by N
+    /// ("{port}-<sandbox_id>.<domain>", https on E2B); absent when the provider reports no sandbox
+    /// domain (then its ports are reachable only on the provider's host).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// The header that must carry traffic_access_token on every request to a port (not public).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_header: Option<String>,
+    /// The sandbox's traffic access token (not public). A credential: do not print or share it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub traffic_access_token: Option<String>,
+}
+
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct CreateSandboxResult {
     /// Id of the new sandbox; it is now this session's default sandbox.
@@ -114,6 +138,8 @@ pub struct CreateSandboxResult {
     /// How long the sandbox lives (sessionless callers only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lifetime: Option<String>,
+    /// How to reach servers in the sandbox from outside (the URL host and the token).
+    pub inbound: InboundAccess,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -134,6 +160,8 @@ pub struct ConnectSandboxResult {
     pub end_at: String,
     /// Whether this session owns it (only sandboxes it created); connected sandboxes survive the session.
     pub owned: bool,
+    /// How to reach servers in the sandbox from outside (the URL host and the token).
+    pub inbound: InboundAccess,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -177,7 +205,8 @@ pub struct ListSandboxesResult {
 impl Gateway {
     #[tool(description = "Create a new Linux sandbox. It becomes this session's default sandbox (tools that \
         omit sandbox_id use it) and is owned by this session: it is killed when the MCP session ends, \
-        unless a task was started in it. Returns its sandbox_id.")]
+        unless a task was started in it. Returns its sandbox_id, and in inbound how to reach a server \
+        it runs (host name and traffic access token; no token needed with network.allow_public_traffic).")]
     pub async fn create_sandbox(
         &self,
         Parameters(args): Parameters<CreateSandboxArgs>,
@@ -222,6 +251,24 @@ impl Gateway {
 }
 
 impl Gateway {
+    /// What an agent needs to reach the sandbox's ports, from a create or connect answer: public
+    /// exactly when the provider gave no traffic access token (so a provider that ignored
+    /// `allowPublicTraffic: false` is reported as public, which it is).
+    fn inbound_access(&self, sandbox: &wire::Sandbox) -> InboundAccess {
+        let token = sandbox.traffic_access_token.clone().filter(|t| !t.is_empty());
+        let host = self
+            .core
+            .provider
+            .sandbox_domain(sandbox.domain.as_deref())
+            .map(|domain| format!("{{port}}-{}.{domain}", sandbox.sandbox_id));
+        InboundAccess {
+            public: token.is_none(),
+            host,
+            token_header: token.as_ref().map(|_| wire::HEADER_TRAFFIC_ACCESS_TOKEN.to_owned()),
+            traffic_access_token: token,
+        }
+    }
+
     /// The sandboxes of `tenant` in this deployment, as the provider lists them (what the sandbox quota
     /// counts and list_sandboxes shows); `action` says what failed ("could not {action}: ...").
     async fn sandboxes_of(&self, tenant: &str, action: &str) -> Result<Vec<wire::SandboxDetail>, ToolError> {
@@ -279,9 +326,12 @@ impl Gateway {
             metadata: Some(metadata),
             env_vars: (!envs.is_empty()).then_some(envs),
             allow_internet_access: network.allow_internet_access,
-            network: (network.allow_out.is_some() || network.deny_out.is_some()).then(|| wire::SandboxNetwork {
+            // Always explicit: a provider's own default (E2B's is public) must not open a sandbox's
+            // ports to everyone who can reach them (on the local provider, every host user).
+            network: Some(wire::SandboxNetwork {
                 allow_out: network.allow_out,
                 deny_out: network.deny_out,
+                allow_public_traffic: Some(network.allow_public_traffic.unwrap_or(false)),
                 ..Default::default()
             }),
             ..Default::default()
@@ -296,6 +346,7 @@ impl Gateway {
         let id = sandbox.sandbox_id.clone();
         call.set_sandbox(&id);
         self.core.note_deadline(&id, SystemTime::now() + Duration::from_secs(timeout));
+        let inbound = self.inbound_access(&sandbox);
         let Some(session_id) = call.session_id.as_deref() else {
             return Ok(CreateSandboxResult {
                 sandbox_id: id,
@@ -307,6 +358,7 @@ impl Gateway {
                      now, extended when run_command or the file tools use it) or until kill_sandbox; it is not \
                      killed when you disconnect. Pass its sandbox_id to every tool."
                 )),
+                inbound,
             });
         };
         let recorded = self
@@ -329,7 +381,14 @@ impl Gateway {
             };
             return Err(ToolError::SandboxNotRecorded { store });
         }
-        Ok(CreateSandboxResult { sandbox_id: id, template, timeout_secs: timeout, owned: true, lifetime: None })
+        Ok(CreateSandboxResult {
+            sandbox_id: id,
+            template,
+            timeout_secs: timeout,
+            owned: true,
+            lifetime: None,
+            inbound,
+        })
     }
 
     async fn connect_sandbox_impl(
@@ -366,6 +425,7 @@ impl Gateway {
             Err(_) => detail.end_at,
         };
         Ok(ConnectSandboxResult {
+            inbound: self.inbound_access(&sandbox),
             sandbox_id: id,
             template: detail.template_id,
             state: "running".into(),

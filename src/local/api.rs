@@ -55,6 +55,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer::new([
             http::HeaderName::from_static("x-api-key"),
             http::HeaderName::from_static("x-access-token"),
+            http::HeaderName::from_static(wire::HEADER_TRAFFIC_ACCESS_TOKEN),
             http::header::AUTHORIZATION,
         ]))
         // A bug that panics in a handler answers 500 in E2B's error shape instead of a reset connection.
@@ -85,23 +86,19 @@ async fn route_data_plane(State(state): State<Arc<AppState>>, req: Request, next
     next.run(req).await
 }
 
-/// A request for a port of a sandbox, from outside.
+/// A request for a port of a sandbox, from outside. The traffic token is checked first, so a
+/// caller without it learns nothing of the sandbox's state or ports.
 async fn inbound(entry: &super::sandbox_table::SandboxEntry, id: &str, port: u16, req: Request) -> Response {
     let rec = entry.snapshot();
+    let allow_public = rec.network.allow_public_traffic;
+    if let Err(why) = super::net::inbound::check_traffic(&req, allow_public, rec.traffic_access_token.as_deref()) {
+        tracing::debug!(sandbox = %id, port, ?why, "inbound request refused: traffic access token");
+        return super::net::inbound::refusal(id, why);
+    }
     if rec.state != SandboxState::Running {
         return ControlError::new(
             StatusCode::BAD_GATEWAY,
             format!("sandbox {id} is paused; connect to it to resume it"),
-        )
-        .into_response();
-    }
-    if !super::net::inbound::traffic_allowed(&req, rec.traffic_access_token.as_deref()) {
-        return ControlError::new(
-            StatusCode::FORBIDDEN,
-            format!(
-                "sandbox {id} is not public: send its traffic access token in the {} header",
-                super::net::inbound::HEADER_TRAFFIC_TOKEN
-            ),
         )
         .into_response();
     }
@@ -224,6 +221,8 @@ async fn create(State(state): State<Arc<AppState>>, body: Body) -> ApiResult<Res
         network: super::net::policy::NetworkConfig {
             allow_out: network.allow_out.unwrap_or_default(),
             deny_out: network.deny_out.unwrap_or_default(),
+            // E2B's documented default: sandbox URLs are public unless the create says otherwise
+            // (the gateway always says: false unless its tool call asks for public traffic).
             allow_public_traffic: network.allow_public_traffic.unwrap_or(true),
         },
     };

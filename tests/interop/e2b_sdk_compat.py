@@ -64,7 +64,7 @@ def main() -> int:
             raise AssertionError(message)
 
     def cleanup():
-        for key in ("sbx", "other", "net"):
+        for key in ("sbx", "other", "net", "net2", "net3"):
             sbx = state.get(key)
             if sbx is not None:
                 try:
@@ -261,25 +261,56 @@ def main() -> int:
     def inbound_get_host():
         import httpx
 
+        def serve(sbx, text):
+            sbx.files.write("/tmp/www/index.html", text)
+            sbx.commands.run("cd /tmp/www && python3 -m http.server 8000", background=True)
+
+        def get(sbx, token=None, expect=200):
+            # get_host(port) and, when not public, the token in the e2b-traffic-access-token
+            # header: what E2B's docs tell SDK users to send.
+            headers = {"Host": sbx.get_host(8000)}
+            if token is not None:
+                headers["e2b-traffic-access-token"] = token
+            deadline = time.monotonic() + 10
+            while True:
+                resp = httpx.get(url + "/index.html", headers=headers)
+                if resp.status_code == expect or time.monotonic() > deadline:
+                    return resp
+                time.sleep(0.1)
+
         sbx = Sandbox.create(template="base", timeout=120, metadata={"suite": tag}, network={"allow_public_traffic": False})
         state["net"] = sbx
+        other = Sandbox.create(template="base", timeout=120, metadata={"suite": tag}, network={"allow_public_traffic": False})
+        state["net2"] = other
+        public = Sandbox.create(template="base", timeout=120, metadata={"suite": tag})
+        state["net3"] = public
         token = sbx.traffic_access_token
         check(isinstance(token, str) and len(token) > 10, f"traffic_access_token {token!r}")
-        sbx.files.write("/tmp/www/index.html", "served from the sandbox\n")
-        sbx.commands.run("cd /tmp/www && python3 -m http.server 8000", background=True)
+        check(other.traffic_access_token not in (None, token), "the second sandbox has no token of its own")
+        check(public.traffic_access_token is None, f"default (public) sandbox token {public.traffic_access_token!r}")
+        serve(sbx, "served from the sandbox\n")
+        serve(public, "served publicly\n")
         host = sbx.get_host(8000)
         check(host.startswith(f"8000-{sbx.sandbox_id}."), f"get_host {host!r}")
-        deadline = time.monotonic() + 10
-        while True:
-            resp = httpx.get(url + "/index.html", headers={"Host": host, "e2b-traffic-access-token": token})
-            if resp.status_code == 200 or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+        resp = get(sbx, token)
         check(resp.status_code == 200 and resp.text == "served from the sandbox\n", f"{resp.status_code} {resp.text!r}")
-        denied = httpx.get(url + "/index.html", headers={"Host": host})
+        denied = get(sbx, expect=403)
         check(denied.status_code == 403, f"without the traffic token: {denied.status_code}")
-        sbx.kill()
-        state.pop("net")
+        body = denied.json()
+        check(body.get("code") == 403 and body.get("sandboxId") == sbx.sandbox_id, f"refusal body {body}")
+        check("e2b-traffic-access-token" in body.get("message", ""), f"refusal message {body}")
+        wrong = get(sbx, other.traffic_access_token, expect=403)
+        check(wrong.status_code == 403, f"with another sandbox's token: {wrong.status_code}")
+        resp = get(public)
+        check(resp.status_code == 200 and resp.text == "served publicly\n", f"public: {resp.status_code} {resp.text!r}")
+        again = Sandbox.connect(sbx.sandbox_id)
+        check(again.traffic_access_token == token, "connect returned another traffic token")
+        network = sbx.get_info().network or {}
+        check(network.get("allow_public_traffic") is False, f"get_info network {network}")
+        for s in (sbx, other, public):
+            s.kill()
+        for key in ("net", "net2", "net3"):
+            state.pop(key)
 
     def kill_and_connect():
         sbx = state["sbx"]
@@ -306,7 +337,7 @@ def main() -> int:
     step("set_timeout, get_info and get_metrics", timeout_and_info)
     step("Sandbox.list with a metadata filter", list_with_metadata)
     step("network: create with deny_out, update_network (allow_out wins, empty clears), no internet", network_rules)
-    step("inbound: get_host(port) through the provider, traffic access token", inbound_get_host)
+    step("inbound: get_host(port) with and without the traffic token, another's, public, connect", inbound_get_host)
     step("kill, then connect raises not found", kill_and_connect)
     print(f"{passed} passed, 0 failed (e2b {sdk_version}, {getattr(e2b, '__name__', 'e2b')} at {url})")
     return 0

@@ -3,7 +3,9 @@
 //! sandbox's network namespace (its loopback, so servers bound to `0.0.0.0`
 //! or `127.0.0.1` are reachable), with HTTP upgrades (WebSocket) spliced
 //! through. A sandbox created with `allowPublicTraffic: false` requires its
-//! traffic access token in `e2b-traffic-access-token`.
+//! traffic access token in `e2b-traffic-access-token` (compared in constant
+//! time, stripped before forwarding); a refusal is E2B's 403 with
+//! `{sandboxId, message, code}`.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::OwnedFd;
@@ -14,8 +16,7 @@ use http::{HeaderValue, Request, StatusCode, header};
 use hyper_util::rt::TokioIo;
 use subtle::ConstantTimeEq;
 
-/// Header carrying a sandbox's traffic access token.
-pub const HEADER_TRAFFIC_TOKEN: &str = "e2b-traffic-access-token";
+use crate::e2b::wire::HEADER_TRAFFIC_ACCESS_TOKEN;
 
 /// `{port}-{sandboxID}` from the first label of a `Host` value, if it has that form.
 pub fn parse_host(host: &str) -> Option<(u16, &str)> {
@@ -29,10 +30,44 @@ pub fn parse_host(host: &str) -> Option<(u16, &str)> {
     Some((port, id))
 }
 
-/// True if the request may reach the sandbox: public traffic, or the right traffic token.
-pub fn traffic_allowed(req: &Request<Body>, token: Option<&str>) -> bool {
-    let Some(token) = token else { return true };
-    req.headers().get(HEADER_TRAFFIC_TOKEN).is_some_and(|given| bool::from(given.as_bytes().ct_eq(token.as_bytes())))
+/// Why a request for a non-public sandbox's port was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrafficRefusal {
+    /// No `e2b-traffic-access-token` header.
+    Missing,
+    /// A token that is not this sandbox's (or the sandbox has none to compare with).
+    Invalid,
+}
+
+/// Whether the request may reach a port of a sandbox: any request when it is public
+/// (`allow_public`), else only one carrying its `token`. A non-public sandbox without a token
+/// refuses everything.
+pub fn check_traffic(req: &Request<Body>, allow_public: bool, token: Option<&str>) -> Result<(), TrafficRefusal> {
+    if allow_public {
+        return Ok(());
+    }
+    let Some(given) = req.headers().get(HEADER_TRAFFIC_ACCESS_TOKEN) else {
+        return Err(TrafficRefusal::Missing);
+    };
+    match token {
+        Some(token) if !token.is_empty() && bool::from(given.as_bytes().ct_eq(token.as_bytes())) => Ok(()),
+        _ => Err(TrafficRefusal::Invalid),
+    }
+}
+
+/// The answer to a refused request, in the shape of E2B's client proxy (403,
+/// `{"sandboxId", "message", "code": 403}`), saying which of the two went wrong.
+pub fn refusal(sandbox_id: &str, why: TrafficRefusal) -> Response {
+    let what = match why {
+        TrafficRefusal::Missing => format!("the '{HEADER_TRAFFIC_ACCESS_TOKEN}' header is missing"),
+        TrafficRefusal::Invalid => format!("the token in the '{HEADER_TRAFFIC_ACCESS_TOKEN}' header is invalid"),
+    };
+    let message = format!(
+        "sandbox {sandbox_id} only accepts requests carrying its traffic access token (trafficAccessToken of its \
+         create or connect response): {what}"
+    );
+    let body = serde_json::json!({ "sandboxId": sandbox_id, "message": message, "code": 403 });
+    (StatusCode::FORBIDDEN, axum::Json(body)).into_response()
 }
 
 fn error(status: StatusCode, message: String) -> Response {
@@ -75,7 +110,7 @@ pub async fn forward(netns: &OwnedFd, sandbox_id: &str, port: u16, mut req: Requ
     });
     let upgrade_from_client = hyper::upgrade::on(&mut req);
     let (mut parts, body) = req.into_parts();
-    parts.headers.remove(HEADER_TRAFFIC_TOKEN);
+    parts.headers.remove(HEADER_TRAFFIC_ACCESS_TOKEN);
     let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/").to_owned();
     parts.uri = match path.parse() {
         Ok(uri) => uri,
@@ -120,5 +155,28 @@ mod tests {
         assert_eq!(parse_host("70000-abc.x"), None);
         assert_eq!(parse_host("80-ABC.x"), None);
         assert_eq!(parse_host("80-.x"), None);
+    }
+
+    fn request(token: Option<&str>) -> Request<Body> {
+        let mut builder = Request::builder().uri("/").header(header::HOST, "8000-abc.x");
+        if let Some(token) = token {
+            builder = builder.header(HEADER_TRAFFIC_ACCESS_TOKEN, token);
+        }
+        builder.body(Body::empty()).unwrap()
+    }
+
+    #[test]
+    fn traffic_token_rules() {
+        let own = "0123456789abcdef0123456789abcdef01234567";
+        assert_eq!(check_traffic(&request(None), true, None), Ok(()));
+        assert_eq!(check_traffic(&request(Some("anything")), true, Some(own)), Ok(()));
+        assert_eq!(check_traffic(&request(Some(own)), false, Some(own)), Ok(()));
+        assert_eq!(check_traffic(&request(None), false, Some(own)), Err(TrafficRefusal::Missing));
+        assert_eq!(check_traffic(&request(Some("wrong")), false, Some(own)), Err(TrafficRefusal::Invalid));
+        assert_eq!(check_traffic(&request(Some(&own[..39])), false, Some(own)), Err(TrafficRefusal::Invalid));
+        assert_eq!(check_traffic(&request(Some("")), false, Some(own)), Err(TrafficRefusal::Invalid));
+        // Not public but no token recorded: nothing gets in, not even an empty header.
+        assert_eq!(check_traffic(&request(Some("")), false, None), Err(TrafficRefusal::Invalid));
+        assert_eq!(check_traffic(&request(Some("")), false, Some("")), Err(TrafficRefusal::Invalid));
     }
 }
