@@ -1,6 +1,6 @@
 //! Sandbox network isolation, tried from inside real sandboxes of the real
 //! `sandbox-mcp provider`: the host's loopback, the provider, a host interface
-//! address and a sibling are unreachable; a test "internet" host in
+//! address (one gained later too) and a sibling are unreachable; a test "internet" host in
 //! 198.18.0.0/15 (a namespace of the test's own) is reachable and obeys
 //! `denyOut`/`allowOut`/`PUT .../network`; DNS resolves through the provider;
 //! inbound goes through `{port}-{id}.{domain}` with the traffic token; the
@@ -106,6 +106,18 @@ async fn default_egress_reaches_the_internet_and_dns_but_nothing_of_the_host() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let (late_port, _late) = host_server(&late);
     assert!(probe(&p, &sbx, &late, late_port).await.starts_with("CLOSED"), "address gained later");
+    // Once the provider has seen the kernel's notification, the new address is refused in the
+    // sandbox's kernel guard, like a blocked range.
+    let mut seen = Vec::new();
+    for _ in 0..30 {
+        seen.push(probe(&p, &sbx, &late, late_port).await);
+        if seen.last().is_some_and(|s| s == "CLOSED ConnectionRefusedError") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(seen.iter().all(|s| s.starts_with("CLOSED")), "{seen:?}");
+    assert_eq!(seen.last().map(String::as_str), Some("CLOSED ConnectionRefusedError"), "{seen:?}");
 
     // Raw sockets see only the sandbox's own namespace; root cannot change its rules.
     let (code, _) = p.run(&sbx, "nft flush ruleset || ip link set eth0 down", Some("root")).await;

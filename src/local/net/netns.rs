@@ -1,7 +1,8 @@
 //! Network namespaces seen from the provider: making a fresh one, preparing it
 //! for a sandbox (loopback, the TUN device `eth0` with its address and default
-//! route, the nftables rules that refuse denied destinations and send every
-//! other outbound TCP connection to the provider's egress listener), and
+//! route, the nftables rules that refuse the host's own addresses and denied
+//! destinations and send every other outbound TCP connection to the
+//! provider's egress listener), and
 //! running code inside one. The provider
 //! never enters a namespace with its own threads: each operation runs on a
 //! short-lived thread that `setns`es, works, and exits.
@@ -10,6 +11,8 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::process::{Command, Stdio};
+
+use super::host_addrs::HostAddrs;
 
 /// The sandbox's own address on `eth0`.
 pub const SANDBOX_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 0, 21);
@@ -20,24 +23,30 @@ pub const EGRESS_PORT: u16 = 1;
 /// Name of the TUN device inside every sandbox.
 const TUN_NAME: &[u8] = b"eth0";
 
-/// The nftables ruleset of every sandbox namespace, with the default rules in its sets:
-/// - `guard` (before address translation) refuses at once, in the kernel, what the sandbox's rules
-///   deny by address (a TCP reset, or ICMP port unreachable): `connect()` fails the way it would
-///   against a firewall, instead of being accepted by the egress relay and then reset. Its sets
+/// The nftables ruleset of every sandbox namespace, with the host's addresses and the default
+/// rules in its sets:
+/// - `guard` (before address translation) refuses at once, in the kernel, the host's own
+///   addresses (set `host`, whatever the sandbox's rules say; see [`HostAddrs`]) and what the
+///   sandbox's rules deny by address (a TCP reset, or ICMP port unreachable): `connect()` fails
+///   the way it would against a firewall, instead of being accepted by the egress relay and then
+///   reset, and a host address fails exactly like a blocked range. The `allow` and `deny` sets
 ///   follow [`EgressPolicy::kernel_sets`](super::policy::EgressPolicy::kernel_sets).
 /// - `egress` sends every remaining outbound TCP connection to the egress listener, where the
-///   provider judges it again with the whole policy (the host's own addresses, which change,
-///   are judged only there) and relays it.
-fn ruleset() -> String {
-    let (_, deny) = super::policy::EgressPolicy::default_kernel_sets();
+///   provider judges it again with the whole policy and relays it.
+fn ruleset(host: &[String], opened: &[std::net::IpAddr]) -> String {
+    let (_, deny) = super::policy::EgressPolicy::default_kernel_sets(opened);
+    let host = if host.is_empty() { String::new() } else { format!("elements = {{ {} }}", host.join(", ")) };
     format!(
         "table ip sandbox_mcp {{\n\
+           set host {{ type ipv4_addr; flags interval; auto-merge; {host} }}\n\
            set allow {{ type ipv4_addr; flags interval; auto-merge; }}\n\
            set deny {{ type ipv4_addr; flags interval; auto-merge; elements = {{ {} }} }}\n\
            chain guard {{\n\
              type filter hook output priority -150; policy accept;\n\
              oifname \"lo\" return\n\
              ip daddr {GATEWAY_ADDR} udp dport 53 return\n\
+             ip daddr @host meta l4proto tcp reject with tcp reset\n\
+             ip daddr @host reject\n\
              ip daddr @allow return\n\
              ip daddr @deny meta l4proto tcp reject with tcp reset\n\
              ip daddr @deny reject\n\
@@ -50,6 +59,23 @@ fn ruleset() -> String {
          }}\n",
         deny.join(", ")
     )
+}
+
+/// Replaces the guard's `host` set of `netns` (see [`ruleset`]) in one nftables transaction.
+pub fn set_host(netns: &OwnedFd, host: &[String]) -> io::Result<()> {
+    let mut script = String::from("flush set ip sandbox_mcp host\n");
+    if !host.is_empty() {
+        script.push_str(&format!("add element ip sandbox_mcp host {{ {} }}\n", host.join(", ")));
+    }
+    in_netns(netns, || run_in_current_netns("nft", &["-f", "-"], &script))
+}
+
+/// Replaces the whole ruleset of `netns` with this version's (see [`ruleset`]), in one nftables
+/// transaction: for a namespace re-adopted after a provider restart, whose rules an older
+/// version may have written. Its `allow` and `deny` sets are then the defaults.
+pub fn reset_rules(netns: &OwnedFd, host: &[String], opened: &[std::net::IpAddr]) -> io::Result<()> {
+    let script = format!("table ip sandbox_mcp\ndelete table ip sandbox_mcp\n{}", ruleset(host, opened));
+    in_netns(netns, || run_in_current_netns("nft", &["-f", "-"], &script))
 }
 
 /// Replaces the guard's sets of `netns` (see [`ruleset`]) in one nftables transaction.
@@ -75,6 +101,9 @@ pub struct PreparedNetns {
     pub netns: OwnedFd,
     pub tun: OwnedFd,
     pub listener: std::net::TcpListener,
+    /// The [`Snapshot::generation`](super::host_addrs::Snapshot) of the host addresses in its
+    /// guard.
+    pub host_generation: u64,
 }
 
 /// Runs `f` on a new thread that has entered `netns`; sockets and devices it creates belong there.
@@ -110,17 +139,20 @@ pub fn open_netns_of(pid: i32) -> io::Result<OwnedFd> {
     Ok(OwnedFd::from(std::fs::File::open(format!("/proc/{pid}/ns/net"))?))
 }
 
-/// Makes a new namespace with everything a sandbox needs.
-pub fn prepare() -> io::Result<PreparedNetns> {
+/// Makes a new namespace with everything a sandbox needs, its guard holding the host's addresses
+/// as `host` knows them now.
+pub fn prepare(host: &HostAddrs) -> io::Result<PreparedNetns> {
+    let snapshot = host.snapshot();
+    let rules = ruleset(&host.kernel_set(&snapshot), host.opened());
     let netns = create_netns()?;
     let (tun, listener) = in_netns(&netns, || {
         let tun = open_tun(true)?;
         run_in_current_netns("ip", &["-batch", "-"], IP_BATCH)?;
-        run_in_current_netns("nft", &["-f", "-"], &ruleset())?;
+        run_in_current_netns("nft", &["-f", "-"], &rules)?;
         let listener = bind_egress_listener()?;
         Ok((tun, listener))
     })?;
-    Ok(PreparedNetns { netns, tun, listener })
+    Ok(PreparedNetns { netns, tun, listener, host_generation: snapshot.generation })
 }
 
 /// Re-attaches to the TUN device and re-opens the egress listener of a sandbox that survived a
@@ -205,7 +237,7 @@ fn open_tun(create: bool) -> io::Result<OwnedFd> {
 /// Checks once, at provider start, that network namespaces can be prepared here (TUN, `ip`,
 /// `nft`); the error names what is missing.
 pub fn probe() -> Result<(), String> {
-    match prepare() {
+    match prepare(&HostAddrs::new(&[])) {
         Ok(_) => Ok(()),
         Err(err) => Err(format!(
             "sandbox-mcp provider cannot give sandboxes their own network: {err}. It needs CAP_NET_ADMIN, \
