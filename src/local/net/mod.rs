@@ -1,6 +1,7 @@
 //! Sandbox networking in the local provider: every sandbox gets its own
 //! network namespace, whose only way out is the provider. Outbound TCP is
-//! redirected by an nftables rule inside the namespace to a listener the
+//! redirected by an nftables rule inside the namespace (written over netlink,
+//! [`nftables`]: no external program is run) to a listener the
 //! provider owns there ([`tcp_egress`]); outbound UDP leaves through a TUN
 //! device the provider reads ([`udp`]); both are judged by one function
 //! ([`policy::EgressPolicy::decide`]) and re-originated from the host; the
@@ -14,8 +15,10 @@
 
 pub mod host_addrs;
 pub mod inbound;
+pub mod netlink;
 #[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 pub mod netns;
+pub mod nftables;
 pub mod policy;
 #[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 pub mod tcp_egress;
@@ -154,7 +157,7 @@ pub struct SandboxNet {
 
 impl SandboxNet {
     /// What [`PolicyUpdate::apply`] needs, taken so that no lock on the sandbox's network is held
-    /// while `nft` runs (a duplicate of the namespace descriptor, and the shared state).
+    /// while the rules are written (a duplicate of the namespace descriptor, and the shared state).
     pub fn policy_update(&self) -> std::io::Result<PolicyUpdate> {
         Ok(PolicyUpdate { netns: self.netns.try_clone()?, shared: Arc::clone(&self.shared) })
     }
@@ -168,14 +171,14 @@ pub struct PolicyUpdate {
 
 impl PolicyUpdate {
     /// Replaces the sandbox's rules (already validated); new connections and flows use them. The
-    /// kernel guard is updated first (`nft` in the namespace, on a blocking thread, not on an async
+    /// kernel guard is updated first (in the namespace, on a blocking thread, not on an async
     /// worker): if that fails, nothing changes and the error is returned.
     pub async fn apply(self, policy: EgressPolicy) -> std::io::Result<()> {
         let (allow, deny) = policy.kernel_sets(self.shared.host.opened());
         let netns = self.netns;
         tokio::task::spawn_blocking(move || netns::set_guard(&netns, &allow, &deny))
             .await
-            .map_err(|err| std::io::Error::other(format!("the nft task failed: {err}")))??;
+            .map_err(|err| std::io::Error::other(format!("the guard update task failed: {err}")))??;
         *self.shared.policy.write().unwrap_or_else(|p| p.into_inner()) = policy;
         Ok(())
     }
