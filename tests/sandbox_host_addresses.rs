@@ -6,7 +6,8 @@
 //! refusal looks exactly like the refusal of a blocked range with a live
 //! server, so a sandbox cannot tell which addresses are the host's. Only the
 //! operator's `--open-host-address` opens one, and then only to a sandbox whose
-//! `allowOut` names it.
+//! `allowOut` names it. Through `serve` (started with no `ip` or `nft` on its
+//! `PATH`), the gateway refuses loopback and link-local in every spelling.
 //! Needs root (skips loudly otherwise; SANDBOX_MCP_NO_SKIP turns that into a failure).
 
 mod common;
@@ -217,4 +218,40 @@ async fn only_the_operator_opens_a_host_address_and_only_to_sandboxes_naming_it(
     let seen = probe_all(&p, &unnamed, &targets).await;
     assert_eq!(seen["opened/tcp/v4"], "CLOSED ConnectionRefusedError 111", "{seen:?}");
     assert_eq!(seen["opened/udp/v4"], "CLOSED PermissionError 1", "{seen:?}");
+}
+
+/// The default deployment through its tools: `serve` with its embedded provider, started with a
+/// `PATH` that has no `ip` or `nft` (issue 25 §5). The gateway refuses loopback and link-local in
+/// every spelling; a host address it cannot know (in a public range) passes it in any spelling,
+/// and the provider still answers no byte from it, refusing it like a blocked range.
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_without_ip_or_nft_keeps_the_host_closed_through_the_tools() {
+    require_root!();
+    let mut net = TestNet::new();
+    net.http(net.internet_addr, 8080, "internet-ok");
+    let (tcp, _) = host_servers();
+    let empty = std::path::PathBuf::from(format!("/var/tmp/smcp-empty-path-serve-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let gateway = common::Gateway::start("", &[("PATH", empty.to_str().unwrap())]);
+    let client = common::connect(&gateway.mcp_url(), None).await;
+    let stdout = |v: &Value| v["stdout"].as_str().unwrap_or_default().trim().to_owned();
+    let probe = |host: &str, port: u16| json!({"command": common::testnet::probe_script(host, port)});
+
+    for entry in ["::ffff:127.0.0.1", "::127.0.0.1", "64:ff9b::a9fe:4d01", "::ffff:169.254.169.254", "64:ff9b::/96"] {
+        let message = common::err(&client, "create_sandbox", json!({"network": {"allow_out": [entry]}})).await;
+        assert!(message.contains("loopback or link-local"), "{entry}: {message}");
+    }
+    let host = net.host_addr;
+    let spellings = [host.to_string(), format!("{host}/32"), format!("::ffff:{host}"), format!("64:ff9b::{host}")];
+    common::ok(&client, "create_sandbox", json!({"network": {"allow_out": spellings}})).await;
+    let out = common::ok(&client, "run_command", probe(&net.internet_addr.to_string(), 8080)).await;
+    assert_eq!(stdout(&out), "OPEN internet-ok", "egress through the relays: {out}");
+    let out = common::ok(&client, "run_command", probe(&net.private_addr.to_string(), 8080)).await;
+    let blocked = stdout(&out);
+    assert_eq!(blocked, "CLOSED ConnectionRefusedError", "a blocked range: {out}");
+    let out = common::ok(&client, "run_command", probe(&host.to_string(), tcp)).await;
+    assert!(!out.to_string().contains(SECRET), "{out}");
+    assert_eq!(stdout(&out), blocked, "the host's address is refused like a blocked range: {out}");
+    common::close(client).await;
+    let _ = std::fs::remove_dir(&empty);
 }
