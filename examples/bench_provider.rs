@@ -169,7 +169,8 @@ async fn network(client: &E2bClient, provider_pid: Option<u32>, args: &Args) -> 
             (kernel_after as f64 - kernel_before as f64) / n as f64
         );
         let prepared_before = kernel_kib();
-        let prepared: Vec<_> = (0..n).filter_map(|_| sandbox_mcp::local::net::netns::prepare().ok()).collect();
+        let host = sandbox_mcp::local::net::host_addrs::HostAddrs::new(&[]);
+        let prepared: Vec<_> = (0..n).filter_map(|_| sandbox_mcp::local::net::netns::prepare(&host).ok()).collect();
         let per_netns = (kernel_kib() as f64 - prepared_before as f64) / prepared.len().max(1) as f64;
         drop(prepared);
         println!(

@@ -227,6 +227,9 @@ pub struct LocalConfig {
     pub pids_limit: u64,
     /// Upstream resolvers of the sandboxes' DNS forwarder; empty: the host's `/etc/resolv.conf`.
     pub dns_servers: Vec<std::net::IpAddr>,
+    /// Host addresses sandboxes may reach when their `allow_out` names them; empty: none of the
+    /// host's own addresses is ever reachable.
+    pub open_host_addresses: Vec<std::net::IpAddr>,
     /// Domain of `{port}-{sandboxID}.{domain}` inbound hosts reported to clients; empty: none.
     pub domain: String,
     /// Host uid/gid range `START:COUNT` (as in `/etc/subuid`) that ids inside sandboxes map to.
@@ -245,6 +248,7 @@ impl Default for LocalConfig {
             memory_limit_mb: 2048,
             pids_limit: 1024,
             dns_servers: Vec::new(),
+            open_host_addresses: Vec::new(),
             domain: String::new(),
             id_range: "1000000000:65536".into(),
             disk_limit_mb: 10240,
@@ -261,6 +265,7 @@ impl LocalConfig {
             net.dns_servers = self.dns_servers.clone();
         }
         net.domain = (!self.domain.is_empty()).then(|| self.domain.clone());
+        net.open_host_addresses = self.open_host_addresses.clone();
         net
     }
 

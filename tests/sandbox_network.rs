@@ -1,10 +1,11 @@
 //! Sandbox network isolation, tried from inside real sandboxes of the real
 //! `sandbox-mcp provider`: the host's loopback, the provider, a host interface
-//! address and a sibling are unreachable; a test "internet" host in
+//! address (one gained later too) and a sibling are unreachable; a test "internet" host in
 //! 198.18.0.0/15 (a namespace of the test's own) is reachable and obeys
 //! `denyOut`/`allowOut`/`PUT .../network`; DNS resolves through the provider;
 //! inbound goes through `{port}-{id}.{domain}` with the traffic token; the
-//! network survives a provider SIGKILL; a killed sandbox leaves nothing.
+//! network survives a provider SIGKILL; a killed sandbox leaves nothing; the
+//! provider needs no `ip` or `nft` program (it speaks netlink itself).
 //! Needs root (skips loudly otherwise; SANDBOX_MCP_NO_SKIP turns that into a failure).
 
 mod common;
@@ -106,6 +107,18 @@ async fn default_egress_reaches_the_internet_and_dns_but_nothing_of_the_host() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let (late_port, _late) = host_server(&late);
     assert!(probe(&p, &sbx, &late, late_port).await.starts_with("CLOSED"), "address gained later");
+    // Once the provider has seen the kernel's notification, the new address is refused in the
+    // sandbox's kernel guard, like a blocked range.
+    let mut seen = Vec::new();
+    for _ in 0..30 {
+        seen.push(probe(&p, &sbx, &late, late_port).await);
+        if seen.last().is_some_and(|s| s == "CLOSED ConnectionRefusedError") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(seen.iter().all(|s| s.starts_with("CLOSED")), "{seen:?}");
+    assert_eq!(seen.last().map(String::as_str), Some("CLOSED ConnectionRefusedError"), "{seen:?}");
 
     // Raw sockets see only the sandbox's own namespace; root cannot change its rules.
     let (code, _) = p.run(&sbx, "nft flush ruleset || ip link set eth0 down", Some("root")).await;
@@ -371,4 +384,44 @@ async fn network_survives_a_provider_sigkill_and_kill_leaves_nothing() {
     // Nothing of the provider's in the host's own network namespace.
     assert_eq!(host_links().into_iter().filter(|l| !links_before.contains(l) && !l.starts_with("sm")).count(), 0);
     assert_eq!(host_rules(), rules_before, "the host's nftables ruleset is unchanged");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_provider_runs_no_ip_or_nft_program() {
+    require_root!();
+    let mut net = TestNet::new();
+    net.http(net.internet_addr, 8080, "internet-ok");
+    net.dns(net.internet_addr);
+    let internet = net.internet_addr.to_string();
+    // A PATH with neither program (with nothing at all): on a fresh machine without iproute2 and
+    // nftables the provider prepares, updates and re-adopts sandbox networks all the same.
+    let empty = std::path::PathBuf::from(format!("/var/tmp/smcp-empty-path-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    assert!(!empty.join("nft").exists() && !empty.join("ip").exists());
+    let inner =
+        common::Provider::builder().env("PATH", &empty).args(["--dns-server", &internet]).temp_in("/var/tmp").start();
+    let environ = std::fs::read(format!("/proc/{}/environ", inner.pid())).unwrap();
+    let path = environ.split(|b| *b == 0).find(|v| v.starts_with(b"PATH=")).map(|v| v[5..].to_vec());
+    assert_eq!(path.as_deref(), Some(empty.as_os_str().as_encoded_bytes()), "the provider's PATH");
+    let mut p = Provider { state: inner.state_dir.clone(), inner, http: reqwest::Client::new() };
+
+    let sbx = p.create(json!({"templateID": "base", "network": {"denyOut": ["198.19.0.0/16"]}})).await;
+    let (code, out) = p.run(&sbx, "getent hosts internet.test", None).await;
+    assert_eq!(code, 0, "DNS through the provider's forwarder: {out}");
+    assert_eq!(probe(&p, &sbx, "internet.test", 8080).await, "OPEN internet-ok", "TCP through the relay");
+    assert_eq!(udp_query(&p, &sbx, &internet).await, internet, "UDP through the relay");
+    assert_eq!(probe(&p, &sbx, "198.19.1.1", 80).await, "CLOSED ConnectionRefusedError", "denyOut in the kernel");
+    let (status, _) =
+        p.call(Method::PUT, &format!("/sandboxes/{}/network", id_of(&sbx)), Some(json!({"denyOut": [internet]}))).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "rules updated over netlink");
+    assert_eq!(probe(&p, &sbx, &internet, 8080).await, "CLOSED ConnectionRefusedError");
+    // Re-adopted after a crash: its rules are rewritten over netlink too.
+    p.crash();
+    p.launch();
+    assert_eq!(probe(&p, &sbx, &internet, 8080).await, "CLOSED ConnectionRefusedError", "rules kept");
+    let (status, _) = p.call(Method::PUT, &format!("/sandboxes/{}/network", id_of(&sbx)), Some(json!({}))).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(probe(&p, &sbx, &internet, 8080).await, "OPEN internet-ok");
+    drop(p);
+    let _ = std::fs::remove_dir(&empty);
 }

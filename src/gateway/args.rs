@@ -167,6 +167,42 @@ pub fn validate_template(template: &str) -> Result<(), InvalidArgument> {
     }
 }
 
+/// Destinations no sandbox may be allowed to reach through the gateway: loopback, link-local
+/// (cloud metadata) and `0.0.0.0/8` (which Linux reaches as the local host), IPv4 and IPv6.
+const NEVER_ALLOWED: [(std::net::IpAddr, u8); 5] = [
+    (std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 0)), 8),
+    (std::net::IpAddr::V4(std::net::Ipv4Addr::new(169, 254, 0, 0)), 16),
+    (std::net::IpAddr::V4(std::net::Ipv4Addr::new(0, 0, 0, 0)), 8),
+    (std::net::IpAddr::V6(std::net::Ipv6Addr::LOCALHOST), 128),
+    (std::net::IpAddr::V6(std::net::Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0)), 10),
+];
+
+/// One `allow_out` or `deny_out` entry (`name`): a CIDR block or an IP address; an `allow_out`
+/// entry may not cover a [`NEVER_ALLOWED`] range in any spelling: it is judged after the
+/// provider's own normalisation ([`normalise_net`](crate::local::net::policy::normalise_net)),
+/// so `::ffff:127.0.0.1`, `::127.0.0.1` and `64:ff9b::a9fe:a9fe` are the IPv4 addresses they
+/// carry.
+pub fn validate_network_entry(name: &str, entry: &str) -> Result<(), InvalidArgument> {
+    use crate::local::net::policy::{normalise_net, parse_net};
+    let Some(net) = parse_net(entry) else {
+        return Err(InvalidArgument(format!(
+            "network.{name} entry {:?} is not a CIDR block (\"10.1.0.0/16\") or an IP address",
+            clip(entry, 80)
+        )));
+    };
+    let overlaps = |a: &ipnet::IpNet, b: &ipnet::IpNet| a.contains(&b.network()) || b.contains(&a.network());
+    let forbidden = NEVER_ALLOWED.iter().filter_map(|(addr, len)| ipnet::IpNet::new(*addr, *len).ok());
+    let covers = forbidden.into_iter().any(|f| normalise_net(net).iter().any(|n| overlaps(&f, n)));
+    if name == "allow_out" && covers {
+        return Err(InvalidArgument(format!(
+            "network.allow_out entry {:?} covers loopback or link-local addresses, which sandboxes may never \
+             reach through this server; name the private addresses you need instead",
+            clip(entry, 80)
+        )));
+    }
+    Ok(())
+}
+
 /// A number within `min..=max`, naming the argument when it is not.
 pub fn validate_range(what: &str, value: u64, min: u64, max: u64) -> Result<(), InvalidArgument> {
     if value < min || value > max {
@@ -194,5 +230,32 @@ mod tests {
         assert!(validate_template("a b").is_err());
         assert!(validate_range("timeout", 0, 1, 600).unwrap_err().0.contains("between 1 and 600"));
         assert_eq!(clip("héllo", 2), "hé...");
+    }
+
+    #[test]
+    fn allow_out_refuses_loopback_and_link_local_in_every_spelling() {
+        for entry in [
+            "127.0.0.1",
+            "169.254.169.254/32",
+            "0.0.0.0/0",
+            "::1",
+            "fe80::1",
+            "::ffff:127.0.0.1",
+            "::ffff:7f00:1/128",
+            "::127.0.0.1",
+            "64:ff9b::a9fe:4d01",
+            "64:ff9b::169.254.169.254",
+            "::ffff:0:0/96",
+            "64:ff9b::/96",
+            "::/0",
+        ] {
+            let err = validate_network_entry("allow_out", entry).unwrap_err();
+            assert!(err.0.contains("loopback or link-local"), "{entry}: {err}");
+            assert!(validate_network_entry("deny_out", entry).is_ok(), "deny_out may name {entry}");
+        }
+        for entry in ["10.1.0.0/16", "198.18.0.1", "::ffff:10.1.2.3", "64:ff9b::808:808", "2001:db8::/32"] {
+            assert!(validate_network_entry("allow_out", entry).is_ok(), "{entry}");
+        }
+        assert!(validate_network_entry("deny_out", "example.com").unwrap_err().0.contains("not a CIDR"));
     }
 }

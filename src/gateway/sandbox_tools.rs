@@ -51,7 +51,9 @@ pub struct CreateSandboxArgs {
 pub struct NetworkArgs {
     /// Destinations the sandbox may reach even when denied otherwise: CIDR blocks ("10.1.0.0/16")
     /// or IP addresses ("192.168.1.5"); at most 64. Loopback and link-local addresses (cloud
-    /// metadata) are never allowed.
+    /// metadata) are never allowed, in any spelling (IPv4-mapped, -compatible or NAT64 IPv6
+    /// forms count as the IPv4 address they carry); the provider host's own addresses are never
+    /// reachable.
     #[serde(default)]
     pub allow_out: Option<Vec<String>>,
     /// Destinations the sandbox may not reach: CIDR blocks or IP addresses ("0.0.0.0/0" blocks
@@ -83,25 +85,7 @@ fn validate_network(network: &NetworkArgs) -> Result<(), InvalidArgument> {
             )));
         }
         for entry in list {
-            let Some(net) = crate::local::net::policy::parse_net(entry) else {
-                return Err(InvalidArgument(format!(
-                    "network.{name} entry {entry:?} is not a CIDR block (\"10.1.0.0/16\") or an IP address"
-                )));
-            };
-            let forbidden: [ipnet::IpNet; 5] = [
-                ipnet::IpNet::V4(ipnet::Ipv4Net::new_assert([127, 0, 0, 0].into(), 8)),
-                ipnet::IpNet::V4(ipnet::Ipv4Net::new_assert([169, 254, 0, 0].into(), 16)),
-                ipnet::IpNet::V4(ipnet::Ipv4Net::new_assert([0, 0, 0, 0].into(), 8)),
-                ipnet::IpNet::V6(ipnet::Ipv6Net::new_assert(std::net::Ipv6Addr::LOCALHOST, 128)),
-                ipnet::IpNet::V6(ipnet::Ipv6Net::new_assert([0xfe80, 0, 0, 0, 0, 0, 0, 0].into(), 10)),
-            ];
-            let overlaps = |a: &ipnet::IpNet, b: &ipnet::IpNet| a.contains(&b.network()) || b.contains(&a.network());
-            if name == "allow_out" && forbidden.iter().any(|f| overlaps(f, &net)) {
-                return Err(InvalidArgument(format!(
-                    "network.allow_out entry {entry:?} covers loopback or link-local addresses, which sandboxes may \
-                     never reach through this server; name the private addresses you need instead"
-                )));
-            }
+            crate::gateway::args::validate_network_entry(name, entry)?;
         }
     }
     Ok(())

@@ -79,6 +79,10 @@ pub struct ProviderArgs {
     /// /etc/resolv.conf nameservers.
     #[arg(long = "dns-server")]
     pub dns_servers: Vec<std::net::IpAddr>,
+    /// An address of this host that sandboxes may reach when their allowOut names it (repeatable).
+    /// Without it, no sandbox ever reaches any of the host's own addresses.
+    #[arg(long = "open-host-address")]
+    pub open_host_addresses: Vec<std::net::IpAddr>,
     /// Domain reported for `{port}-{sandboxID}.{domain}` inbound hosts (point a wildcard DNS name at
     /// this provider).
     #[arg(long)]
@@ -238,6 +242,7 @@ pub fn run_provider(args: ProviderArgs) -> anyhow::Result<()> {
         cfg.network.dns_servers = args.dns_servers;
     }
     cfg.network.domain = args.domain.filter(|d| !d.is_empty());
+    cfg.network.open_host_addresses = args.open_host_addresses;
     cfg.id_map = args.id_range;
     cfg.disk_limit_mb = (args.disk_limit_mb > 0).then_some(args.disk_limit_mb);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;

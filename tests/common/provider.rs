@@ -28,6 +28,8 @@ pub struct ProviderBuilder {
     api_key: String,
     log_filter: String,
     echo: bool,
+    /// Environment variables set for the provider (on top of the test's).
+    envs: Vec<(OsString, OsString)>,
 }
 
 impl Default for ProviderBuilder {
@@ -40,11 +42,18 @@ impl Default for ProviderBuilder {
             api_key: API_KEY.to_string(),
             log_filter: std::env::var("PROVIDER_LOG").unwrap_or_else(|_| "warn".into()),
             echo: true,
+            envs: Vec::new(),
         }
     }
 }
 
 impl ProviderBuilder {
+    /// Sets an environment variable of the provider process (`PATH`, say).
+    pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
+        self.envs.push((key.into(), value.into()));
+        self
+    }
+
     /// The `sandbox-mcp` binary to run (default: [`binary`]).
     pub fn bin(mut self, bin: impl Into<PathBuf>) -> Self {
         self.bin = bin.into();
@@ -161,6 +170,7 @@ impl Provider {
             .args(&self.builder.args)
             .env_remove("E2B_API_KEY")
             .env("RUST_LOG", &self.builder.log_filter)
+            .envs(self.builder.envs.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

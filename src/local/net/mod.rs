@@ -1,9 +1,11 @@
 //! Sandbox networking in the local provider: every sandbox gets its own
 //! network namespace, whose only way out is the provider. Outbound TCP is
-//! redirected by an nftables rule inside the namespace to a listener the
+//! redirected by an nftables rule inside the namespace (written over netlink,
+//! [`nftables`]: no external program is run) to a listener the
 //! provider owns there ([`tcp_egress`]); outbound UDP leaves through a TUN
 //! device the provider reads ([`udp`]); both are judged by one function
-//! ([`policy::EgressPolicy::decide`]) and re-originated from the host. DNS
+//! ([`policy::EgressPolicy::decide`]) and re-originated from the host; the
+//! host's own addresses ([`host_addrs`]) are refused in the kernel first. DNS
 //! goes to the provider's upstream resolvers. Inbound traffic reaches a
 //! sandbox only through the provider's `{port}-{sandboxID}.{domain}` routing
 //! ([`inbound`]). Nothing is changed in the host's own network namespace.
@@ -11,9 +13,12 @@
 //! Namespaces are prepared ahead in a small pool ([`NetPool`]) so that `create`
 //! pays only for a `setns`.
 
+pub mod host_addrs;
 pub mod inbound;
+pub mod netlink;
 #[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 pub mod netns;
+pub mod nftables;
 pub mod policy;
 #[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 pub mod tcp_egress;
@@ -22,10 +27,11 @@ pub mod udp;
 
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::OwnedFd;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use tokio_util::sync::CancellationToken;
 
+use self::host_addrs::HostAddrs;
 use self::netns::{GATEWAY_ADDR, PreparedNetns};
 use self::policy::{EgressPolicy, Verdict};
 
@@ -39,11 +45,14 @@ pub struct NetConfig {
     pub pool_size: usize,
     /// Domain reported to clients for `{port}-{sandboxID}.{domain}` hosts (E2B's `domain`).
     pub domain: Option<String>,
+    /// Host addresses the operator opens to sandboxes (`--open-host-address`): judged like a
+    /// reserved range (reachable only through a sandbox's `allowOut`) instead of never.
+    pub open_host_addresses: Vec<IpAddr>,
 }
 
 impl Default for NetConfig {
     fn default() -> Self {
-        NetConfig { dns_servers: host_resolvers(), pool_size: 2, domain: None }
+        NetConfig { dns_servers: host_resolvers(), pool_size: 2, domain: None, open_host_addresses: Vec::new() }
     }
 }
 
@@ -54,25 +63,6 @@ pub fn host_resolvers() -> Vec<IpAddr> {
         .filter_map(|line| line.trim().strip_prefix("nameserver"))
         .filter_map(|rest| rest.trim().split('%').next()?.parse().ok())
         .collect()
-}
-
-/// True if `addr` is configured on any interface of the host (read now, not cached, so an address
-/// the host gains later is covered).
-pub fn is_host_address(addr: IpAddr) -> bool {
-    match nix::ifaddrs::getifaddrs() {
-        Ok(addrs) => addrs.into_iter().any(|ifa| {
-            let Some(sockaddr) = ifa.address else { return false };
-            if let Some(v4) = sockaddr.as_sockaddr_in() {
-                return IpAddr::V4(v4.ip()) == addr;
-            }
-            if let Some(v6) = sockaddr.as_sockaddr_in6() {
-                return IpAddr::V6(v6.ip()) == addr;
-            }
-            false
-        }),
-        // Fail closed: without the host's addresses, treat every address as the host's.
-        Err(_) => true,
-    }
 }
 
 /// Descriptors held open by egress relays (a spliced TCP connection holds two, a UDP flow one),
@@ -132,6 +122,8 @@ pub struct SandboxNetShared {
     pub sandbox_id: String,
     policy: RwLock<EgressPolicy>,
     dns_servers: Vec<IpAddr>,
+    /// The host's own addresses.
+    host: Arc<HostAddrs>,
     /// The provider-wide egress budget.
     pub budget: Arc<EgressBudget>,
     /// Cancelled when the sandbox's network is torn down.
@@ -141,7 +133,7 @@ pub struct SandboxNetShared {
 impl SandboxNetShared {
     /// Judges a destination with the sandbox's current rules.
     pub fn decide(&self, dst: IpAddr) -> Verdict {
-        self.policy.read().unwrap_or_else(|p| p.into_inner()).decide(dst, is_host_address)
+        self.policy.read().unwrap_or_else(|p| p.into_inner()).decide(dst, |addr| self.host.classify(addr))
     }
 
     /// For traffic to the sandbox's DNS address on port 53: `Some(Some(upstream))` when the
@@ -159,13 +151,13 @@ impl SandboxNetShared {
 /// the tasks and closes the provider's descriptors; the namespace then disappears with the
 /// sandbox's last process.
 pub struct SandboxNet {
-    pub netns: OwnedFd,
+    pub netns: Arc<OwnedFd>,
     pub shared: Arc<SandboxNetShared>,
 }
 
 impl SandboxNet {
     /// What [`PolicyUpdate::apply`] needs, taken so that no lock on the sandbox's network is held
-    /// while `nft` runs (a duplicate of the namespace descriptor, and the shared state).
+    /// while the rules are written (a duplicate of the namespace descriptor, and the shared state).
     pub fn policy_update(&self) -> std::io::Result<PolicyUpdate> {
         Ok(PolicyUpdate { netns: self.netns.try_clone()?, shared: Arc::clone(&self.shared) })
     }
@@ -179,14 +171,14 @@ pub struct PolicyUpdate {
 
 impl PolicyUpdate {
     /// Replaces the sandbox's rules (already validated); new connections and flows use them. The
-    /// kernel guard is updated first (`nft` in the namespace, on a blocking thread, not on an async
+    /// kernel guard is updated first (in the namespace, on a blocking thread, not on an async
     /// worker): if that fails, nothing changes and the error is returned.
     pub async fn apply(self, policy: EgressPolicy) -> std::io::Result<()> {
-        let (allow, deny) = policy.kernel_sets();
+        let (allow, deny) = policy.kernel_sets(self.shared.host.opened());
         let netns = self.netns;
         tokio::task::spawn_blocking(move || netns::set_guard(&netns, &allow, &deny))
             .await
-            .map_err(|err| std::io::Error::other(format!("the nft task failed: {err}")))??;
+            .map_err(|err| std::io::Error::other(format!("the guard update task failed: {err}")))??;
         *self.shared.policy.write().unwrap_or_else(|p| p.into_inner()) = policy;
         Ok(())
     }
@@ -198,46 +190,97 @@ impl Drop for SandboxNet {
     }
 }
 
-/// Starts the provider's tasks for a sandbox's namespace.
-fn start(
-    sandbox_id: &str,
+/// What a sandbox's network starts from: a prepared namespace, or one re-adopted after a
+/// provider restart.
+struct Attached {
     netns: OwnedFd,
     tun: OwnedFd,
     listener: std::net::TcpListener,
-    policy: EgressPolicy,
-    cfg: &NetConfig,
-    budget: &Arc<EgressBudget>,
-) -> std::io::Result<SandboxNet> {
-    let listener = tokio::net::TcpListener::from_std(listener)?;
-    // Prepared namespaces carry the default sets; a sandbox with rules gets its own (a re-adopted
-    // one has them already, setting them again is harmless).
-    let (allow, deny) = policy.kernel_sets();
-    if (allow.clone(), deny.clone()) != EgressPolicy::default_kernel_sets() {
+    /// The host-address generation in its guard; `None`: unknown (re-adopted), rewrite the rules.
+    host_generation: Option<u64>,
+}
+
+/// Starts the provider's tasks for a sandbox's namespace.
+fn start(sandbox_id: &str, attached: Attached, policy: EgressPolicy, pool: &NetPool) -> std::io::Result<SandboxNet> {
+    let listener = tokio::net::TcpListener::from_std(attached.listener)?;
+    let netns = Arc::new(attached.netns);
+    let host = &pool.host;
+    {
+        // Registered, and its host set brought up to date, under the lock the address watch
+        // holds while it updates every namespace: no change can fall between the two.
+        let mut live = pool.live.lock().unwrap_or_else(|p| p.into_inner());
+        live.retain(|weak| weak.strong_count() > 0);
+        live.push(Arc::downgrade(&netns));
+        let snapshot = host.snapshot();
+        match attached.host_generation {
+            Some(generation) if generation == snapshot.generation => {}
+            Some(_) => netns::set_host(&netns, &host.kernel_set(&snapshot))?,
+            None => netns::reset_rules(&netns, &host.kernel_set(&snapshot), host.opened())?,
+        }
+    }
+    // Prepared namespaces carry the default sets; a sandbox with rules gets its own.
+    let (allow, deny) = policy.kernel_sets(host.opened());
+    if (allow.clone(), deny.clone()) != EgressPolicy::default_kernel_sets(host.opened()) {
         netns::set_guard(&netns, &allow, &deny)?;
     }
     let shared = Arc::new(SandboxNetShared {
         sandbox_id: sandbox_id.to_owned(),
         policy: RwLock::new(policy),
-        dns_servers: cfg.dns_servers.clone(),
-        budget: Arc::clone(budget),
+        dns_servers: pool.cfg.dns_servers.clone(),
+        host: Arc::clone(host),
+        budget: Arc::clone(&pool.budget),
         stop: CancellationToken::new(),
     });
     tokio::spawn(tcp_egress::serve(listener, shared.clone()));
-    tokio::spawn(udp::serve(tun, shared.clone()));
+    tokio::spawn(udp::serve(attached.tun, shared.clone()));
     Ok(SandboxNet { netns, shared })
+}
+
+/// Pushes a change of the host's addresses into every live sandbox namespace.
+fn push_host_set(live: &Mutex<Vec<Weak<OwnedFd>>>, host: &HostAddrs, snapshot: &host_addrs::Snapshot) {
+    let set = host.kernel_set(snapshot);
+    let mut live = live.lock().unwrap_or_else(|p| p.into_inner());
+    live.retain(|weak| weak.strong_count() > 0);
+    for netns in live.iter().filter_map(Weak::upgrade) {
+        if let Err(err) = netns::set_host(&netns, &set) {
+            tracing::warn!(%err, "cannot update a sandbox's host-address guard; its relays still refuse them");
+        }
+    }
 }
 
 /// Prepared namespaces for the next creates, refilled in the background.
 pub struct NetPool {
     cfg: NetConfig,
     budget: Arc<EgressBudget>,
+    host: Arc<HostAddrs>,
+    /// The namespaces of running sandboxes, for host-address updates.
+    live: Arc<Mutex<Vec<Weak<OwnedFd>>>>,
     ready: Mutex<Vec<PreparedNetns>>,
     refilling: Mutex<bool>,
 }
 
 impl NetPool {
+    /// A pool for `cfg`; reads the host's addresses and starts keeping them current.
     pub fn new(cfg: NetConfig) -> Arc<NetPool> {
-        Arc::new(NetPool { cfg, budget: Arc::default(), ready: Mutex::new(Vec::new()), refilling: Mutex::new(false) })
+        let host = HostAddrs::new(&cfg.open_host_addresses);
+        let live: Arc<Mutex<Vec<Weak<OwnedFd>>>> = Arc::default();
+        let watched = Arc::downgrade(&live);
+        let watch = host_addrs::watch(&host, move |host, snapshot| {
+            if let Some(live) = watched.upgrade() {
+                push_host_set(&live, host, snapshot);
+            }
+        });
+        if let Err(err) = watch {
+            tracing::warn!(%err, "cannot watch the host's addresses; relays still check every connection");
+        }
+        Arc::new(NetPool {
+            cfg,
+            budget: Arc::default(),
+            host,
+            live,
+            ready: Mutex::new(Vec::new()),
+            refilling: Mutex::new(false),
+        })
     }
 
     /// A prepared namespace: from the pool, or made now if the pool is empty. Triggers a refill.
@@ -246,7 +289,10 @@ impl NetPool {
         self.refill();
         match pooled {
             Some(prepared) => Ok(prepared),
-            None => tokio::task::spawn_blocking(netns::prepare).await.map_err(std::io::Error::other)?,
+            None => {
+                let host = Arc::clone(&self.host);
+                tokio::task::spawn_blocking(move || netns::prepare(&host)).await.map_err(std::io::Error::other)?
+            }
         }
     }
 
@@ -265,7 +311,7 @@ impl NetPool {
                 if pool.ready.lock().unwrap_or_else(|p| p.into_inner()).len() >= pool.cfg.pool_size {
                     break;
                 }
-                match netns::prepare() {
+                match netns::prepare(&pool.host) {
                     Ok(prepared) => pool.ready.lock().unwrap_or_else(|p| p.into_inner()).push(prepared),
                     Err(err) => {
                         tracing::warn!(%err, "cannot prepare a sandbox network namespace");
@@ -284,7 +330,8 @@ impl NetPool {
         prepared: PreparedNetns,
         policy: EgressPolicy,
     ) -> std::io::Result<SandboxNet> {
-        start(sandbox_id, prepared.netns, prepared.tun, prepared.listener, policy, &self.cfg, &self.budget)
+        let PreparedNetns { netns, tun, listener, host_generation } = prepared;
+        start(sandbox_id, Attached { netns, tun, listener, host_generation: Some(host_generation) }, policy, self)
     }
 
     /// Egress relays open now across every sandbox (for metrics and tests).
@@ -301,7 +348,7 @@ impl NetPool {
         })
         .await
         .map_err(std::io::Error::other)??;
-        start(sandbox_id, netns, tun, listener, policy, &self.cfg, &self.budget)
+        start(sandbox_id, Attached { netns, tun, listener, host_generation: None }, policy, self)
     }
 }
 

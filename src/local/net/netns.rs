@@ -1,7 +1,8 @@
 //! Network namespaces seen from the provider: making a fresh one, preparing it
 //! for a sandbox (loopback, the TUN device `eth0` with its address and default
-//! route, the nftables rules that refuse denied destinations and send every
-//! other outbound TCP connection to the provider's egress listener), and
+//! route, the nftables rules that refuse the host's own addresses and denied
+//! destinations and send every other outbound TCP connection to the
+//! provider's egress listener), and
 //! running code inside one. The provider
 //! never enters a namespace with its own threads: each operation runs on a
 //! short-lived thread that `setns`es, works, and exits.
@@ -9,7 +10,11 @@
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
-use std::process::{Command, Stdio};
+
+use ipnet::Ipv4Net;
+
+use super::host_addrs::HostAddrs;
+use super::{netlink, nftables};
 
 /// The sandbox's own address on `eth0`.
 pub const SANDBOX_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 0, 21);
@@ -20,61 +25,63 @@ pub const EGRESS_PORT: u16 = 1;
 /// Name of the TUN device inside every sandbox.
 const TUN_NAME: &[u8] = b"eth0";
 
-/// The nftables ruleset of every sandbox namespace, with the default rules in its sets:
-/// - `guard` (before address translation) refuses at once, in the kernel, what the sandbox's rules
-///   deny by address (a TCP reset, or ICMP port unreachable): `connect()` fails the way it would
-///   against a firewall, instead of being accepted by the egress relay and then reset. Its sets
+/// The nftables table `sandbox_mcp` of every sandbox namespace (written by [`nftables`]):
+/// - `guard` (output hook, before address translation) lets through loopback, packets of
+///   connections already judged, and DNS to the sandbox's resolver; then jumps to `host`, which
+///   refuses the host's own addresses (whatever the sandbox's rules say; see [`HostAddrs`]), and
+///   to `rules`, where the sandbox's `allow` entries return and its `deny` entries are refused.
+///   Refusals happen at once, in the kernel (a TCP reset, or ICMP port unreachable): `connect()`
+///   fails the way it would against a firewall, instead of being accepted by the egress relay
+///   and then reset, and a host address fails exactly like a blocked range. `allow` and `deny`
 ///   follow [`EgressPolicy::kernel_sets`](super::policy::EgressPolicy::kernel_sets).
-/// - `egress` sends every remaining outbound TCP connection to the egress listener, where the
-///   provider judges it again with the whole policy (the host's own addresses, which change,
-///   are judged only there) and relays it.
-fn ruleset() -> String {
-    let (_, deny) = super::policy::EgressPolicy::default_kernel_sets();
-    format!(
-        "table ip sandbox_mcp {{\n\
-           set allow {{ type ipv4_addr; flags interval; auto-merge; }}\n\
-           set deny {{ type ipv4_addr; flags interval; auto-merge; elements = {{ {} }} }}\n\
-           chain guard {{\n\
-             type filter hook output priority -150; policy accept;\n\
-             oifname \"lo\" return\n\
-             ip daddr {GATEWAY_ADDR} udp dport 53 return\n\
-             ip daddr @allow return\n\
-             ip daddr @deny meta l4proto tcp reject with tcp reset\n\
-             ip daddr @deny reject\n\
-           }}\n\
-           chain egress {{\n\
-             type nat hook output priority -100; policy accept;\n\
-             oifname \"lo\" return\n\
-             meta l4proto tcp redirect to :{EGRESS_PORT}\n\
-           }}\n\
-         }}\n",
-        deny.join(", ")
-    )
+/// - `egress` (nat, output) sends every remaining outbound TCP connection to the egress
+///   listener, where the provider judges it again with the whole policy and relays it.
+fn fixed() -> nftables::Fixed {
+    nftables::Fixed { dns: GATEWAY_ADDR, egress_port: EGRESS_PORT }
 }
 
-/// Replaces the guard's sets of `netns` (see [`ruleset`]) in one nftables transaction.
+/// CIDR blocks or bare addresses (as [`EgressPolicy::kernel_sets`](super::policy::EgressPolicy::kernel_sets)
+/// and [`HostAddrs::kernel_set`] write them).
+fn nets(list: &[String]) -> Vec<Ipv4Net> {
+    list.iter()
+        .filter_map(|s| s.parse::<Ipv4Net>().ok().or_else(|| s.parse::<Ipv4Addr>().ok().map(Ipv4Net::from)))
+        .collect()
+}
+
+/// Writes the whole table into the current namespace: the host's addresses and the default rules.
+fn write_table(host: &[String], opened: &[std::net::IpAddr]) -> io::Result<()> {
+    let (allow, deny) = super::policy::EgressPolicy::default_kernel_sets(opened);
+    nftables::replace_table(&fixed(), &nets(host), &nets(&allow), &nets(&deny))
+}
+
+/// Replaces the guard's `host` chain of `netns` in one nftables transaction.
+pub fn set_host(netns: &OwnedFd, host: &[String]) -> io::Result<()> {
+    let host = nets(host);
+    in_netns(netns, || nftables::replace_host(&host))
+}
+
+/// Replaces the whole table of `netns` with this version's, in one nftables transaction: for a
+/// namespace re-adopted after a provider restart, whose rules an older version may have
+/// written. Its `rules` chain then holds the defaults.
+pub fn reset_rules(netns: &OwnedFd, host: &[String], opened: &[std::net::IpAddr]) -> io::Result<()> {
+    in_netns(netns, || write_table(host, opened))
+}
+
+/// Replaces the guard's `rules` chain of `netns` (the sandbox's `allow` and `deny`) in one
+/// nftables transaction.
 pub fn set_guard(netns: &OwnedFd, allow: &[String], deny: &[String]) -> io::Result<()> {
-    let mut script = String::from("flush set ip sandbox_mcp allow\nflush set ip sandbox_mcp deny\n");
-    if !deny.is_empty() {
-        script.push_str(&format!("add element ip sandbox_mcp deny {{ {} }}\n", deny.join(", ")));
-    }
-    if !allow.is_empty() {
-        script.push_str(&format!("add element ip sandbox_mcp allow {{ {} }}\n", allow.join(", ")));
-    }
-    in_netns(netns, || run_in_current_netns("nft", &["-f", "-"], &script))
+    let (allow, deny) = (nets(allow), nets(deny));
+    in_netns(netns, || nftables::replace_policy(&allow, &deny))
 }
-
-/// `ip -batch` commands that configure the namespace's links and routes.
-const IP_BATCH: &str = "link set lo up\n\
-link set eth0 up\n\
-addr add 169.254.0.21/30 dev eth0\n\
-route add default via 169.254.0.22 dev eth0\n";
 
 /// A namespace ready for a sandbox: the namespace, its TUN device, and its egress listener.
 pub struct PreparedNetns {
     pub netns: OwnedFd,
     pub tun: OwnedFd,
     pub listener: std::net::TcpListener,
+    /// The [`Snapshot::generation`](super::host_addrs::Snapshot) of the host addresses in its
+    /// guard.
+    pub host_generation: u64,
 }
 
 /// Runs `f` on a new thread that has entered `netns`; sockets and devices it creates belong there.
@@ -110,17 +117,21 @@ pub fn open_netns_of(pid: i32) -> io::Result<OwnedFd> {
     Ok(OwnedFd::from(std::fs::File::open(format!("/proc/{pid}/ns/net"))?))
 }
 
-/// Makes a new namespace with everything a sandbox needs.
-pub fn prepare() -> io::Result<PreparedNetns> {
+/// Makes a new namespace with everything a sandbox needs, its guard holding the host's addresses
+/// as `host` knows them now.
+pub fn prepare(host: &HostAddrs) -> io::Result<PreparedNetns> {
+    let snapshot = host.snapshot();
+    let host_set = host.kernel_set(&snapshot);
     let netns = create_netns()?;
     let (tun, listener) = in_netns(&netns, || {
         let tun = open_tun(true)?;
-        run_in_current_netns("ip", &["-batch", "-"], IP_BATCH)?;
-        run_in_current_netns("nft", &["-f", "-"], &ruleset())?;
+        let addr = Ipv4Net::new(SANDBOX_ADDR, 30).map_err(io::Error::other)?;
+        netlink::configure_links(c"eth0", addr, GATEWAY_ADDR)?;
+        write_table(&host_set, host.opened())?;
         let listener = bind_egress_listener()?;
         Ok((tun, listener))
     })?;
-    Ok(PreparedNetns { netns, tun, listener })
+    Ok(PreparedNetns { netns, tun, listener, host_generation: snapshot.generation })
 }
 
 /// Re-attaches to the TUN device and re-opens the egress listener of a sandbox that survived a
@@ -145,28 +156,6 @@ pub fn tcp_socket_in(netns: &OwnedFd) -> io::Result<std::net::TcpStream> {
         socket.set_nonblocking(true)?;
         Ok(socket.into())
     })
-}
-
-fn run_in_current_netns(program: &str, args: &[&str], input: &str) -> io::Result<()> {
-    let mut child = Command::new(program)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| io::Error::new(e.kind(), format!("cannot run {program}: {e}")))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        std::io::Write::write_all(&mut stdin, input.as_bytes())?;
-    }
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        return Err(io::Error::other(format!(
-            "{program} {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    Ok(())
 }
 
 /// Opens `/dev/net/tun` and attaches to (or creates) the persistent device `eth0` of the current
@@ -202,15 +191,15 @@ fn open_tun(create: bool) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// Checks once, at provider start, that network namespaces can be prepared here (TUN, `ip`,
-/// `nft`); the error names what is missing.
+/// Checks once, at provider start, that network namespaces can be prepared here (TUN, netlink,
+/// nf_tables); the error names what is missing.
 pub fn probe() -> Result<(), String> {
-    match prepare() {
+    match prepare(&HostAddrs::new(&[])) {
         Ok(_) => Ok(()),
         Err(err) => Err(format!(
             "sandbox-mcp provider cannot give sandboxes their own network: {err}. It needs CAP_NET_ADMIN, \
-             /dev/net/tun, and the `ip` (iproute2) and `nft` (nftables) programs (Debian: apt-get install \
-             iproute2 nftables; in a container also --device /dev/net/tun --cap-add NET_ADMIN)"
+             /dev/net/tun and a kernel with nf_tables (nat, reject); in a container also --device \
+             /dev/net/tun --cap-add NET_ADMIN"
         )),
     }
 }
