@@ -62,12 +62,12 @@ pub struct ProviderArgs {
     /// Most sandboxes alive at once.
     #[arg(long, default_value_t = 100)]
     pub max_sandboxes: usize,
-    /// Per-sandbox memory limit in MiB (cgroup memory controller).
-    #[arg(long)]
-    pub memory_limit_mb: Option<u64>,
-    /// Per-sandbox process limit (cgroup pids controller).
-    #[arg(long)]
-    pub pids_limit: Option<u64>,
+    /// Per-sandbox memory limit in MiB (cgroup memory controller); 0 = no limit.
+    #[arg(long, default_value_t = provider_config::DEFAULT_MEMORY_LIMIT_MB)]
+    pub memory_limit_mb: u64,
+    /// Per-sandbox process limit (cgroup pids controller); 0 = no limit.
+    #[arg(long, default_value_t = provider_config::DEFAULT_PIDS_LIMIT)]
+    pub pids_limit: u64,
     /// Lifetime of a sandbox created without a timeout, seconds.
     #[arg(long, default_value_t = 300)]
     pub default_timeout: u64,
@@ -87,7 +87,7 @@ pub struct ProviderArgs {
     #[arg(long, default_value = "1000000000:65536")]
     pub id_range: userns::IdMap,
     /// Per-sandbox disk limit in MiB (a sparse ext4 image per sandbox); 0 = no limit.
-    #[arg(long, default_value_t = 10240)]
+    #[arg(long, default_value_t = provider_config::DEFAULT_DISK_LIMIT_MB)]
     pub disk_limit_mb: u64,
     /// Most HTTP connections open at once (the longest-idle one is closed to make room).
     #[arg(long, default_value_t = crate::listen::DEFAULT_MAX_CONNECTIONS)]
@@ -230,8 +230,8 @@ pub fn run_provider(args: ProviderArgs) -> anyhow::Result<()> {
         header_read_timeout: Duration::from_secs(args.header_read_timeout.max(1)),
         idle_timeout: Duration::from_secs(args.idle_timeout.max(1)),
     };
-    cfg.memory_limit_mb = args.memory_limit_mb;
-    cfg.pids_limit = args.pids_limit;
+    cfg.memory_limit_mb = (args.memory_limit_mb > 0).then_some(args.memory_limit_mb);
+    cfg.pids_limit = (args.pids_limit > 0).then_some(args.pids_limit);
     cfg.default_timeout_secs = args.default_timeout;
     cfg.templates.extend(args.templates);
     if !args.dns_servers.is_empty() {
