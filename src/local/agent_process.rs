@@ -1,7 +1,13 @@
 //! Host-side process helpers for sandbox agents: pidfd-based verified kill and
 //! wait (works for our children and for agents adopted after a restart),
-//! finding the processes of a sandbox's PID namespace, and checking the host's
-//! mount table for leftovers.
+//! finding the processes of a sandbox's PID namespace, finding agents by the
+//! tag in their argv, and checking the host's mount table for leftovers.
+//!
+//! An agent's argv (readable by every host user and, as PID 1, by everyone in
+//! its sandbox) names neither its sandbox nor the state directory: it carries
+//! `--agent-tag TAG`, a random name also written to `<sandbox dir>/agent.tag`
+//! (see `record::AGENT_TAG_FILE`) before the agent starts. Reading argv needs
+//! no privilege over the agent, which runs as an unmapped host uid.
 
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
@@ -115,40 +121,57 @@ pub fn signal_namespace(pid: i32, signal: nix::sys::signal::Signal) {
     }
 }
 
-/// Host pids of processes whose command line names `sandbox_dir` (an agent whose record was never
-/// written, e.g. the provider died mid-create).
+/// The argument naming an agent's tag.
+pub const AGENT_TAG_FLAG: &str = "--agent-tag";
+
+/// The tag of the agent for `sandbox_dir`, if it was written.
+pub fn read_agent_tag(sandbox_dir: &Path) -> Option<String> {
+    let tag = std::fs::read_to_string(sandbox_dir.join(super::record::AGENT_TAG_FILE)).ok()?;
+    let tag = tag.trim();
+    (!tag.is_empty() && tag.bytes().all(|b| b.is_ascii_hexdigit())).then(|| tag.to_owned())
+}
+
+/// The `--agent-tag` of host process `pid`, if its argv has one.
+fn agent_tag_of_pid(pid: i32) -> Option<String> {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let mut args = cmdline.split(|&b| b == 0);
+    args.find(|a| *a == AGENT_TAG_FLAG.as_bytes())?;
+    String::from_utf8(args.next()?.to_vec()).ok()
+}
+
+/// Every host process that carries an agent tag, as (pid, tag).
+fn tagged_processes() -> Vec<(i32, String)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| Some((pid, agent_tag_of_pid(pid)?)))
+        .collect()
+}
+
+/// Host pids of the agent of `sandbox_dir` (one whose record was never written, e.g. the provider
+/// died mid-create), found by the tag written there before it started.
 pub fn agents_for_dir(sandbox_dir: &Path) -> Vec<i32> {
-    let needle = format!("--sandbox-dir\0{}\0", sandbox_dir.display());
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|p| std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| contains(&c, needle.as_bytes())))
-        .collect()
+    let Some(tag) = read_agent_tag(sandbox_dir) else { return Vec::new() };
+    tagged_processes().into_iter().filter(|(_, t)| *t == tag).map(|(pid, _)| pid).collect()
 }
 
-/// Agents (`envd --sandbox-dir SANDBOXES/<id>`) started from this state directory's
-/// `sandboxes_dir`, as (host pid, sandbox id). Best effort: an unreadable `/proc` gives none.
+/// Agents started from this state directory's `sandboxes_dir` (their tag is in one of its
+/// sandbox directories), as (host pid, sandbox id). Best effort: an unreadable `/proc` gives none.
 pub fn agents_under(sandboxes_dir: &Path) -> Vec<(i32, String)> {
-    let prefix = format!("--sandbox-dir\0{}/", sandboxes_dir.display());
-    let Ok(entries) = std::fs::read_dir("/proc") else {
+    let Ok(entries) = std::fs::read_dir(sandboxes_dir) else {
         return Vec::new();
     };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(|pid| {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            let at = cmdline.windows(prefix.len()).position(|w| w == prefix.as_bytes())? + prefix.len();
-            let id: Vec<u8> = cmdline[at..].iter().take_while(|&&b| b != 0).copied().collect();
-            let id = String::from_utf8(id).ok()?;
-            super::record::is_valid_sandbox_id(&id).then_some((pid, id))
+    let tags: std::collections::HashMap<String, String> = entries
+        .flatten()
+        .filter_map(|e| {
+            let id = e.file_name().to_str()?.to_owned();
+            super::record::is_valid_sandbox_id(&id).then_some(())?;
+            Some((read_agent_tag(&e.path())?, id))
         })
-        .collect()
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
+        .collect();
+    tagged_processes().into_iter().filter_map(|(pid, tag)| Some((pid, tags.get(&tag)?.clone()))).collect()
 }
 
 /// Mount points in the host's mount namespace at or under `dir`.

@@ -108,9 +108,17 @@ fn parse_template(s: &str) -> Result<(String, PathBuf), String> {
 /// Arguments of the internal `sandbox-mcp envd`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct EnvdArgs {
-    /// The sandbox's directory on the host (holds its spec and socket).
+    /// The sandbox's directory on the host (holds its spec and socket). The provider passes it
+    /// as `--sandbox-dir-fd` instead, so that no argv names it.
+    #[arg(long, required_unless_present = "sandbox_dir_fd")]
+    pub sandbox_dir: Option<PathBuf>,
+    /// Descriptor of the sandbox's directory (`O_PATH`), in place of `--sandbox-dir`.
     #[arg(long)]
-    pub sandbox_dir: PathBuf,
+    pub sandbox_dir_fd: Option<i32>,
+    /// The random name by which the provider finds this agent among the host's processes
+    /// (see `agent_process`); envd itself does not use it.
+    #[arg(long)]
+    pub agent_tag: Option<String>,
     /// Descriptor on which to report readiness (`ok`) or the set-up error.
     #[arg(long)]
     pub ready_fd: Option<i32>,
@@ -279,9 +287,20 @@ pub fn run_envd(args: EnvdArgs) -> anyhow::Result<()> {
     let disk = args.disk_fd.map(|fd| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
     // SAFETY: the provider passes the sandbox's user namespace at this descriptor and nothing else owns it.
     let userns = args.userns_fd.map(|fd| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
+    // SAFETY: the provider passes the sandbox directory (O_PATH) at this descriptor and nothing else owns it.
+    let dir_fd = args.sandbox_dir_fd.map(|fd| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
     let setup = move || -> anyhow::Result<(std::os::unix::net::UnixListener, record::SandboxSpec)> {
-        let spec: record::SandboxSpec = record::read_json(&args.sandbox_dir.join(record::SPEC_FILE))?;
-        let listener = sandbox_init::enter_sandbox(&args.sandbox_dir, &spec, disk, userns)?;
+        let sandbox_dir = match (args.sandbox_dir, &dir_fd) {
+            (Some(dir), _) => dir,
+            (None, Some(fd)) => {
+                let link = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(fd));
+                std::fs::read_link(&link).with_context(|| format!("resolving --sandbox-dir-fd ({link})"))?
+            }
+            (None, None) => anyhow::bail!("--sandbox-dir or --sandbox-dir-fd is required"),
+        };
+        drop(dir_fd);
+        let spec: record::SandboxSpec = record::read_json(&sandbox_dir.join(record::SPEC_FILE))?;
+        let listener = sandbox_init::enter_sandbox(&sandbox_dir, &spec, disk, userns)?;
         listener.set_nonblocking(true).context("non-blocking socket")?;
         Ok((listener, spec))
     };
