@@ -139,6 +139,16 @@ async fn task_secrets_are_in_no_host_argv_environ_or_readable_file() {
     assert_eq!((done["state"].as_str(), done["stdout"].as_str()), (Some("succeeded"), Some("same\n")), "{done}");
     let c = mcp.call("cancel_task", json!({"sandbox_id": sandbox_id, "task_id": task_id})).await.ok();
     assert_eq!(c["state"], "cancelled", "{c}");
+
+    // A supervisor that vanished ends before reading its stdin: the gateway reinstalls it and the
+    // launch (spec on stdin again) still runs once.
+    let rm = json!({"sandbox_id": sandbox_id, "command": "rm -rf /home/user/.sandbox-mcp/supervisor.py /home/user/.sandbox-mcp/__pycache__"});
+    assert_eq!(mcp.call("run_command", rm).await.ok()["exit_code"], 0);
+    let v = mcp.start_task(&sandbox_id, "echo again", json!({"envs": {"API_TOKEN": secret}})).await;
+    let again = v["task_id"].as_str().unwrap();
+    mcp.wait_done(&sandbox_id, again, Duration::from_secs(30)).await;
+    let done = mcp.get_task(&sandbox_id, again, json!({})).await;
+    assert_eq!((done["state"].as_str(), done["stdout"].as_str()), (Some("succeeded"), Some("again\n")), "{done}");
     drop(serve);
 }
 

@@ -307,8 +307,9 @@ impl EnvdClient {
     }
 
     /// [`EnvdClient::run`] for a process started with `stdin: true`: writes `input` to its stdin
-    /// (`SendInput`, stdin is left open) before collecting its output. When the input cannot be
-    /// sent the process is killed and the send's error returned.
+    /// (`SendInput`; stdin is left open) before collecting its output. The output is collected
+    /// even when the input could not be sent: the process may have ended before reading it (a
+    /// missing program), or must notice itself that nothing arrived; what it says decides.
     pub async fn run_with_input(
         &self,
         req: &wire::StartRequest,
@@ -318,11 +319,7 @@ impl EnvdClient {
     ) -> Result<CommandOutput, E2bError> {
         let stream = self.start(req, opts).await?;
         if let Err(err) = self.send_stdin(stream.pid(), input, opts).await {
-            let kill_opts = CallOptions { user: opts.user.clone(), timeout: Some(Duration::from_secs(5)) };
-            if let Err(kill_err) = self.send_signal(stream.pid(), Signal::Kill, &kill_opts).await {
-                tracing::debug!(sandbox_id = self.sandbox_id(), pid = stream.pid(), error = %kill_err, "kill after a failed stdin write failed");
-            }
-            return Err(err);
+            tracing::debug!(sandbox_id = self.sandbox_id(), pid = stream.pid(), error = %err, "cannot write to the process's stdin");
         }
         self.collect(stream, opts, limits).await
     }
