@@ -121,9 +121,6 @@ pub fn signal_namespace(pid: i32, signal: nix::sys::signal::Signal) {
     }
 }
 
-/// The argument naming an agent's tag.
-pub const AGENT_TAG_FLAG: &str = "--agent-tag";
-
 /// The tag of the agent for `sandbox_dir`, if it was written.
 pub fn read_agent_tag(sandbox_dir: &Path) -> Option<String> {
     let tag = std::fs::read_to_string(sandbox_dir.join(super::record::AGENT_TAG_FILE)).ok()?;
@@ -135,7 +132,7 @@ pub fn read_agent_tag(sandbox_dir: &Path) -> Option<String> {
 fn agent_tag_of_pid(pid: i32) -> Option<String> {
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     let mut args = cmdline.split(|&b| b == 0);
-    args.find(|a| *a == AGENT_TAG_FLAG.as_bytes())?;
+    args.find(|a| *a == super::agent_spawn::AGENT_TAG_FLAG.as_bytes())?;
     String::from_utf8(args.next()?.to_vec()).ok()
 }
 

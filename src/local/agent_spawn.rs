@@ -24,6 +24,8 @@ pub const USERNS_FD: i32 = 5;
 /// File descriptor of the sandbox's directory (`O_PATH`): its path is not in the agent's argv,
 /// which every host user can read (see `agent_process`).
 pub const SANDBOX_DIR_FD: i32 = 6;
+/// The argument naming the agent's tag (see `agent_process`).
+pub const AGENT_TAG_FLAG: &str = "--agent-tag";
 
 /// Descriptors the provider made ahead of time for a new sandbox (see `disk` and `userns`).
 #[derive(Clone, Copy, Default)]
@@ -107,7 +109,7 @@ pub fn spawn_agent(
     let mut argv_owned = vec![
         cstr("sandbox-mcp")?,
         cstr("envd")?,
-        cstr(super::agent_process::AGENT_TAG_FLAG)?,
+        cstr(AGENT_TAG_FLAG)?,
         cstr(agent_tag)?,
         cstr("--sandbox-dir-fd")?,
         cstr(&SANDBOX_DIR_FD.to_string())?,
