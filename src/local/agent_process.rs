@@ -128,30 +128,49 @@ pub fn read_agent_tag(sandbox_dir: &Path) -> Option<String> {
     (!tag.is_empty() && tag.bytes().all(|b| b.is_ascii_hexdigit())).then(|| tag.to_owned())
 }
 
-/// The `--agent-tag` of host process `pid`, if its argv has one.
-fn agent_tag_of_pid(pid: i32) -> Option<String> {
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let mut args = cmdline.split(|&b| b == 0);
-    args.find(|a| *a == super::agent_spawn::AGENT_TAG_FLAG.as_bytes())?;
-    String::from_utf8(args.next()?.to_vec()).ok()
+/// How an agent's argv names it.
+#[derive(Debug, PartialEq, Eq)]
+enum AgentName {
+    /// `--agent-tag TAG`.
+    Tag(String),
+    /// `--sandbox-dir DIR`: an agent started by an earlier version of the provider.
+    Dir(std::path::PathBuf),
 }
 
-/// Every host process that carries an agent tag, as (pid, tag).
-fn tagged_processes() -> Vec<(i32, String)> {
+/// The name in an argv (`/proc/PID/cmdline`: NUL-separated), if it is an agent's.
+fn agent_name(cmdline: &[u8]) -> Option<AgentName> {
+    let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+    let value = |flag: &str| args.iter().position(|a| *a == flag.as_bytes()).and_then(|i| args.get(i + 1));
+    if let Some(tag) = value(super::agent_spawn::AGENT_TAG_FLAG) {
+        return String::from_utf8(tag.to_vec()).ok().map(AgentName::Tag);
+    }
+    use std::os::unix::ffi::OsStrExt;
+    value("--sandbox-dir").map(|dir| AgentName::Dir(Path::new(std::ffi::OsStr::from_bytes(dir)).to_path_buf()))
+}
+
+/// Every host process whose argv names it an agent, as (pid, name).
+fn named_agents() -> Vec<(i32, AgentName)> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(|pid| Some((pid, agent_tag_of_pid(pid)?)))
+        .filter_map(|pid| Some((pid, agent_name(&std::fs::read(format!("/proc/{pid}/cmdline")).ok()?)?)))
         .collect()
 }
 
 /// Host pids of the agent of `sandbox_dir` (one whose record was never written, e.g. the provider
 /// died mid-create), found by the tag written there before it started.
 pub fn agents_for_dir(sandbox_dir: &Path) -> Vec<i32> {
-    let Some(tag) = read_agent_tag(sandbox_dir) else { return Vec::new() };
-    tagged_processes().into_iter().filter(|(_, t)| *t == tag).map(|(pid, _)| pid).collect()
+    let tag = read_agent_tag(sandbox_dir);
+    named_agents()
+        .into_iter()
+        .filter(|(_, name)| match name {
+            AgentName::Tag(t) => tag.as_ref() == Some(t),
+            AgentName::Dir(d) => d == sandbox_dir,
+        })
+        .map(|(pid, _)| pid)
+        .collect()
 }
 
 /// Agents started from this state directory's `sandboxes_dir` (their tag is in one of its
@@ -168,7 +187,17 @@ pub fn agents_under(sandboxes_dir: &Path) -> Vec<(i32, String)> {
             Some((read_agent_tag(&e.path())?, id))
         })
         .collect();
-    tagged_processes().into_iter().filter_map(|(pid, tag)| Some((pid, tags.get(&tag)?.clone()))).collect()
+    named_agents()
+        .into_iter()
+        .filter_map(|(pid, name)| match name {
+            AgentName::Tag(tag) => Some((pid, tags.get(&tag)?.clone())),
+            AgentName::Dir(dir) if dir.parent() == Some(sandboxes_dir) => {
+                let id = dir.file_name()?.to_str()?.to_owned();
+                super::record::is_valid_sandbox_id(&id).then_some((pid, id))
+            }
+            AgentName::Dir(_) => None,
+        })
+        .collect()
 }
 
 /// Mount points in the host's mount namespace at or under `dir`.
@@ -186,4 +215,20 @@ pub fn host_mounts_under(dir: &Path) -> Vec<String> {
 pub fn rss_kib(pid: i32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status.lines().find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agents_are_named_by_their_tag_or_by_an_earlier_version_s_directory() {
+        let tagged = b"sandbox-mcp\0envd\0--agent-tag\0c0ffee\0--sandbox-dir-fd\06\0--ready-fd\03\0";
+        assert_eq!(agent_name(tagged), Some(AgentName::Tag("c0ffee".into())));
+        let legacy = b"sandbox-mcp\0envd\0--sandbox-dir\0/var/lib/sandbox-mcp/sandboxes/abc\0--ready-fd\03\0";
+        assert_eq!(agent_name(legacy), Some(AgentName::Dir("/var/lib/sandbox-mcp/sandboxes/abc".into())));
+        assert_eq!(agent_name(b"python3\0-c\0pass\0"), None);
+        assert_eq!(agent_name(b"x\0--agent-tag\0"), Some(AgentName::Tag(String::new())));
+        assert_eq!(agent_name(b"x\0--agent-tag"), None, "a flag without a value names nothing");
+    }
 }
