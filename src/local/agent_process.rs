@@ -223,9 +223,9 @@ mod tests {
 
     #[test]
     fn agents_are_named_by_their_tag_or_by_an_earlier_version_s_directory() {
-        let tagged = b"sandbox-mcp\0envd\0--agent-tag\0c0ffee\0--sandbox-dir-fd\06\0--ready-fd\03\0";
+        let tagged = b"sandbox-mcp\0envd\0--agent-tag\0c0ffee\0--sandbox-dir-fd\0six\0--ready-fd\0three\0";
         assert_eq!(agent_name(tagged), Some(AgentName::Tag("c0ffee".into())));
-        let legacy = b"sandbox-mcp\0envd\0--sandbox-dir\0/var/lib/sandbox-mcp/sandboxes/abc\0--ready-fd\03\0";
+        let legacy = b"sandbox-mcp\0envd\0--sandbox-dir\0/var/lib/sandbox-mcp/sandboxes/abc\0--ready-fd\0three\0";
         assert_eq!(agent_name(legacy), Some(AgentName::Dir("/var/lib/sandbox-mcp/sandboxes/abc".into())));
         assert_eq!(agent_name(b"python3\0-c\0pass\0"), None);
         assert_eq!(agent_name(b"x\0--agent-tag\0"), Some(AgentName::Tag(String::new())));
