@@ -54,9 +54,13 @@ struct Row {
     target: Option<f64>,
 }
 
+/// The state directory of the provider this bench started (agents are found by the tag in
+/// their sandbox's directory); unknown for a provider given by `--provider-url`.
+static STATE_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
 /// VmRSS (KiB) of the envd process of `sandbox_id`, found on the host.
 fn envd_rss_kib(sandbox_id: &str) -> Option<u64> {
-    agent_pid(sandbox_id).map(rss_kib)
+    agent_pid(STATE_DIR.get()?, sandbox_id).map(rss_kib)
 }
 
 fn true_request() -> wire::StartRequest {
@@ -341,6 +345,7 @@ async fn main() -> anyhow::Result<()> {
             println!("provider: {} ({})", provider.url(), bin.display());
             let client = provider.client();
             provider_pid = Some(provider.pid());
+            let _ = STATE_DIR.set(provider.state_dir.clone());
             own_provider = Some(provider);
             client
         }

@@ -25,7 +25,7 @@ use rmcp::model::ProtocolVersion;
 use sandbox_mcp::e2b::{CallOptions, EnvdClient, OutputLimits, wire};
 use sandbox_mcp::masking::Masker;
 use sandbox_mcp::tasks::TaskId;
-use sandbox_mcp::tasks::launch::{TaskSpec, start_args};
+use sandbox_mcp::tasks::launch::{TaskSpec, start_launch};
 use sandbox_mcp::tasks::service::TaskService;
 use serde_json::{Value, json};
 
@@ -61,22 +61,26 @@ fn start_gateway(bin: &PathBuf) -> anyhow::Result<(Provider, Gateway)> {
     Ok((provider, gateway))
 }
 
-/// Times `argv` run through envd directly (no gateway, no MCP).
-async fn time_envd(envd: &EnvdClient, argv: &[&str], n: usize) -> anyhow::Result<Vec<Duration>> {
+/// Times `argv` run through envd directly (no gateway, no MCP), with `stdin` written to its stdin.
+async fn time_envd(envd: &EnvdClient, argv: &[&str], stdin: Option<&[u8]>, n: usize) -> anyhow::Result<Vec<Duration>> {
     let request = wire::StartRequest {
         process: wire::ProcessConfig {
             cmd: argv[0].to_string(),
             args: argv[1..].iter().map(|s| s.to_string()).collect(),
             ..Default::default()
         },
-        stdin: Some(false),
+        stdin: Some(stdin.is_some()),
         ..Default::default()
     };
     let options = CallOptions::user("user").with_timeout(Duration::from_secs(30));
     let mut samples = Vec::new();
     for _ in 0..n {
         let t0 = Instant::now();
-        let out = envd.run(&request, &options, OutputLimits { max_stdout: 1 << 22, max_stderr: 1 << 16 }).await?;
+        let limits = OutputLimits { max_stdout: 1 << 22, max_stderr: 1 << 16 };
+        let out = match stdin {
+            Some(input) => envd.run_with_input(&request, &options, limits, input).await?,
+            None => envd.run(&request, &options, limits).await?,
+        };
         samples.push(t0.elapsed());
         if out.exit_code != 0 {
             bail!("{argv:?} exited {}: {}", out.exit_code, String::from_utf8_lossy(&out.stderr));
@@ -197,8 +201,8 @@ async fn main() -> anyhow::Result<()> {
     // Where the time goes: the same work through envd directly (no gateway, no MCP).
     let direct = provider.client();
     let envd = direct.envd(&direct.connect_sandbox(&sid, None).await?);
-    let envd_true = time_envd(&envd, &["/bin/true"], n).await?;
-    let envd_python = time_envd(&envd, &["python3", "-I", "-S", "-c", "pass"], n).await?;
+    let envd_true = time_envd(&envd, &["/bin/true"], None, n).await?;
+    let envd_python = time_envd(&envd, &["python3", "-I", "-S", "-c", "pass"], None, n).await?;
     // get_task's direct path: status.json, then both 16 KiB windows in parallel (see TaskService::status).
     let user = CallOptions::user("user").with_timeout(Duration::from_secs(30));
     let dir = format!("/home/user/.sandbox-mcp/tasks/{big}");
@@ -225,9 +229,10 @@ async fn main() -> anyhow::Result<()> {
     let mut envd_start = Vec::new();
     for _ in 0..n {
         let spec = TaskSpec::new("sleep 600".into(), None, Default::default(), Some(600))?;
-        let argv = service.argv(&start_args(&TaskId::generate(), &spec)?);
+        let launch = start_launch(&TaskId::generate(), &spec)?;
+        let argv = service.argv(&launch.args);
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-        envd_start.extend(time_envd(&envd, &argv, 1).await?);
+        envd_start.extend(time_envd(&envd, &argv, Some(&launch.stdin), 1).await?);
     }
 
     println!();

@@ -245,13 +245,13 @@ impl Default for LocalConfig {
         Self {
             state_dir: String::new(),
             max_sandboxes: 100,
-            memory_limit_mb: 2048,
-            pids_limit: 1024,
+            memory_limit_mb: crate::local::provider_config::DEFAULT_MEMORY_LIMIT_MB,
+            pids_limit: crate::local::provider_config::DEFAULT_PIDS_LIMIT,
             dns_servers: Vec::new(),
             open_host_addresses: Vec::new(),
             domain: String::new(),
             id_range: "1000000000:65536".into(),
-            disk_limit_mb: 10240,
+            disk_limit_mb: crate::local::provider_config::DEFAULT_DISK_LIMIT_MB,
             templates: std::collections::BTreeMap::new(),
         }
     }

@@ -1,5 +1,6 @@
 //! `sandbox-mcp-envd`: the in-sandbox agent alone, started by the local provider as
-//! `sandbox-mcp-envd envd --sandbox-dir DIR ...` (the same arguments as `sandbox-mcp envd`).
+//! `sandbox-mcp-envd envd --agent-tag TAG --sandbox-dir-fd FD ...` (the same arguments as
+//! `sandbox-mcp envd`).
 //! Linked with nothing of the gateway, so each sandbox's agent maps a fraction of the full
 //! binary (see `local::agent_binary`).
 
@@ -16,7 +17,7 @@ fn main() -> ExitCode {
         }
         Some(first) if first == "envd" => sandbox_mcp::local::run_envd_from_args(args),
         _ => Err(anyhow::anyhow!(
-            "internal program: the local provider starts it as `sandbox-mcp-envd envd --sandbox-dir DIR`; \
+            "internal program: the local provider starts it as `sandbox-mcp-envd envd --sandbox-dir-fd FD`; \
              run `sandbox-mcp` instead"
         )),
     };

@@ -28,9 +28,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SUPERVISOR = os.path.join(HERE, "supervisor.py")
 
 
-def run(py, flags, base, *args):
+def run(py, flags, base, *args, stdin=b""):
     p = subprocess.run([py] + flags + [SUPERVISOR] + list(args) + ["--base", base],
-                       stdout=subprocess.PIPE, check=False)
+                       input=stdin, stdout=subprocess.PIPE, check=False)
     return json.loads(p.stdout)
 
 
@@ -56,7 +56,7 @@ def main():
         tid = None
         for i in range(runs):
             tid = os.urandom(16).hex()
-            run(py, [], base, "start", "--task-id", tid, "--spec-b64", b64)
+            run(py, [], base, "start", "--task-id", tid, stdin=b64.encode() + b"\n")
             while True:
                 st = run(py, [], base, "status", "--task-id", tid, "--limit", "0", "--wait", "5",
                          "--stdout-offset", str(1 << 40), "--stderr-offset", str(1 << 40))

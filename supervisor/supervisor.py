@@ -23,7 +23,7 @@ This file owns, for every task, the directory ``BASE/tasks/<task_id>/``:
 Subcommands (details in supervisor/README.md):
 
   version
-  start  --task-id ID --spec-b64 B64
+  start  --task-id ID          (the spec, base64 JSON, on one line of stdin)
   status --task-id ID [--stdout-offset N] [--stderr-offset N] [--limit L] [--wait S]
          [--wait-stdout-offset N] [--wait-stderr-offset N]
   cancel --task-id ID [same paging args] [--wait S (default 3)]
@@ -45,7 +45,7 @@ Imports are kept minimal because the gateway runs ``status`` on every
 get_task call and interpreter start-up dominates its latency.
 """
 
-SUPERVISOR_VERSION = "3"
+SUPERVISOR_VERSION = "4"
 
 import os
 import sys
@@ -72,6 +72,11 @@ DRAIN_IDLE = 0.5
 DRAIN_MAX = 5.0
 PROGRESS_INTERVAL = 1.0      # running status.json refresh (byte totals)
 START_WAIT = 5.0             # how long `start` waits for status.json
+# The spec of `start` arrives on stdin, never in argv (a process's argv is
+# readable by every user of the machine, the sandbox's host included):
+# at most SPEC_MAX_BYTES, within SPEC_WAIT seconds.
+SPEC_MAX_BYTES = 1 << 18
+SPEC_WAIT = 10.0
 READ_CHUNK = 1 << 20         # pipe read size once the stored prefix is full
 STORE_CHUNK = 1 << 18        # read size while storing (bounds masking buffers)
 PIPE_SIZE = 1 << 20          # requested pipe capacity (F_SETPIPE_SZ)
@@ -97,7 +102,7 @@ TERMINAL = ("succeeded", "failed", "cancelled", "timed_out")
 
 CLI_OPTIONS = {
     "version": ("base",),
-    "start": ("task-id", "spec-b64", "base"),
+    "start": ("task-id", "base"),
     "status": ("task-id", "stdout-offset", "stderr-offset", "limit", "wait",
                "wait-stdout-offset", "wait-stderr-offset", "base"),
     "cancel": ("task-id", "stdout-offset", "stderr-offset", "limit", "wait", "base"),
@@ -691,6 +696,41 @@ def cmd_cancel(opts):
 
 # --- start --------------------------------------------------------------------
 
+def read_spec_stdin():
+    """The spec line of `start` from stdin (ended by a newline or EOF), as text."""
+    import select
+    deadline = time.monotonic() + SPEC_WAIT
+    chunks, size = [], 0
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise CliError("invalid", "no task spec arrived on stdin within %g s" % SPEC_WAIT)
+        try:
+            if not select.select([0], [], [], left)[0]:
+                continue
+            chunk = os.read(0, 65536)
+        except (OSError, ValueError) as e:
+            raise CliError("invalid", "cannot read the task spec from stdin: %s"
+                                      % (getattr(e, "strerror", None) or e))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+        if b"\n" in chunk:
+            break
+        if size > SPEC_MAX_BYTES:
+            break
+    data = b"".join(chunks).split(b"\n", 1)[0]
+    if len(data) > SPEC_MAX_BYTES:
+        raise CliError("invalid", "the task spec on stdin is longer than %d bytes" % SPEC_MAX_BYTES)
+    if not data.strip():
+        raise CliError("invalid", "start needs the task spec on stdin (one line of base64 JSON)")
+    try:
+        return data.decode("ascii")
+    except UnicodeDecodeError:
+        raise CliError("invalid", "the task spec on stdin is not standard base64")
+
+
 def decode_spec(raw):
     import binascii
     raw = raw.strip()
@@ -703,11 +743,11 @@ def decode_spec(raw):
     except (ValueError, binascii.Error):
         canonical = False
     if not canonical:
-        raise CliError("invalid", "--spec-b64 is not standard base64")
+        raise CliError("invalid", "the task spec is not standard base64")
     try:
         spec = json_loads(data.decode("utf-8"))
     except ValueError:
-        raise CliError("invalid", "--spec-b64 does not decode to UTF-8 JSON")
+        raise CliError("invalid", "the task spec does not decode to UTF-8 JSON")
     if not isinstance(spec, dict):
         raise CliError("invalid", "the task spec must be a JSON object")
     command = spec.get("command")
@@ -737,9 +777,7 @@ def decode_spec(raw):
 
 def cmd_start(opts):
     tid = check_task_id(opts)
-    if "spec-b64" not in opts:
-        raise CliError("invalid", "--spec-b64 is required")
-    command, cwd, envs, timeout = decode_spec(opts["spec-b64"])
+    command, cwd, envs, timeout = decode_spec(read_spec_stdin())
     root = tasks_root(opts)
     tdir = os.path.join(root, tid)
     if os.path.lexists(tdir):

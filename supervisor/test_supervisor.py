@@ -25,6 +25,11 @@ def new_id():
     return os.urandom(16).hex()
 
 
+def spec_line(b64):
+    """What the gateway writes on the stdin of `start`: the base64 spec and a newline."""
+    return b64.encode("ascii") + b"\n"
+
+
 def read_text(path):
     with open(path) as f:
         return f.read()
@@ -77,12 +82,13 @@ class SupervisorTestCase(unittest.TestCase):
 
     # -- helpers ---------------------------------------------------------------
 
-    def cli(self, *args, check=True, env=None, base=True, timeout=40, cwd=None):
+    def cli(self, *args, check=True, env=None, base=True, timeout=40, cwd=None, stdin=None):
         argv = [sys.executable, SUPERVISOR] + list(args)
         if base:
             argv += ["--base", self.base]
         p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           env=env or self.env, timeout=timeout, cwd=cwd)
+                           env=env or self.env, timeout=timeout, cwd=cwd,
+                           input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL)
         lines = p.stdout.decode().splitlines()
         self.assertEqual(len(lines), 1, "expected exactly one JSON line, got %r (stderr %r)"
                          % (p.stdout, p.stderr))
@@ -96,7 +102,7 @@ class SupervisorTestCase(unittest.TestCase):
         tid = tid or new_id()
         spec = {"command": command, "cwd": cwd, "envs": envs or {}, "timeout": timeout}
         b64 = base64.b64encode(json.dumps(spec).encode()).decode()
-        obj = self.cli("start", "--task-id", tid, "--spec-b64", b64, env=env, check=check)
+        obj = self.cli("start", "--task-id", tid, env=env, check=check, stdin=spec_line(b64))
         return tid, obj
 
     def status(self, tid, *extra, check=True):
@@ -136,7 +142,7 @@ class SupervisorTestCase(unittest.TestCase):
 
     def test_version(self):
         obj = self.cli("version", base=False)
-        self.assertEqual(obj["version"], "3")
+        self.assertEqual(obj["version"], "4")
 
     def test_default_base_is_the_script_directory(self):
         # The gateway reads task files beside the installed script, so without
@@ -148,7 +154,7 @@ class SupervisorTestCase(unittest.TestCase):
         tid = new_id()
         b64 = base64.b64encode(json.dumps({"command": "true"}).encode()).decode()
         p = subprocess.run([sys.executable, os.path.join(installed, "supervisor.py"), "start",
-                            "--task-id", tid, "--spec-b64", b64],
+                            "--task-id", tid], input=spec_line(b64),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, timeout=30)
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertTrue(os.path.isdir(os.path.join(installed, "tasks", tid)))
@@ -193,7 +199,7 @@ class SupervisorTestCase(unittest.TestCase):
         spec = {"command": "pwd", "cwd": "sub", "envs": {}, "timeout": 10}
         b64 = base64.b64encode(json.dumps(spec).encode()).decode()
         tid = new_id()
-        self.cli("start", "--task-id", tid, "--spec-b64", b64, cwd=self.work)
+        self.cli("start", "--task-id", tid, cwd=self.work, stdin=spec_line(b64))
         self.assertEqual(self.wait_terminal(tid)["state"], "succeeded")
         self.assertEqual(self.read_all(tid)[0], (os.path.join(self.work, "sub") + "\n").encode())
 
@@ -205,10 +211,10 @@ class SupervisorTestCase(unittest.TestCase):
         spec = {"command": "echo via-import", "cwd": None, "envs": {}, "timeout": 10}
         b64 = base64.b64encode(json.dumps(spec).encode()).decode()
         tid = new_id()
-        for args in (["start", "--task-id", tid, "--spec-b64", b64],
-                     ["status", "--task-id", tid, "--wait", "5", "--stdout-offset", "0"]):
+        for args, stdin in ((["start", "--task-id", tid], spec_line(b64)),
+                            (["status", "--task-id", tid, "--wait", "5", "--stdout-offset", "0"], b"")):
             p = subprocess.run([sys.executable, "-I", "-S", "-c", code] + args + ["--base", self.base],
-                               stdout=subprocess.PIPE, timeout=30)
+                               input=stdin, stdout=subprocess.PIPE, timeout=30)
             self.assertEqual(p.returncode, 0, p.stdout)
             self.assertEqual(len(p.stdout.splitlines()), 1)
         self.assertEqual(self.wait_terminal(tid)["state"], "succeeded")
@@ -582,9 +588,55 @@ class SupervisorTestCase(unittest.TestCase):
             base64.b64encode(json.dumps({"command": "true", "envs": {"A=B": "x"}}).encode()).decode(),
         ]
         for b64 in cases:
-            obj = self.cli("start", "--task-id", tid, "--spec-b64", b64, check=False)
+            obj = self.cli("start", "--task-id", tid, check=False, stdin=spec_line(b64))
             self.assertEqual((obj["_rc"], obj["code"]), (2, "invalid"), b64)
             self.assertFalse(os.path.exists(os.path.join(self.base, "tasks", tid)))
+
+    def test_spec_comes_on_stdin_and_never_in_argv(self):
+        secret = "s3cret-" + new_id()
+        tid, _ = self.start("sleep 30", envs={"API_TOKEN": secret}, timeout=60)
+        st = self.status(tid)
+        self.assertEqual(st["state"], "running", st)
+        # No process of the task (daemon, bash) has the spec or the secret in its argv.
+        record = json.loads(read_text(os.path.join(self.base, "tasks", tid, "status.json")))
+        for pid in (record["supervisor_pid"], st["pid"]):
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                cmdline = f.read()
+            self.assertTrue(cmdline)
+            self.assertNotIn(secret.encode(), cmdline)
+        # The old argv form is refused before anything is created.
+        b64 = base64.b64encode(json.dumps({"command": "true"}).encode()).decode()
+        other = new_id()
+        obj = self.cli("start", "--task-id", other, "--spec-b64", b64, check=False)
+        self.assertEqual((obj["_rc"], obj["code"]), (2, "invalid"), obj)
+        # No spec on stdin (EOF at once), or one that is too long: refused, nothing created.
+        obj = self.cli("start", "--task-id", other, check=False)
+        self.assertEqual((obj["_rc"], obj["code"]), (2, "invalid"), obj)
+        self.assertIn("stdin", obj["error"])
+        long_spec = {"command": "true", "envs": {"A": "x" * (1 << 18)}}
+        obj = self.cli("start", "--task-id", other, check=False,
+                       stdin=spec_line(base64.b64encode(json.dumps(long_spec).encode()).decode()))
+        self.assertEqual((obj["_rc"], obj["code"]), (2, "invalid"), obj)
+        self.assertIn("longer than", obj["error"])
+        self.assertFalse(os.path.exists(os.path.join(self.base, "tasks", other)))
+
+    def test_spec_that_never_arrives_times_out_and_creates_nothing(self):
+        code = ("import sys; sys.path.insert(0, %r); import supervisor; supervisor.SPEC_WAIT = 0.5; "
+                "sys.exit(supervisor.main(sys.argv[1:]))" % HERE)
+        tid = new_id()
+        r, w = os.pipe()  # the write end stays open: no EOF, no data
+        try:
+            t0 = time.monotonic()
+            p = subprocess.run([sys.executable, "-I", "-S", "-c", code, "start", "--task-id", tid,
+                                "--base", self.base], stdin=r, stdout=subprocess.PIPE, timeout=30)
+        finally:
+            os.close(r)
+            os.close(w)
+        self.assertLess(time.monotonic() - t0, 10)
+        obj = json.loads(p.stdout)
+        self.assertEqual((p.returncode, obj["code"]), (2, "invalid"), obj)
+        self.assertIn("no task spec arrived", obj["error"])
+        self.assertFalse(os.path.exists(os.path.join(self.base, "tasks", tid)))
 
     def test_launch_failure_records_failed(self):
         # With RLIMIT_NOFILE = 8 the start CLI still works, but the daemon
@@ -596,8 +648,8 @@ class SupervisorTestCase(unittest.TestCase):
         spec = {"command": "touch %s" % marker, "cwd": None, "envs": {}, "timeout": 10}
         b64 = base64.b64encode(json.dumps(spec).encode()).decode()
         p = subprocess.run(
-            [sys.executable, SUPERVISOR, "start", "--task-id", tid, "--spec-b64", b64,
-             "--base", self.base], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30,
+            [sys.executable, SUPERVISOR, "start", "--task-id", tid, "--base", self.base],
+            input=spec_line(b64), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30,
             preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (8, 8)))
         self.assertEqual(p.returncode, 0, p.stderr)
         st = self.wait_terminal(tid)

@@ -453,16 +453,22 @@ async fn reused_request_id_gets_an_error_not_a_hang(http: &reqwest::Client, url:
     assert!(killed.contains("\"isError\":false"), "{killed}");
 }
 
-/// Processes whose command line names `--sandbox-dir <sandboxes_dir>/…` (this provider's agents).
+/// Processes whose command line carries `--agent-tag TAG` for a TAG in one of the sandbox
+/// directories of `state_dir` (this provider's agents).
 fn agents_of(state_dir: &std::path::Path) -> Vec<i32> {
-    let needle = format!("--sandbox-dir\0{}/", state_dir.join("sandboxes").display());
+    let needles: Vec<String> = std::fs::read_dir(state_dir.join("sandboxes"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("agent.tag")).ok())
+        .map(|tag| format!("--agent-tag\0{}\0", tag.trim()))
+        .collect();
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| c.windows(needle.len()).any(|w| w == needle.as_bytes()))
+                .is_ok_and(|c| needles.iter().any(|needle| c.windows(needle.len()).any(|w| w == needle.as_bytes())))
         })
         .collect()
 }
@@ -505,12 +511,16 @@ async fn no_sandbox_is_orphaned_under_a_flood_and_reconciliation_kills_untracked
 
     // Reconciliation: a process posing as an untracked agent of this state dir, and an untracked dir.
     let fake_id = "zzzzuntrackedagent01";
-    let fake_dir = provider.state_dir.join("sandboxes").join(fake_id);
+    // Its directory (with the tag that names it) appears atomically, after the process exists.
+    let fake_tag = "0123456789abcdef0123456789abcdef";
+    let fake_prep = provider.state_dir.join("fake-agent-dir");
+    std::fs::create_dir_all(&fake_prep).unwrap();
+    std::fs::write(fake_prep.join("agent.tag"), fake_tag).unwrap();
     let mut fake = std::process::Command::new("python3")
-        .args(["-c", "import time; time.sleep(120)", "--sandbox-dir"])
-        .arg(&fake_dir)
+        .args(["-c", "import time; time.sleep(120)", "--agent-tag", fake_tag])
         .spawn()
         .expect("python3");
+    std::fs::rename(&fake_prep, provider.state_dir.join("sandboxes").join(fake_id)).unwrap();
     let stray_dir = provider.state_dir.join("sandboxes").join("zzzzstraydirectory01");
     std::fs::create_dir_all(stray_dir.join("upper")).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);

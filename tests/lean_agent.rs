@@ -12,8 +12,9 @@ use sandbox_mcp::e2b::wire;
 use sandbox_mcp::e2b::{CallOptions, OutputLimits};
 
 /// The executable of the agent of `sandbox_id`, read from the host's `/proc`.
-fn agent_exe(sandbox_id: &str) -> PathBuf {
-    let pid = agent_pid(sandbox_id).unwrap_or_else(|| panic!("no agent process found for sandbox {sandbox_id}"));
+fn agent_exe(state_dir: &Path, sandbox_id: &str) -> PathBuf {
+    let pid =
+        agent_pid(state_dir, sandbox_id).unwrap_or_else(|| panic!("no agent process found for sandbox {sandbox_id}"));
     std::fs::read_link(format!("/proc/{pid}/exe")).expect("the agent's exe link")
 }
 
@@ -37,7 +38,7 @@ async fn agent_of_a_new_sandbox(provider: &Provider) -> PathBuf {
         .await
         .expect("run");
     assert_eq!((out.exit_code, String::from_utf8_lossy(&out.stdout).as_ref()), (0, "ok\n1000\n"), "{out:?}");
-    agent_exe(&sandbox.sandbox_id)
+    agent_exe(&provider.state_dir, &sandbox.sandbox_id)
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
 //! Process streams over envd's server-streaming Connect RPCs (`Start`,
 //! `Connect`): envelopes are decoded incrementally from the body as it
-//! arrives; `run` collects a command's output with caps.
+//! arrives; `run` collects a command's output with caps (`run_with_input` after
+//! writing bytes to its stdin).
 //!
 //! Deadlines: the stream's deadline (see the module docs of `e2b`) is enforced
 //! here, and sent to envd as `connect-timeout-ms` plus [`ENVD_KILL_GRACE`], so
@@ -301,7 +302,35 @@ impl EnvdClient {
         opts: &CallOptions,
         limits: OutputLimits,
     ) -> Result<CommandOutput, E2bError> {
-        let mut stream = self.start(req, opts).await?;
+        let stream = self.start(req, opts).await?;
+        self.collect(stream, opts, limits).await
+    }
+
+    /// [`EnvdClient::run`] for a process started with `stdin: true`: writes `input` to its stdin
+    /// (`SendInput`; stdin is left open) before collecting its output. The output is collected
+    /// even when the input could not be sent: the process may have ended before reading it (a
+    /// missing program), or must notice itself that nothing arrived; what it says decides.
+    pub async fn run_with_input(
+        &self,
+        req: &wire::StartRequest,
+        opts: &CallOptions,
+        limits: OutputLimits,
+        input: &[u8],
+    ) -> Result<CommandOutput, E2bError> {
+        let stream = self.start(req, opts).await?;
+        if let Err(err) = self.send_stdin(stream.pid(), input, opts).await {
+            tracing::debug!(sandbox_id = self.sandbox_id(), pid = stream.pid(), error = %err, "cannot write to the process's stdin");
+        }
+        self.collect(stream, opts, limits).await
+    }
+
+    /// Reads a started process's events until it ends (see [`EnvdClient::run`]).
+    async fn collect(
+        &self,
+        mut stream: ProcessStream,
+        opts: &CallOptions,
+        limits: OutputLimits,
+    ) -> Result<CommandOutput, E2bError> {
         let mut out = CommandOutput { pid: stream.pid(), ..Default::default() };
         let mut ended = false;
         loop {

@@ -185,7 +185,7 @@ impl Gateway {
         let envs: BTreeMap<String, String> = envs_map.into_iter().collect();
         let spec = TaskSpec::new(args.command, args.cwd, envs, args.timeout)?;
         let task_id = TaskId::generate();
-        launch::start_args(&task_id, &spec)?;
+        launch::start_launch(&task_id, &spec)?;
 
         let sandbox = self.task_sandbox(call, args.sandbox_id.as_deref()).await?;
         // Retain before launching: even an uncertain launch keeps the sandbox past the session.
@@ -250,17 +250,27 @@ impl EnvdTransport<'_> {
 }
 
 impl SupervisorTransport for EnvdTransport<'_> {
-    async fn exec(&self, argv: Vec<String>, timeout: Duration) -> Result<ExecOutput, TransportError> {
+    async fn exec(
+        &self,
+        argv: Vec<String>,
+        stdin: Option<Vec<u8>>,
+        timeout: Duration,
+    ) -> Result<ExecOutput, TransportError> {
         let mut argv = argv.into_iter();
         let cmd = argv.next().unwrap_or_default();
         let request = wire::StartRequest {
             process: wire::ProcessConfig { cmd, args: argv.collect(), envs: HashMap::new(), cwd: None },
-            stdin: Some(false),
+            stdin: Some(stdin.is_some()),
             ..Default::default()
         };
         let options = CallOptions::user(TASK_USER).with_timeout(timeout);
         let limits = OutputLimits { max_stdout: SUPERVISOR_MAX_STDOUT, max_stderr: SUPERVISOR_MAX_STDERR };
-        let out = self.sandbox.envd.run(&request, &options, limits).await.map_err(|e| self.classify(&e))?;
+        let envd = &self.sandbox.envd;
+        let out = match &stdin {
+            Some(input) => envd.run_with_input(&request, &options, limits, input).await,
+            None => envd.run(&request, &options, limits).await,
+        }
+        .map_err(|e| self.classify(&e))?;
         Ok(ExecOutput { exit_code: out.exit_code, stdout: out.stdout.to_vec(), stderr: out.stderr.to_vec() })
     }
 

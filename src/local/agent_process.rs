@@ -1,7 +1,13 @@
 //! Host-side process helpers for sandbox agents: pidfd-based verified kill and
 //! wait (works for our children and for agents adopted after a restart),
-//! finding the processes of a sandbox's PID namespace, and checking the host's
-//! mount table for leftovers.
+//! finding the processes of a sandbox's PID namespace, finding agents by the
+//! tag in their argv, and checking the host's mount table for leftovers.
+//!
+//! An agent's argv (readable by every host user and, as PID 1, by everyone in
+//! its sandbox) names neither its sandbox nor the state directory: it carries
+//! `--agent-tag TAG`, a random name also written to `<sandbox dir>/agent.tag`
+//! (see `record::AGENT_TAG_FILE`) before the agent starts. Reading argv needs
+//! no privilege over the agent, which runs as an unmapped host uid.
 
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
@@ -115,40 +121,83 @@ pub fn signal_namespace(pid: i32, signal: nix::sys::signal::Signal) {
     }
 }
 
-/// Host pids of processes whose command line names `sandbox_dir` (an agent whose record was never
-/// written, e.g. the provider died mid-create).
-pub fn agents_for_dir(sandbox_dir: &Path) -> Vec<i32> {
-    let needle = format!("--sandbox-dir\0{}\0", sandbox_dir.display());
+/// The tag of the agent for `sandbox_dir`, if it was written.
+pub fn read_agent_tag(sandbox_dir: &Path) -> Option<String> {
+    let tag = std::fs::read_to_string(sandbox_dir.join(super::record::AGENT_TAG_FILE)).ok()?;
+    let tag = tag.trim();
+    (!tag.is_empty() && tag.bytes().all(|b| b.is_ascii_hexdigit())).then(|| tag.to_owned())
+}
+
+/// How an agent's argv names it.
+#[derive(Debug, PartialEq, Eq)]
+enum AgentName {
+    /// `--agent-tag TAG`.
+    Tag(String),
+    /// `--sandbox-dir DIR`: an agent started by an earlier version of the provider.
+    Dir(std::path::PathBuf),
+}
+
+/// The name in an argv (`/proc/PID/cmdline`: NUL-separated), if it is an agent's.
+fn agent_name(cmdline: &[u8]) -> Option<AgentName> {
+    let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+    let value = |flag: &str| args.iter().position(|a| *a == flag.as_bytes()).and_then(|i| args.get(i + 1));
+    if let Some(tag) = value(super::agent_spawn::AGENT_TAG_FLAG) {
+        return String::from_utf8(tag.to_vec()).ok().map(AgentName::Tag);
+    }
+    use std::os::unix::ffi::OsStrExt;
+    value("--sandbox-dir").map(|dir| AgentName::Dir(Path::new(std::ffi::OsStr::from_bytes(dir)).to_path_buf()))
+}
+
+/// Every host process whose argv names it an agent, as (pid, name).
+fn named_agents() -> Vec<(i32, AgentName)> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|p| std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| contains(&c, needle.as_bytes())))
+        .filter_map(|pid| Some((pid, agent_name(&std::fs::read(format!("/proc/{pid}/cmdline")).ok()?)?)))
         .collect()
 }
 
-/// Agents (`envd --sandbox-dir SANDBOXES/<id>`) started from this state directory's
-/// `sandboxes_dir`, as (host pid, sandbox id). Best effort: an unreadable `/proc` gives none.
+/// Host pids of the agent of `sandbox_dir` (one whose record was never written, e.g. the provider
+/// died mid-create), found by the tag written there before it started.
+pub fn agents_for_dir(sandbox_dir: &Path) -> Vec<i32> {
+    let tag = read_agent_tag(sandbox_dir);
+    named_agents()
+        .into_iter()
+        .filter(|(_, name)| match name {
+            AgentName::Tag(t) => tag.as_ref() == Some(t),
+            AgentName::Dir(d) => d == sandbox_dir,
+        })
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// Agents started from this state directory's `sandboxes_dir` (their tag is in one of its
+/// sandbox directories), as (host pid, sandbox id). Best effort: an unreadable `/proc` gives none.
 pub fn agents_under(sandboxes_dir: &Path) -> Vec<(i32, String)> {
-    let prefix = format!("--sandbox-dir\0{}/", sandboxes_dir.display());
-    let Ok(entries) = std::fs::read_dir("/proc") else {
+    let Ok(entries) = std::fs::read_dir(sandboxes_dir) else {
         return Vec::new();
     };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(|pid| {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            let at = cmdline.windows(prefix.len()).position(|w| w == prefix.as_bytes())? + prefix.len();
-            let id: Vec<u8> = cmdline[at..].iter().take_while(|&&b| b != 0).copied().collect();
-            let id = String::from_utf8(id).ok()?;
-            super::record::is_valid_sandbox_id(&id).then_some((pid, id))
+    let tags: std::collections::HashMap<String, String> = entries
+        .flatten()
+        .filter_map(|e| {
+            let id = e.file_name().to_str()?.to_owned();
+            super::record::is_valid_sandbox_id(&id).then_some(())?;
+            Some((read_agent_tag(&e.path())?, id))
+        })
+        .collect();
+    named_agents()
+        .into_iter()
+        .filter_map(|(pid, name)| match name {
+            AgentName::Tag(tag) => Some((pid, tags.get(&tag)?.clone())),
+            AgentName::Dir(dir) if dir.parent() == Some(sandboxes_dir) => {
+                let id = dir.file_name()?.to_str()?.to_owned();
+                super::record::is_valid_sandbox_id(&id).then_some((pid, id))
+            }
+            AgentName::Dir(_) => None,
         })
         .collect()
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// Mount points in the host's mount namespace at or under `dir`.
@@ -166,4 +215,20 @@ pub fn host_mounts_under(dir: &Path) -> Vec<String> {
 pub fn rss_kib(pid: i32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status.lines().find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agents_are_named_by_their_tag_or_by_an_earlier_version_s_directory() {
+        let tagged = b"sandbox-mcp\0envd\0--agent-tag\0c0ffee\0--sandbox-dir-fd\0six\0--ready-fd\0three\0";
+        assert_eq!(agent_name(tagged), Some(AgentName::Tag("c0ffee".into())));
+        let legacy = b"sandbox-mcp\0envd\0--sandbox-dir\0/var/lib/sandbox-mcp/sandboxes/abc\0--ready-fd\0three\0";
+        assert_eq!(agent_name(legacy), Some(AgentName::Dir("/var/lib/sandbox-mcp/sandboxes/abc".into())));
+        assert_eq!(agent_name(b"python3\0-c\0pass\0"), None);
+        assert_eq!(agent_name(b"x\0--agent-tag\0"), Some(AgentName::Tag(String::new())));
+        assert_eq!(agent_name(b"x\0--agent-tag"), None, "a flag without a value names nothing");
+    }
 }

@@ -21,6 +21,11 @@ pub const READY_FD: i32 = 3;
 pub const DISK_FD: i32 = 4;
 /// File descriptor of the sandbox's prepared user namespace, when the provider made one.
 pub const USERNS_FD: i32 = 5;
+/// File descriptor of the sandbox's directory (`O_PATH`): its path is not in the agent's argv,
+/// which every host user can read (see `agent_process`).
+pub const SANDBOX_DIR_FD: i32 = 6;
+/// The argument naming the agent's tag (see `agent_process`).
+pub const AGENT_TAG_FLAG: &str = "--agent-tag";
 
 /// Descriptors the provider made ahead of time for a new sandbox (see `disk` and `userns`).
 #[derive(Clone, Copy, Default)]
@@ -80,28 +85,39 @@ fn sandbox_clone_flags() -> libc::c_int {
     libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC
 }
 
-/// Clones `sandbox-mcp envd --sandbox-dir DIR` into new namespaces and the network namespace
-/// `netns`, handing it what the provider prepared for it (its disk at [`DISK_FD`], its user
-/// namespace at [`USERNS_FD`]). The caller puts the agent into its cgroups while it sets the sandbox up (see `Provider::create`).
+/// Clones `sandbox-mcp envd --agent-tag TAG --sandbox-dir-fd 6 ...` into new namespaces and the
+/// network namespace `netns`, handing it its directory at [`SANDBOX_DIR_FD`] and what the
+/// provider prepared for it (its disk at [`DISK_FD`], its user namespace at [`USERNS_FD`]).
+/// `agent_tag` must already be in the directory's `agent.tag`. The caller puts the agent into
+/// its cgroups while it sets the sandbox up (see `Provider::create`).
 pub fn spawn_agent(
     agent_binary: &Path,
     sandbox_dir: &Path,
+    agent_tag: &str,
     log_file: &Path,
     netns: BorrowedFd<'_>,
     prepared: Prepared<'_>,
 ) -> Result<SpawnedAgent, AgentSpawnError> {
     let exe = CString::new(agent_binary.as_os_str().as_bytes()).map_err(|_| AgentSpawnError::Nul)?;
-    let dir = CString::new(sandbox_dir.as_os_str().as_bytes()).map_err(|_| AgentSpawnError::Nul)?;
+    let dir_fd = nix::fcntl::open(
+        sandbox_dir,
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(sys("open the sandbox directory"))?;
+    let cstr = |s: &str| CString::new(s).map_err(|_| AgentSpawnError::Nul);
     let mut argv_owned = vec![
-        CString::new("sandbox-mcp").map_err(|_| AgentSpawnError::Nul)?,
-        CString::new("envd").map_err(|_| AgentSpawnError::Nul)?,
-        CString::new("--sandbox-dir").map_err(|_| AgentSpawnError::Nul)?,
-        dir,
-        CString::new("--ready-fd").map_err(|_| AgentSpawnError::Nul)?,
-        CString::new(READY_FD.to_string()).map_err(|_| AgentSpawnError::Nul)?,
+        cstr("sandbox-mcp")?,
+        cstr("envd")?,
+        cstr(AGENT_TAG_FLAG)?,
+        cstr(agent_tag)?,
+        cstr("--sandbox-dir-fd")?,
+        cstr(&SANDBOX_DIR_FD.to_string())?,
+        cstr("--ready-fd")?,
+        cstr(&READY_FD.to_string())?,
     ];
-    // (descriptor in the provider, its number in the agent), one per prepared resource.
-    let mut passed = [(-1, READY_FD), (-1, DISK_FD), (-1, USERNS_FD)];
+    // (descriptor in the provider, its number in the agent), one per passed resource.
+    let mut passed = [(-1, READY_FD), (-1, DISK_FD), (-1, USERNS_FD), (dir_fd.as_raw_fd(), SANDBOX_DIR_FD)];
     for (slot, fd, flag) in [(1, prepared.disk, "--disk-fd"), (2, prepared.userns, "--userns-fd")] {
         if let Some(fd) = fd {
             passed[slot].0 = fd.as_raw_fd();
@@ -155,7 +171,7 @@ pub fn spawn_agent(
             libc::dup2(log_fd, 1);
             libc::dup2(log_fd, 2);
             // Copies above the target numbers first, so no dup2 can clobber another's source.
-            let mut high = [-1; 3];
+            let mut high = [-1; 4];
             for (i, (fd, _)) in passed.iter().enumerate() {
                 if *fd >= 0 {
                     high[i] = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 16);
@@ -181,7 +197,7 @@ pub fn spawn_agent(
             libc::_exit(127);
         }
     }
-    drop((sync_r, ready_w, log, devnull));
+    drop((sync_r, ready_w, log, devnull, dir_fd));
     // SAFETY: sync_w is an open pipe end we own; File takes it over and closes it.
     let mut go = unsafe { std::fs::File::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(sync_w)) };
     if let Err(source) = std::io::Write::write_all(&mut go, b"g") {

@@ -62,12 +62,12 @@ pub struct ProviderArgs {
     /// Most sandboxes alive at once.
     #[arg(long, default_value_t = 100)]
     pub max_sandboxes: usize,
-    /// Per-sandbox memory limit in MiB (cgroup memory controller).
-    #[arg(long)]
-    pub memory_limit_mb: Option<u64>,
-    /// Per-sandbox process limit (cgroup pids controller).
-    #[arg(long)]
-    pub pids_limit: Option<u64>,
+    /// Per-sandbox memory limit in MiB (cgroup memory controller); 0 = no limit.
+    #[arg(long, default_value_t = provider_config::DEFAULT_MEMORY_LIMIT_MB)]
+    pub memory_limit_mb: u64,
+    /// Per-sandbox process limit (cgroup pids controller); 0 = no limit.
+    #[arg(long, default_value_t = provider_config::DEFAULT_PIDS_LIMIT)]
+    pub pids_limit: u64,
     /// Lifetime of a sandbox created without a timeout, seconds.
     #[arg(long, default_value_t = 300)]
     pub default_timeout: u64,
@@ -91,7 +91,7 @@ pub struct ProviderArgs {
     #[arg(long, default_value = "1000000000:65536")]
     pub id_range: userns::IdMap,
     /// Per-sandbox disk limit in MiB (a sparse ext4 image per sandbox); 0 = no limit.
-    #[arg(long, default_value_t = 10240)]
+    #[arg(long, default_value_t = provider_config::DEFAULT_DISK_LIMIT_MB)]
     pub disk_limit_mb: u64,
     /// Most HTTP connections open at once (the longest-idle one is closed to make room).
     #[arg(long, default_value_t = crate::listen::DEFAULT_MAX_CONNECTIONS)]
@@ -112,9 +112,17 @@ fn parse_template(s: &str) -> Result<(String, PathBuf), String> {
 /// Arguments of the internal `sandbox-mcp envd`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct EnvdArgs {
-    /// The sandbox's directory on the host (holds its spec and socket).
+    /// The sandbox's directory on the host (holds its spec and socket). The provider passes it
+    /// as `--sandbox-dir-fd` instead, so that no argv names it.
+    #[arg(long, required_unless_present = "sandbox_dir_fd")]
+    pub sandbox_dir: Option<PathBuf>,
+    /// Descriptor of the sandbox's directory (`O_PATH`), in place of `--sandbox-dir`.
     #[arg(long)]
-    pub sandbox_dir: PathBuf,
+    pub sandbox_dir_fd: Option<i32>,
+    /// The random name by which the provider finds this agent among the host's processes
+    /// (see `agent_process`); envd itself does not use it.
+    #[arg(long)]
+    pub agent_tag: Option<String>,
     /// Descriptor on which to report readiness (`ok`) or the set-up error.
     #[arg(long)]
     pub ready_fd: Option<i32>,
@@ -234,8 +242,8 @@ pub fn run_provider(args: ProviderArgs) -> anyhow::Result<()> {
         header_read_timeout: Duration::from_secs(args.header_read_timeout.max(1)),
         idle_timeout: Duration::from_secs(args.idle_timeout.max(1)),
     };
-    cfg.memory_limit_mb = args.memory_limit_mb;
-    cfg.pids_limit = args.pids_limit;
+    cfg.memory_limit_mb = (args.memory_limit_mb > 0).then_some(args.memory_limit_mb);
+    cfg.pids_limit = (args.pids_limit > 0).then_some(args.pids_limit);
     cfg.default_timeout_secs = args.default_timeout;
     cfg.templates.extend(args.templates);
     if !args.dns_servers.is_empty() {
@@ -284,9 +292,20 @@ pub fn run_envd(args: EnvdArgs) -> anyhow::Result<()> {
     let disk = args.disk_fd.map(|fd| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
     // SAFETY: the provider passes the sandbox's user namespace at this descriptor and nothing else owns it.
     let userns = args.userns_fd.map(|fd| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
+    // SAFETY: the provider passes the sandbox directory (O_PATH) at this descriptor and nothing else owns it.
+    let dir_fd = args.sandbox_dir_fd.map(|fd| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
     let setup = move || -> anyhow::Result<(std::os::unix::net::UnixListener, record::SandboxSpec)> {
-        let spec: record::SandboxSpec = record::read_json(&args.sandbox_dir.join(record::SPEC_FILE))?;
-        let listener = sandbox_init::enter_sandbox(&args.sandbox_dir, &spec, disk, userns)?;
+        let sandbox_dir = match (args.sandbox_dir, &dir_fd) {
+            (Some(dir), _) => dir,
+            (None, Some(fd)) => {
+                let link = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(fd));
+                std::fs::read_link(&link).with_context(|| format!("resolving --sandbox-dir-fd ({link})"))?
+            }
+            (None, None) => anyhow::bail!("--sandbox-dir or --sandbox-dir-fd is required"),
+        };
+        drop(dir_fd);
+        let spec: record::SandboxSpec = record::read_json(&sandbox_dir.join(record::SPEC_FILE))?;
+        let listener = sandbox_init::enter_sandbox(&sandbox_dir, &spec, disk, userns)?;
         listener.set_nonblocking(true).context("non-blocking socket")?;
         Ok((listener, spec))
     };

@@ -3,6 +3,14 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+/// Default per-sandbox memory limit, MiB, of every provider (`serve`'s embedded one and
+/// `sandbox-mcp provider`); 0 in a setting means no limit.
+pub const DEFAULT_MEMORY_LIMIT_MB: u64 = 2048;
+/// Default per-sandbox process limit (cgroup pids controller) of every provider.
+pub const DEFAULT_PIDS_LIMIT: u64 = 1024;
+/// Default per-sandbox disk limit, MiB, of every provider.
+pub const DEFAULT_DISK_LIMIT_MB: u64 = 10240;
+
 /// Everything the local provider needs; `Default` gives a working loopback set-up.
 #[derive(Debug, Clone)]
 pub struct LocalProviderConfig {
@@ -13,9 +21,9 @@ pub struct LocalProviderConfig {
     pub api_key: Option<String>,
     /// Most sandboxes alive at once (paused ones count).
     pub max_sandboxes: usize,
-    /// Per-sandbox memory limit (cgroup), MiB.
+    /// Per-sandbox memory limit (cgroup), MiB; `None`: no limit.
     pub memory_limit_mb: Option<u64>,
-    /// Per-sandbox process limit (cgroup pids controller).
+    /// Per-sandbox process limit (cgroup pids controller); `None`: no limit.
     pub pids_limit: Option<u64>,
     /// Lifetime of a sandbox created without `timeout`, seconds.
     pub default_timeout_secs: u64,
@@ -49,13 +57,13 @@ impl Default for LocalProviderConfig {
             state_dir: default_state_dir(),
             api_key: std::env::var("E2B_API_KEY").ok().filter(|k| !k.is_empty()),
             max_sandboxes: 100,
-            memory_limit_mb: None,
-            pids_limit: None,
+            memory_limit_mb: Some(DEFAULT_MEMORY_LIMIT_MB),
+            pids_limit: Some(DEFAULT_PIDS_LIMIT),
             default_timeout_secs: 300,
             max_timeout_secs: 24 * 3600,
             templates: HashMap::new(),
             id_map: super::userns::IdMap::default(),
-            disk_limit_mb: Some(10240),
+            disk_limit_mb: Some(DEFAULT_DISK_LIMIT_MB),
             max_control_body_bytes: 1024 * 1024,
             max_data_body_bytes: 1024 * 1024 * 1024,
             agent_binary: PathBuf::from(super::agent_binary::SELF_EXE),

@@ -19,6 +19,9 @@ pub const SPEC_FILE: &str = "spec.json";
 pub const SOCKET_FILE: &str = "envd.sock";
 /// File name of envd's own log (its stdout/stderr).
 pub const LOG_FILE: &str = "envd.log";
+/// File name of the sandbox's agent tag: the random name its agent carries in its argv (see
+/// `agent_process`), written before the agent starts.
+pub const AGENT_TAG_FILE: &str = "agent.tag";
 
 /// What the provider remembers about one sandbox; survives provider restarts.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -125,6 +128,12 @@ pub fn new_sandbox_id() -> String {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     let mut rng = rand::rng();
     (0..20).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect()
+}
+
+/// A new agent tag (see [`AGENT_TAG_FILE`]): 32 hex characters, unrelated to the sandbox id.
+pub fn new_agent_tag() -> String {
+    let bytes: [u8; 16] = rand::rng().random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A new envd access token: 40 hex characters from a CSPRNG.

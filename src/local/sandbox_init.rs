@@ -5,6 +5,11 @@
 //! account (uid 1000), the hostname, the agent's Unix socket, `pivot_root`
 //! into the new root, and last the capability bounding set and the seccomp
 //! filter (see `seccomp`).
+//!
+//! Paths the kernel shows inside the sandbox (overlay options in
+//! `/proc/self/mountinfo`, the agent socket's name in `/proc/net/unix`) are
+//! given relative to the sandbox's directory, so they do not name the host's
+//! state directory or the sandbox's place in it.
 
 use std::io::Write;
 use std::os::fd::OwnedFd;
@@ -49,10 +54,15 @@ pub fn enter_sandbox(
     userns: Option<OwnedFd>,
 ) -> anyhow::Result<UnixListener> {
     shield_from_oom_killer();
+    // Absolute, so that paths derived from it stay right after the chdir below.
+    let sandbox_dir = &std::fs::canonicalize(sandbox_dir)
+        .with_context(|| format!("resolving the sandbox directory {}", sandbox_dir.display()))?;
     let root = sandbox_dir.join("root");
     let ids = spec.id_map;
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
         .context("making / private in the sandbox's mount namespace")?;
+    // Relative names below (overlay layers, the socket) are resolved against the sandbox's directory.
+    nix::unistd::chdir(sandbox_dir).context("chdir into the sandbox directory")?;
 
     let nosuid_nodev_noexec = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     let userns = match userns {
@@ -124,10 +134,11 @@ pub fn enter_sandbox(
 
     nix::unistd::sethostname(&spec.sandbox_id).context("sethostname")?;
 
-    // Bind the agent's socket on the host-visible path before leaving the host's view.
+    // Bind the agent's socket on the host-visible path before leaving the host's view, by its
+    // relative name (the cwd is the sandbox directory): `/proc/net/unix` shows the name as bound.
     let socket = sandbox_dir.join(SOCKET_FILE);
     let _ = std::fs::remove_file(&socket);
-    let listener = UnixListener::bind(&socket).with_context(|| format!("binding {}", socket.display()))?;
+    let listener = UnixListener::bind(SOCKET_FILE).with_context(|| format!("binding {}", socket.display()))?;
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600)).context("chmod envd socket")?;
 
     nix::unistd::chdir(&root).context("chdir into the new root")?;
@@ -164,7 +175,14 @@ fn mount_layers(
             std::fs::DirBuilder::new().mode(0o755).recursive(true).create(dir).context("creating layer dirs")?;
         }
         nix::unistd::chown(upper, Some(ids.host(0).into()), Some(ids.host(0).into())).context("chown upper layer")?;
-        let opts = format!("lowerdir={},upperdir={},workdir={}", lower.display(), upper.display(), work.display());
+        // Relative to the sandbox directory (the cwd): the options show in the sandbox's mountinfo.
+        let rel = |p: &Path| p.strip_prefix(sandbox_dir).map(Path::to_path_buf).unwrap_or_else(|_| p.to_path_buf());
+        let opts = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            rel(lower).display(),
+            rel(upper).display(),
+            rel(work).display()
+        );
         mount(Some("overlay"), target, Some("overlay"), MsFlags::empty(), Some(opts.as_str()))
             .with_context(|| format!("mounting an overlay ({opts})"))
     };
@@ -204,10 +222,19 @@ fn protect_proc(proc_dir: &Path) -> anyhow::Result<()> {
         mount(None::<&str>, &path, None::<&str>, ro, None::<&str>)
             .with_context(|| format!("making /proc/{rel} read-only"))?;
     }
-    for rel in ["kcore", "keys", "timer_list", "sched_debug", "latency_stats"] {
+    for rel in ["kcore", "keys", "timer_list", "timer_stats", "sched_debug", "latency_stats", "config.gz"] {
         let path = proc_dir.join(rel);
         if path.exists() {
             mount(Some("/dev/null"), &path, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+                .with_context(|| format!("masking /proc/{rel}"))?;
+        }
+    }
+    // Host hardware details, hidden behind empty read-only directories (as Docker does).
+    for rel in ["acpi", "asound", "scsi"] {
+        let path = proc_dir.join(rel);
+        if path.is_dir() {
+            let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+            mount(Some("tmpfs"), &path, Some("tmpfs"), flags, Some("size=4k,mode=555"))
                 .with_context(|| format!("masking /proc/{rel}"))?;
         }
     }

@@ -322,6 +322,12 @@ impl Provider {
             remove_sandbox_dir(&dir);
             return Err(internal("cannot write the sandbox spec", &e));
         }
+        // Before the agent exists, so that every agent can be found by it (see `agent_process`).
+        let agent_tag = record::new_agent_tag();
+        if let Err(e) = std::fs::write(dir.join(record::AGENT_TAG_FILE), &agent_tag) {
+            remove_sandbox_dir(&dir);
+            return Err(internal("cannot write the agent tag", &e));
+        }
         let prepared = match self.net.take().await {
             Ok(prepared) => prepared,
             Err(e) => {
@@ -341,6 +347,7 @@ impl Provider {
         let spawned = super::agent_spawn::spawn_agent(
             &self.cfg.agent_binary,
             &dir,
+            &agent_tag,
             &dir.join(LOG_FILE),
             std::os::fd::AsFd::as_fd(&prepared.netns),
             super::agent_spawn::Prepared {

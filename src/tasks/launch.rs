@@ -1,6 +1,7 @@
 //! What `start_task` sends into the sandbox: the validated task spec, its
-//! base64 JSON encoding, and the supervisor argv. Everything here is checked
-//! before any remote connection is made.
+//! base64 JSON encoding (written to the supervisor's stdin, never put in its
+//! argv, which every user of the sandbox's host can read), and the supervisor
+//! argv. Everything here is checked before any remote connection is made.
 
 use std::collections::BTreeMap;
 
@@ -11,7 +12,7 @@ use super::id::TaskId;
 
 /// Longest command accepted, in characters.
 pub const MAX_COMMAND_CHARS: usize = 65_536;
-/// Cap on the encoded launch (the JSON argv sent to envd).
+/// Cap on the encoded launch (the supervisor argv and the spec line on its stdin).
 pub const MAX_LAUNCH_BYTES: usize = 96 * 1024;
 /// Task timeout bounds and default, in seconds.
 pub const MIN_TASK_TIMEOUT: u64 = 1;
@@ -43,7 +44,7 @@ pub enum LaunchError {
     LaunchTooLarge(usize),
 }
 
-/// A task as the supervisor receives it (`--spec-b64`).
+/// A task as the supervisor receives it (base64 JSON, one line on its stdin).
 #[derive(Debug, Clone, Serialize)]
 pub struct TaskSpec {
     pub command: String,
@@ -109,17 +110,26 @@ pub fn valid_env_name(name: &str) -> bool {
     name.len() <= 256 && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
+/// The supervisor invocation for `start`: its arguments (nothing of the spec) and its stdin.
+#[derive(Debug, Clone)]
+pub struct StartLaunch {
+    pub args: Vec<String>,
+    /// The spec's base64 JSON and a newline.
+    pub stdin: Vec<u8>,
+}
+
 /// The supervisor invocation for `start`, checked against the launch cap.
-pub fn start_args(task_id: &TaskId, spec: &TaskSpec) -> Result<Vec<String>, LaunchError> {
-    let args =
-        vec!["start".to_owned(), "--task-id".to_owned(), task_id.to_string(), "--spec-b64".to_owned(), spec.encode()];
-    // The launch travels as a JSON array of strings; base64 needs no escaping,
-    // so this is its encoded size to within a few bytes of framing.
-    let encoded = serde_json::to_vec(&args).map(|v| v.len()).unwrap_or(usize::MAX);
+pub fn start_launch(task_id: &TaskId, spec: &TaskSpec) -> Result<StartLaunch, LaunchError> {
+    let args = vec!["start".to_owned(), "--task-id".to_owned(), task_id.to_string()];
+    let mut stdin = spec.encode().into_bytes();
+    stdin.push(b'\n');
+    // The arguments travel as a JSON array of strings, the spec line as bytes; base64 needs no
+    // escaping, so this is the launch's size to within a few bytes of framing.
+    let encoded = serde_json::to_vec(&args).map(|v| v.len()).unwrap_or(usize::MAX).saturating_add(stdin.len());
     if encoded > MAX_LAUNCH_BYTES {
         return Err(LaunchError::LaunchTooLarge(encoded));
     }
-    Ok(args)
+    Ok(StartLaunch { args, stdin })
 }
 
 #[cfg(test)]
@@ -141,9 +151,12 @@ mod tests {
     fn max_ascii_command_fits_the_launch_cap_but_wide_characters_do_not() {
         let id = TaskId::generate();
         let ascii = spec(&"a".repeat(65_536)).unwrap();
-        assert!(start_args(&id, &ascii).is_ok());
+        let launch = start_launch(&id, &ascii).unwrap();
+        assert!(launch.args.iter().all(|a| !a.contains("aaaa")), "the spec is not in the argv");
+        assert_eq!(launch.stdin.last(), Some(&b'\n'));
+        assert_eq!(launch.stdin.iter().filter(|&&b| b == b'\n').count(), 1, "one line");
         let wide = spec(&"\u{1F600}".repeat(40_000)).unwrap();
-        assert!(matches!(start_args(&id, &wide), Err(LaunchError::LaunchTooLarge(_))));
+        assert!(matches!(start_launch(&id, &wide), Err(LaunchError::LaunchTooLarge(_))));
     }
 
     #[test]

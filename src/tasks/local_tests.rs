@@ -34,13 +34,27 @@ impl LocalPython {
 }
 
 impl SupervisorTransport for LocalPython {
-    async fn exec(&self, argv: Vec<String>, timeout: Duration) -> Result<ExecOutput, TransportError> {
+    async fn exec(
+        &self,
+        argv: Vec<String>,
+        stdin: Option<Vec<u8>>,
+        timeout: Duration,
+    ) -> Result<ExecOutput, TransportError> {
+        use tokio::io::AsyncWriteExt;
         let mut cmd = tokio::process::Command::new(&argv[0]);
         cmd.args(&argv[1..]).env("HOME", self.home.path()).kill_on_drop(true);
-        let out = tokio::time::timeout(timeout, cmd.output())
+        cmd.stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().map_err(|e| TransportError::NotSent(e.to_string()))?;
+        if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            // As envd's transport: a process that ended without reading it answers for itself.
+            let _ = pipe.write_all(&input).await;
+        }
+        let out = tokio::time::timeout(timeout, child.wait_with_output())
             .await
             .map_err(|_| TransportError::Uncertain("timed out".into()))?
-            .map_err(|e| TransportError::NotSent(e.to_string()))?;
+            .map_err(|e| TransportError::Uncertain(e.to_string()))?;
         Ok(ExecOutput { exit_code: out.status.code().unwrap_or(-1), stdout: out.stdout, stderr: out.stderr })
     }
 

@@ -52,10 +52,14 @@ pub struct FileSlice {
 
 /// Runs processes, reads and writes files in one sandbox, as the sandbox user.
 pub trait SupervisorTransport: Send + Sync {
-    /// Runs `argv` (argv[0] is the program, found on PATH) and collects its output.
+    /// Runs `argv` (argv[0] is the program, found on PATH) and collects its output. `stdin`,
+    /// when given, is written to the process's standard input (which is otherwise empty): the
+    /// way to hand it anything secret, since a process's argv is readable by every user of the
+    /// host.
     fn exec(
         &self,
         argv: Vec<String>,
+        stdin: Option<Vec<u8>>,
         timeout: Duration,
     ) -> impl Future<Output = Result<ExecOutput, TransportError>> + Send;
     /// Replaces `path` with `content` atomically (creating parent directories),
@@ -188,7 +192,7 @@ impl TaskService {
         if self.is_installed(sandbox_id) {
             return Ok(());
         }
-        let out = t.exec(self.argv(&["version".to_owned()]), VERSION_TIMEOUT).await?;
+        let out = t.exec(self.argv(&["version".to_owned()]), None, VERSION_TIMEOUT).await?;
         let current = match protocol::parse_reply(out.exit_code, &out.stdout, &out.stderr) {
             Reply::Ok(obj) => serde_json::from_value::<VersionReply>(obj.into())
                 .map(|v| v.version == supervisor_version())
@@ -209,11 +213,12 @@ impl TaskService {
         t: &T,
         sandbox_id: &str,
         args: Vec<String>,
+        stdin: Option<Vec<u8>>,
         timeout: Duration,
     ) -> Result<Reply, TransportError> {
         self.ensure_installed(t, sandbox_id).await?;
         let argv = self.argv(&args);
-        let out = t.exec(argv.clone(), timeout).await?;
+        let out = t.exec(argv.clone(), stdin.clone(), timeout).await?;
         let reply = protocol::parse_reply(out.exit_code, &out.stdout, &out.stderr);
         if !matches!(reply, Reply::ScriptMissing) {
             return Ok(reply);
@@ -226,7 +231,7 @@ impl TaskService {
                 self.install(t, sandbox_id).await?;
             }
         }
-        let out = t.exec(argv, timeout).await?;
+        let out = t.exec(argv, stdin, timeout).await?;
         Ok(protocol::parse_reply(out.exit_code, &out.stdout, &out.stderr))
     }
 
@@ -239,12 +244,12 @@ impl TaskService {
         task_id: &TaskId,
         spec: &TaskSpec,
     ) -> Result<StartedTask, TaskError> {
-        let args = launch::start_args(task_id, spec)?;
+        let launch = launch::start_launch(task_id, spec)?;
         let uncertain =
             |message: String| Ok(StartedTask::uncertain(sandbox_id, task_id.as_str(), spec.timeout, message));
         // Installing happens before the launch: failures there are certain.
         self.ensure_installed(t, sandbox_id).await.map_err(|e| self.transport_error(sandbox_id, e))?;
-        let reply = match self.call(t, sandbox_id, args, START_TIMEOUT).await {
+        let reply = match self.call(t, sandbox_id, launch.args, Some(launch.stdin), START_TIMEOUT).await {
             Ok(reply) => reply,
             Err(TransportError::SandboxGone) => return Err(TaskError::SandboxGone(sandbox_id.to_owned())),
             Err(TransportError::NotSent(m)) => {
@@ -316,7 +321,7 @@ impl TaskService {
         pid: u32,
         start_time: u64,
     ) -> Result<bool, TransportError> {
-        let out = t.exec(vec!["cat".to_owned(), format!("/proc/{pid}/stat")], CALL_TIMEOUT).await?;
+        let out = t.exec(vec!["cat".to_owned(), format!("/proc/{pid}/stat")], None, CALL_TIMEOUT).await?;
         let stat = (out.exit_code == 0).then_some(out.stdout.as_slice());
         Ok(direct::supervisor_alive(stat, start_time))
     }
@@ -403,7 +408,8 @@ impl TaskService {
             ]);
         }
         let timeout = CALL_TIMEOUT + Duration::from_secs_f64(wait_seconds);
-        let reply = self.call(t, sandbox_id, args, timeout).await.map_err(|e| self.transport_error(sandbox_id, e))?;
+        let reply =
+            self.call(t, sandbox_id, args, None, timeout).await.map_err(|e| self.transport_error(sandbox_id, e))?;
         self.view_reply(sandbox_id, task_id, page, &window, reply)
     }
 
@@ -421,7 +427,8 @@ impl TaskService {
         args.push("--wait".to_owned());
         args.push(CANCEL_WAIT_SECONDS.to_string());
         let timeout = CALL_TIMEOUT + Duration::from_secs(CANCEL_WAIT_SECONDS + 3);
-        let reply = self.call(t, sandbox_id, args, timeout).await.map_err(|e| self.transport_error(sandbox_id, e))?;
+        let reply =
+            self.call(t, sandbox_id, args, None, timeout).await.map_err(|e| self.transport_error(sandbox_id, e))?;
         let mut view = self.view_reply(sandbox_id, task_id, page, &window, reply)?;
         // Never claim a cancel that was not observed.
         view.cancel_confirmed = Some(view.cancel_confirmed == Some(true) && view.state == TaskState::Cancelled);
@@ -431,7 +438,7 @@ impl TaskService {
     /// Every task in the sandbox (list_tasks).
     pub async fn list<T: SupervisorTransport>(&self, t: &T, sandbox_id: &str) -> Result<TaskListView, TaskError> {
         let reply = self
-            .call(t, sandbox_id, vec!["list".to_owned()], CALL_TIMEOUT)
+            .call(t, sandbox_id, vec!["list".to_owned()], None, CALL_TIMEOUT)
             .await
             .map_err(|e| self.transport_error(sandbox_id, e))?;
         let obj = self.ok_object(sandbox_id, None, reply)?;

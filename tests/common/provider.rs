@@ -305,24 +305,34 @@ pub async fn kill_all_sandboxes(client: E2bClient) {
     eprintln!("provider clean-up: sandboxes still listed after 15 s");
 }
 
-/// The host pid of the agent (envd) of `sandbox_id`, found by its command line
-/// (`... envd --sandbox-dir .../<id> ...`), whichever binary runs it.
-pub fn agent_pid(sandbox_id: &str) -> Option<u32> {
+/// The argv of host process `pid` with NULs as spaces, and a space at both ends.
+fn cmdline_text(pid: &str) -> Option<String> {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(format!(" {} ", String::from_utf8_lossy(&cmdline).replace('\0', " ")))
+}
+
+/// The host pid of the agent (envd) of sandbox `sandbox_id` of the provider with `state_dir`,
+/// found by the tag in its command line (`... envd --agent-tag TAG ...`, TAG from the sandbox
+/// directory's `agent.tag`), whichever binary runs it.
+pub fn agent_pid(state_dir: &Path, sandbox_id: &str) -> Option<u32> {
+    let tag = std::fs::read_to_string(state_dir.join("sandboxes").join(sandbox_id).join("agent.tag")).ok()?;
+    let needle = format!(" envd --agent-tag {} ", tag.trim());
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
-        let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
-        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        (text.contains(" envd ") && text.contains(sandbox_id)).then(|| entry.file_name().to_str()?.parse().ok())?
+        let pid = entry.file_name().to_str()?.to_owned();
+        cmdline_text(&pid)?.contains(&needle).then(|| pid.parse().ok())?
     })
 }
 
-/// True while `pid` is the live (not zombie) agent of the sandbox whose directory is `dir`.
+/// True while `pid` is the live (not zombie) agent of the sandbox whose directory is `dir` (by
+/// the tag in `dir`; once `dir` is gone, any live agent process at `pid`).
 pub fn agent_alive(pid: i32, dir: &Path) -> bool {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let zombie = stat.rsplit(')').next().is_some_and(|s| s.trim_start().starts_with('Z'));
-    pid > 0
-        && !zombie
-        && std::fs::read(format!("/proc/{pid}/cmdline"))
-            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&*dir.to_string_lossy()))
+    let needle = match std::fs::read_to_string(dir.join("agent.tag")) {
+        Ok(tag) => format!(" envd --agent-tag {} ", tag.trim()),
+        Err(_) => " envd --agent-tag ".to_owned(),
+    };
+    pid > 0 && !zombie && cmdline_text(&pid.to_string()).is_some_and(|c| c.contains(&needle))
 }
 
 /// Kills what a provider with `state_dir` left running (sandboxes outlive their provider by
