@@ -8,7 +8,7 @@
 //!   port 0, cleaned up on drop;
 //! - [`mcp`]: the MCP client helpers;
 //! - [`redis_server`]: a private `redis-server`;
-//! - [`stats`]: percentiles and the benches' summary lines;
+//! - [`stats`]: percentiles and the benches' summary lines; [`results`]: the benches' results files;
 //! - [`testnet`]: a network namespace standing in for the internet and a private network.
 #![allow(dead_code, unused_imports, unused_macros)] // each test binary uses a part of this kit
 
@@ -18,6 +18,7 @@ pub mod mcp;
 pub mod process;
 pub mod provider;
 pub mod redis_server;
+pub mod results;
 pub mod stats;
 pub mod testnet;
 
