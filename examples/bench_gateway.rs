@@ -19,6 +19,7 @@
 //! 5. sessions in Redis (`[sessions] store`, a local `redis-server`): p50 of `run_command "true"` and
 //!    MCP session creations per second with the Redis store beside the memory store (target: <= 0.5 ms
 //!    added p50). `BENCH_ONLY=redis` runs only this part.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 #[path = "../tests/common/mod.rs"]
 mod common;

@@ -12,6 +12,7 @@
 //! (root needed) on a free loopback port with a temporary state directory. RSS
 //! is read from the host's /proc (the sandbox's envd process, found by its
 //! sandbox id on the command line), so it is only reported for a local provider.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 #[path = "../tests/common/mod.rs"]
 mod common;

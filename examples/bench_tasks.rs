@@ -10,6 +10,7 @@
 //! ```text
 //! cargo build --release && cargo run --release --example bench_tasks [-- --bin target/release/sandbox-mcp --n 40]
 //! ```
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 #[path = "../tests/common/mod.rs"]
 mod common;

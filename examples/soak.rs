@@ -12,6 +12,7 @@
 //! at the end prints the samples, the operation counts and errors, and whether RSS and
 //! descriptors stayed flat (last sample within 25 % + 16 MiB / + 32 fds of the first
 //! after warm-up).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 #[path = "../tests/common/mod.rs"]
 mod common;

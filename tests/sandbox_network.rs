@@ -6,6 +6,7 @@
 //! inbound goes through `{port}-{id}.{domain}` with the traffic token; the
 //! network survives a provider SIGKILL; a killed sandbox leaves nothing.
 //! Needs root (skips loudly otherwise; SANDBOX_MCP_NO_SKIP turns that into a failure).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 mod common;
 #[path = "local_provider_support/harness.rs"]

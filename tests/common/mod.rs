@@ -11,6 +11,7 @@
 //! - [`stats`]: percentiles and the benches' summary lines; [`results`]: the benches' results files;
 //! - [`testnet`]: a network namespace standing in for the internet and a private network.
 #![allow(dead_code, unused_imports, unused_macros)] // each test binary uses a part of this kit
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 pub mod gate;
 pub mod gateway;
