@@ -19,6 +19,7 @@
 //! 5. sessions in Redis (`[sessions] store`, a local `redis-server`): p50 of `run_command "true"` and
 //!    MCP session creations per second with the Redis store beside the memory store (target: <= 0.5 ms
 //!    added p50). `BENCH_ONLY=redis` runs only this part.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -233,7 +234,7 @@ fn cpu_since(pid: u32, before: &std::collections::HashMap<String, u64>) -> u64 {
 /// in 2026-07-28 mode and in legacy (session) mode.
 fn python_client_latency(url: &str, sandbox_id: &str) {
     let Some(python) = std::env::var_os("SANDBOX_MCP_PYTHON_V2") else {
-        println!("official Python client latency: skipped (set SANDBOX_MCP_PYTHON_V2 to a python with mcp 2.x)");
+        report!("official Python client latency: skipped (set SANDBOX_MCP_PYTHON_V2 to a python with mcp 2.x)");
         return;
     };
     const SCRIPT: &str = r#"
@@ -255,12 +256,12 @@ asyncio.run(main(*sys.argv[1:4]))
     for mode in ["2026-07-28", "legacy"] {
         let output = Command::new(&python).args(["-c", SCRIPT, url, sandbox_id, mode]).output();
         match output {
-            Ok(out) if out.status.success() => println!(
+            Ok(out) if out.status.success() => report!(
                 "official Python client (mcp 2.x, mode {mode}) run_command \"true\" p50: {} ms",
                 String::from_utf8_lossy(&out.stdout).trim()
             ),
-            Ok(out) => println!("official Python client ({mode}) failed: {}", String::from_utf8_lossy(&out.stderr)),
-            Err(err) => println!("official Python client ({mode}) could not run: {err}"),
+            Ok(out) => report!("official Python client ({mode}) failed: {}", String::from_utf8_lossy(&out.stderr)),
+            Err(err) => report!("official Python client ({mode}) could not run: {err}"),
         }
     }
 }
@@ -268,8 +269,7 @@ asyncio.run(main(*sys.argv[1:4]))
 // The client runs on one thread, like an agent's. On a two-core machine a work-stealing client spent
 // 0.47-0.51 ms of CPU per direct call (0.19-0.24 ms on one thread) and took that from the provider and
 // the gateway it measures.
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> anyhow::Result<()> {
+async fn run() -> anyhow::Result<()> {
     if !nix::unistd::geteuid().is_root() {
         bail!("run as root (the local provider needs namespaces)");
     }
@@ -338,7 +338,7 @@ async fn main() -> anyhow::Result<()> {
         client_cpu[path as usize] = per_call(bench_pid, &before[2]);
     }
     let met = |overhead: f64| if overhead <= 0.5 { "met" } else { "NOT met" };
-    println!(
+    report!(
         "run_command \"true\" p50 ({LATENCY_SAMPLES} interleaved samples each): direct {direct_p50:.3} ms, \
          legacy MCP session {legacy_p50:.3} ms, MCP 2026-07-28 {stateless_p50:.3} ms (raw HTTP clients); \
          legacy session through rmcp's client {legacy_rmcp_p50:.3} ms"
@@ -348,19 +348,19 @@ async fn main() -> anyhow::Result<()> {
     {
         let overhead = path_p50 - direct_p50;
         let (gateway_cpu, provider_cpu) = cpu[path as usize];
-        println!(
+        report!(
             "gateway overhead, {name}: {overhead:.3} ms p50 over the direct call (target <= 0.5 ms: {}); \
              gateway CPU {gateway_cpu:.3} ms per call (provider {provider_cpu:.3} ms)",
             met(overhead)
         );
     }
-    println!(
+    report!(
         "legacy session through rmcp's client: {:.3} ms p50 over the direct call (the client's own tasks and \
          channels included); gateway CPU {:.3} ms per call",
         legacy_rmcp_p50 - direct_p50,
         cpu[Path::LegacyRmcp as usize].0
     );
-    println!(
+    report!(
         "provider CPU per direct call: {:.3} ms; this client's CPU per call: direct {:.3} ms, legacy {:.3} ms, \
          2026-07-28 {:.3} ms",
         cpu[Path::Direct as usize].1,
@@ -409,7 +409,7 @@ async fn main() -> anyhow::Result<()> {
         latencies.append(&mut l);
     }
     let elapsed = started.elapsed().as_secs_f64();
-    println!(
+    report!(
         "throughput: {:.1} run_command calls/s with {CONCURRENT_SESSIONS} concurrent sessions ({total} calls in {elapsed:.1} s, p50 {:.2} ms)",
         total as f64 / elapsed,
         if latencies.is_empty() { 0.0 } else { p50(&mut latencies) }
@@ -461,7 +461,7 @@ async fn main() -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let after = rss_kib(pid);
     let per_session = (after.saturating_sub(before)) as f64 / opened.max(1) as f64;
-    println!(
+    report!(
         "idle sessions: {opened} opened; gateway RSS {before} KiB -> {after} KiB = {per_session:.1} KiB per session \
          (target <= 64 KiB: {})",
         if per_session <= 64.0 { "met" } else { "NOT met" }
@@ -499,7 +499,7 @@ async fn start_gateway(bin: &std::path::Path, provider: &Provider, extra: &str) 
 /// 5. The Redis session store beside the memory store: per-call p50 and session creations per second.
 async fn bench_redis_store(bin: &std::path::Path, provider: &Provider) -> anyhow::Result<()> {
     if let Err(err) = Command::new("redis-server").arg("--version").output() {
-        println!("sessions in Redis: skipped (redis-server: {err})");
+        report!("sessions in Redis: skipped (redis-server: {err})");
         return Ok(());
     }
     let redis = Redis::start(false);
@@ -527,7 +527,7 @@ async fn bench_redis_store(bin: &std::path::Path, provider: &Provider) -> anyhow
     }
     let (memory_p50, redis_p50) = (p50(&mut on_memory), p50(&mut on_redis));
     let added = redis_p50 - memory_p50;
-    println!(
+    report!(
         "sessions in Redis: run_command p50 {redis_p50:.3} ms with the Redis store vs {memory_p50:.3} ms in memory \
          = {added:+.3} ms added (target <= 0.5 ms: {})",
         if added <= 0.5 { "met" } else { "NOT met" }
@@ -539,7 +539,7 @@ async fn bench_redis_store(bin: &std::path::Path, provider: &Provider) -> anyhow
             let _ = client.cancel().await;
         }
         let rate = REDIS_SESSIONS as f64 / start.elapsed().as_secs_f64();
-        println!("sessions in Redis: {rate:.0} MCP sessions created per second with the {name} store (sequential)");
+        report!("sessions in Redis: {rate:.0} MCP sessions created per second with the {name} store (sequential)");
     }
     let _ = memory.cancel().await;
     let _ = shared.cancel().await;
@@ -648,8 +648,8 @@ async fn bench_jwt_auth(bin: &std::path::Path, provider: &Provider, dir: &std::p
     }
     let (static_p50, jwt_p50) = (p50(&mut static_ms), p50(&mut jwt_ms));
     let extra = jwt_p50 - static_p50;
-    println!("JWT validation in-process (RS256, cached key): {per_validation_us:.1} us per token");
-    println!(
+    report!("JWT validation in-process (RS256, cached key): {per_validation_us:.1} us per token");
+    report!(
         "tools/list p50: static token {static_p50:.3} ms, JWT {jwt_p50:.3} ms: JWT auth overhead {extra:.3} ms \
          (target <= 0.1 ms: {})",
         if extra <= 0.1 { "met" } else { "NOT met" }
@@ -658,4 +658,11 @@ async fn bench_jwt_auth(bin: &std::path::Path, provider: &Provider, dir: &std::p
     let _ = jwt_client.cancel().await;
     drop(gateway);
     Ok(())
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
+    let outcome = run().await;
+    common::results::finish("bench_gateway", &outcome)?;
+    outcome
 }

@@ -12,6 +12,7 @@
 //! (root needed) on a free loopback port with a temporary state directory. RSS
 //! is read from the host's /proc (the sandbox's envd process, found by its
 //! sandbox id on the command line), so it is only reported for a local provider.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -149,9 +150,9 @@ async fn network(client: &E2bClient, provider_pid: Option<u32>, args: &Args) -> 
     client.kill_sandbox(&sandbox.sandbox_id).await?;
     let (sr, hr) = (p50(&mut sandbox_rate), p50(&mut host_rate));
     let (sl, hl) = (p50(&mut sandbox_lat), p50(&mut host_lat));
-    println!("sandbox network (1 GiB upload and 200 connections to a test host, 3 runs, medians):");
-    println!("  TCP throughput: sandbox {sr:.2} Gbit/s, host {hr:.2} Gbit/s (ratio {:.2}; target ≥ 1 Gbit/s)", sr / hr);
-    println!("  connect → first byte: sandbox {sl:.0} µs, host {hl:.0} µs (added {:.0} µs; target ≤ 1000 µs)", sl - hl);
+    report!("sandbox network (1 GiB upload and 200 connections to a test host, 3 runs, medians):");
+    report!("  TCP throughput: sandbox {sr:.2} Gbit/s, host {hr:.2} Gbit/s (ratio {:.2}; target ≥ 1 Gbit/s)", sr / hr);
+    report!("  connect → first byte: sandbox {sl:.0} µs, host {hl:.0} µs (added {:.0} µs; target ≤ 1000 µs)", sl - hl);
 
     // Memory: provider RSS and kernel memory with N idle sandboxes, per sandbox.
     if let Some(pid) = provider_pid {
@@ -166,7 +167,7 @@ async fn network(client: &E2bClient, provider_pid: Option<u32>, args: &Args) -> 
         for id in &ids {
             client.kill_sandbox(id).await?;
         }
-        println!(
+        report!(
             "  per idle sandbox ({n} sandboxes): provider RSS {:+.0} KiB, kernel slab+percpu {:+.0} KiB (whole sandbox, \
              network included; target for the network part ≤ 2048 KiB)",
             (rss_after as f64 - rss_before as f64) / n as f64,
@@ -177,7 +178,7 @@ async fn network(client: &E2bClient, provider_pid: Option<u32>, args: &Args) -> 
         let prepared: Vec<_> = (0..n).filter_map(|_| sandbox_mcp::local::net::netns::prepare(&host).ok()).collect();
         let per_netns = (kernel_kib() as f64 - prepared_before as f64) / prepared.len().max(1) as f64;
         drop(prepared);
-        println!(
+        report!(
             "  kernel memory of one prepared sandbox network namespace (TUN, nftables, listener): {per_netns:+.0} KiB"
         );
     }
@@ -326,8 +327,7 @@ fn print_table(rows: &mut [Row]) {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn run() -> anyhow::Result<()> {
     let args = Args::parse();
     let mut own_provider = None;
     let mut provider_pid = None;
@@ -342,7 +342,7 @@ async fn main() -> anyhow::Result<()> {
                 bail!("{} does not exist: run `cargo build --release` first, or pass --bin", bin.display());
             }
             let provider = Provider::builder().bin(&bin).try_start().map_err(anyhow::Error::msg)?;
-            println!("provider: {} ({})", provider.url(), bin.display());
+            report!("provider: {} ({})", provider.url(), bin.display());
             let client = provider.client();
             provider_pid = Some(provider.pid());
             let _ = STATE_DIR.set(provider.state_dir.clone());
@@ -376,7 +376,7 @@ async fn main() -> anyhow::Result<()> {
     let mut rest = burst.split_off(pooled);
     burst.sort_by(f64::total_cmp);
     rest.sort_by(f64::total_cmp);
-    println!(
+    report!(
         "burst of {burst_size} creates back to back (pools full at the start): first {pooled} p50 {:.2} ms, max {:.2} ms; \
          the next {} p50 {:.2} ms, max {:.2} ms",
         percentile(&burst, 0.5),
@@ -387,7 +387,7 @@ async fn main() -> anyhow::Result<()> {
     );
     let (elapsed, total_rss, kill_elapsed) = fleet_result.context("fleet test did not run")??;
     let rss = total_rss.map_or("n/a (remote provider)".to_owned(), |r| format!("{r:.1} MiB envd RSS total"));
-    println!(
+    report!(
         "{} sandboxes alive at once: created + `echo ok` verified in {:.0} ms, {rss}, all killed in {:.0} ms",
         args.fleet,
         ms(elapsed),
@@ -397,4 +397,11 @@ async fn main() -> anyhow::Result<()> {
         network_result.context("sandbox network figures")?;
     }
     Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let outcome = run().await;
+    common::results::finish("bench_provider", &outcome)?;
+    outcome
 }

@@ -10,6 +10,7 @@
 //! ```text
 //! cargo build --release && cargo run --release --example bench_tasks [-- --bin target/release/sandbox-mcp --n 40]
 //! ```
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -89,8 +90,7 @@ async fn time_envd(envd: &EnvdClient, argv: &[&str], stdin: Option<&[u8]>, n: us
     Ok(samples)
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn run() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
     let n: usize = arg("--n").map(|v| v.parse()).transpose()?.unwrap_or(40);
@@ -106,11 +106,11 @@ async fn main() -> anyhow::Result<()> {
     let client = common::mcp::try_connect_as(&gateway.mcp_url(), None, ProtocolVersion::LATEST).await?;
     let sandbox = call(&client, "create_sandbox", json!({"timeout": 1800})).await?;
     let sid = sandbox["sandbox_id"].as_str().context("sandbox_id")?.to_string();
-    println!("sandbox {sid}; n = {n}; binary {}", bin.display());
+    report!("sandbox {sid}; n = {n}; binary {}", bin.display());
 
     // Warm-up: installs the supervisor (first use per sandbox).
     let (first, _) = timed(&client, "start_task", json!({"sandbox_id": sid, "command": "true"})).await?;
-    println!("first start_task (includes supervisor install): {:.1} ms", first.as_secs_f64() * 1000.0);
+    report!("first start_task (includes supervisor install): {:.1} ms", first.as_secs_f64() * 1000.0);
 
     // start_task of a TERM-obeying long task; these are then cancelled.
     let n = n.min(100);
@@ -235,23 +235,30 @@ async fn main() -> anyhow::Result<()> {
         envd_start.extend(time_envd(&envd, &argv, Some(&launch.stdin), 1).await?);
     }
 
-    println!();
+    report!();
     print_header();
     summary("start_task -> response", 30.0, starts);
     summary("get_task, 16 KiB page", 10.0, gets);
     summary("get_task, 16 KiB page, running task", 10.0, live_gets);
     summary("cancel_task (TERM-obeying task)", 100.0, cancels);
-    println!("breakdown (envd directly, no gateway/MCP):");
+    report!("breakdown (envd directly, no gateway/MCP):");
     summary("  envd run /bin/true", f64::INFINITY, envd_true);
     summary("  envd run python3 -I -S -c pass", f64::INFINITY, envd_python);
     summary("  envd status.json + 2 ranged reads", f64::INFINITY, envd_reads);
     summary("  envd run supervisor start", f64::INFINITY, envd_start);
-    println!("supervisor RSS, idle task:          {} KiB", rss["stdout"].as_str().unwrap_or("?").trim());
-    println!("supervisor peak RSS, 3 MiB output:  {} KiB", peak["stdout"].as_str().unwrap_or("?").trim());
+    report!("supervisor RSS, idle task:          {} KiB", rss["stdout"].as_str().unwrap_or("?").trim());
+    report!("supervisor peak RSS, 3 MiB output:  {} KiB", peak["stdout"].as_str().unwrap_or("?").trim());
 
     let _ = call(&client, "kill_sandbox", json!({"sandbox_id": sid})).await;
     let _ = client.cancel().await;
     drop(gateway);
     drop(provider);
     Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let outcome = run().await;
+    common::results::finish("bench_tasks", &outcome)?;
+    outcome
 }

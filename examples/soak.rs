@@ -12,6 +12,7 @@
 //! at the end prints the samples, the operation counts and errors, and whether RSS and
 //! descriptors stayed flat (last sample within 25 % + 16 MiB / + 32 fds of the first
 //! after warm-up).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -80,8 +81,7 @@ async fn session_round(url: &str, token: &str, round: u64, counts: &Counts) -> a
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn run() -> anyhow::Result<()> {
     if !nix::unistd::geteuid().is_root() {
         bail!("run as root (the local provider needs namespaces)");
     }
@@ -102,7 +102,7 @@ async fn main() -> anyhow::Result<()> {
         .try_start()
         .map_err(anyhow::Error::msg)?;
     let (pid, port, url) = (serve.pid(), serve.addr.port(), serve.mcp_url());
-    println!("soak: {secs} s against serve pid {pid} on port {port}");
+    report!("soak: {secs} s against serve pid {pid} on port {port}");
     let counts = Arc::new(Counts::default());
     let end = Instant::now() + Duration::from_secs(secs);
     let mut workers = Vec::new();
@@ -172,7 +172,7 @@ async fn main() -> anyhow::Result<()> {
     let mut samples = Vec::new();
     while Instant::now() < end {
         let sample = (started.elapsed().as_secs(), rss_kib(pid), fds(pid));
-        println!(
+        report!(
             "t={:>4}s rss={:>7} KiB fds={:>5} ops={} sessions={} errors={}",
             sample.0,
             sample.1,
@@ -202,7 +202,7 @@ async fn main() -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let last = (started.elapsed().as_secs(), rss_kib(pid), fds(pid));
     samples.push(last);
-    println!("t={:>4}s rss={:>7} KiB fds={:>5} (after the load)", last.0, last.1, last.2);
+    report!("t={:>4}s rss={:>7} KiB fds={:>5} (after the load)", last.0, last.1, last.2);
     // The first sample after warm-up (a minute in, or the second sample) is the baseline.
     let base = samples.iter().find(|s| s.0 >= 60).or(samples.get(1)).copied().unwrap_or(samples[0]);
     let peak_rss = samples.iter().map(|s| s.1).max().unwrap_or(0);
@@ -214,7 +214,7 @@ async fn main() -> anyhow::Result<()> {
         .lines()
         .filter(|l| l.contains("\"level\":\"WARN\"") || l.contains("\"level\":\"ERROR\""))
         .count();
-    println!(
+    report!(
         "soak done: {} s, {} sessions, {} tool ops, {} misbehaviour rounds, {} flood connections, {} errors, \
          {} log lines at warn+",
         secs,
@@ -225,7 +225,7 @@ async fn main() -> anyhow::Result<()> {
         counts.errors.load(Ordering::Relaxed),
         warnings
     );
-    println!(
+    report!(
         "serve RSS: baseline {} KiB (t={}s), peak {peak_rss} KiB, end {} KiB -> {}; fds: baseline {}, peak {peak_fds}, end {} -> {}",
         base.1,
         base.0,
@@ -240,4 +240,11 @@ async fn main() -> anyhow::Result<()> {
         bail!("RSS or descriptors grew during the soak");
     }
     Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let outcome = run().await;
+    common::results::finish("soak", &outcome)?;
+    outcome
 }

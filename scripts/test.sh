@@ -3,19 +3,50 @@
 # real gateway, real MCP clients), the supervisor's own tests, interop with the
 # official e2b and mcp Python SDKs, the MCP conformance suite, and the
 # deployment checks (hadolint, Kubernetes schemas, MCP over a real TLS proxy).
-# Needs root (the local provider creates namespaces). Installs what it needs:
-# a pinned Python venv in .venv-test, the pinned conformance suite, nginx.
+# In tiers, fast first, each printing its wall time:
+#   1. fast: fmt, clippy, unit tests, source rules, the supervisor's tests (no root, no installs);
+#   2. set-up: the pinned Python venvs, npm packages and system packages the next tiers use;
+#   3. integration: the Rust integration tests against the real provider and gateway (root);
+#   4. interop and images: the MCP conformance suite, deployment checks and container images.
+# Needs root from tier 2 on (the local provider creates namespaces).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
+
+step() { printf '\n=== %s\n' "$*"; }
+tier_name=""
+tier_started=$SECONDS
+tier_times=()
+# Ends the running tier (printing its wall time) and starts the next; `tier ""` ends the last.
+tier() {
+  if [ -n "$tier_name" ]; then
+    tier_times+=("$(printf '%-20s %5d s' "$tier_name" $((SECONDS - tier_started)))")
+    printf '\n--- tier %s: %d s\n' "$tier_name" $((SECONDS - tier_started))
+  fi
+  tier_name="$1"
+  tier_started=$SECONDS
+  if [ -n "$tier_name" ]; then printf '\n######## tier %s\n' "$tier_name"; fi
+}
+
+tier "fast"
+step "format and lints (cargo fmt --check, cargo clippy -D warnings)"
+cargo fmt --all -- --check
+cargo clippy --all-targets --locked -- -D warnings
+
+step "supervisor tests (python3 standard library)"
+python3 -m unittest discover -s supervisor -p 'test_*.py'
+
+step "unit tests and source rules (cargo test --lib, crate_rules, the test kit's own tests)"
+# As root, unit tests that need root run too and may not skip; without root they skip loudly.
+if [ "$(id -u)" = 0 ]; then export SANDBOX_MCP_NO_SKIP=1; fi
+cargo test --lib --test crate_rules --test test_kit --locked -- --test-threads=2
 
 if [ "$(id -u)" != 0 ]; then
   echo "scripts/test.sh must run as root: the local provider creates namespaces and mounts." >&2
   exit 1
 fi
 
-step() { printf '\n=== %s\n' "$*"; }
-
+tier "set-up"
 step "python test environment (.venv-test, pinned)"
 venv="$root/.venv-test"
 if [ ! -x "$venv/bin/python" ] || ! cmp -s scripts/requirements-test.txt "$venv/.requirements"; then
@@ -97,25 +128,29 @@ if ! command -v mkfs.ext4 >/dev/null && ! [ -x /usr/sbin/mkfs.ext4 ] && ! [ -x /
   apt-get install -y -qq e2fsprogs >/dev/null
 fi
 
-step "format and lints (cargo fmt --check, cargo clippy -D warnings)"
-cargo fmt --all -- --check
-cargo clippy --all-targets --locked -- -D warnings
-
+tier "integration"
 step "build"
 cargo build --all-targets --locked
 export SANDBOX_MCP_BIN="$root/target/debug/sandbox-mcp"
 
-step "supervisor tests (python3 standard library)"
-python3 -m unittest discover -s supervisor -p 'test_*.py'
+step "rust integration tests (against the real local provider and gateway)"
+# Every test target but the fast tier's (the library's unit tests, crate_rules, test_kit).
+integration_tests=()
+for file in tests/*.rs; do
+  name=$(basename "$file" .rs)
+  case "$name" in crate_rules | test_kit) ;; *) integration_tests+=(--test "$name") ;; esac
+done
+cargo test --bins --examples "${integration_tests[@]}" --locked -- --test-threads=2
 
-step "rust tests (unit + integration against the real local provider and gateway)"
-cargo test --all-targets --locked -- --test-threads=2
-
+tier "interop and images"
 step "MCP conformance suite against serve"
 bash conformance/ci.sh
 
 step "deployment: hadolint, Kubernetes schemas, MCP over a TLS reverse proxy"
 bash tests/deploy/run.sh
 
+tier ""
 echo
+echo "wall time per tier:"
+printf '  %s\n' "${tier_times[@]}"
 echo "all test stages passed"

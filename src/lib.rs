@@ -21,5 +21,6 @@ pub mod listen;
 pub mod local;
 pub mod logging;
 pub mod masking;
+pub mod sync;
 pub mod tasks;
 pub mod tenant;

@@ -105,7 +105,7 @@ impl Registry {
     /// being served, whose keep-alive connection would otherwise be reset under its next
     /// request), then the longest-idle of the rest. False if every connection is busy.
     fn evict_longest_idle(&self) -> bool {
-        let conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        let conns = crate::sync::lock(&self.conns);
         let victim = conns
             .values()
             .filter(|c| c.busy.load(Ordering::SeqCst) == 0 && !c.close.is_cancelled())
@@ -221,7 +221,7 @@ pub async fn serve(
             served: AtomicBool::new(false),
             close: CancellationToken::new(),
         });
-        registry.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(id, Arc::clone(&conn));
+        crate::sync::lock(&registry.conns).insert(id, Arc::clone(&conn));
         tokio::spawn(serve_connection(
             tcp,
             app.clone(),
@@ -287,7 +287,7 @@ async fn serve_connection(
             }
         }
     }
-    registry.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+    crate::sync::lock(&registry.conns).remove(&id);
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@
 //! inside sandboxes against the provider-wide egress budget; what has to be
 //! inside a sandbox (descriptor inheritance, the `/dev/shm` filler, the memory
 //! hog and envd's OOM score) runs inside real sandboxes.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 mod common;
 

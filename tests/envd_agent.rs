@@ -1,6 +1,7 @@
 //! Integration tests of the envd agent: `envd::serve` on a temporary Unix
 //! socket, driven with real HTTP/1.1 requests (hyper client), real processes
 //! and real files. Needs root (user switching); skips loudly otherwise.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 mod common;
 #[path = "envd_agent/support.rs"]

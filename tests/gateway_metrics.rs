@@ -1,6 +1,7 @@
 //! `/metrics` of a real `sandbox-mcp serve` (backed by a separate `sandbox-mcp
 //! provider`): counters and gauges after real tool calls, bearer auth on the
 //! main listener, the unauthenticated admin listener, and `enabled = false`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 mod common;
 

@@ -4,6 +4,7 @@
 //! discover and cache hints, the Tasks extension backed by sandbox tasks
 //! (tenant-bound ids, cancel, another replica, a SIGKILLed and restarted
 //! gateway), and the legacy session DELETE answers (204, then 404).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 mod common;
 

@@ -6,6 +6,7 @@
 //! Needs `$SANDBOX_MCP_NODE_BIN` (the Node 24 bin dir; scripts/test.sh sets it
 //! and runs `npm ci` in tests/oauth) and `$SANDBOX_MCP_PYTHON` for the SDK
 //! flow; skipped loudly when missing.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 mod common;
 

@@ -4,6 +4,7 @@
 //! grace period, the session's owned sandbox is killed and the sandbox it
 //! retained (a task runs there) survives. A restarted gateway then logs the
 //! surviving sandbox of its deployment at start-up.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 mod common;
 

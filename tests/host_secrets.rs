@@ -4,6 +4,7 @@
 //! the sandbox (scanned as `nobody`); inside a sandbox, PID 1's argv, mountinfo, `/proc/net/unix` and fd links do not name the host's
 //! state directory and `/proc/config.gz` is masked; the standalone provider limits memory and
 //! processes by default, as `serve`'s does. Needs root (skips loudly otherwise).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 mod common;
 #[path = "local_provider_support/harness.rs"]

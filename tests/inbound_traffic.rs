@@ -7,6 +7,7 @@
 //! and the tool returns the host and the token) and through the standalone
 //! provider (E2B's default, the token kept across a provider restart).
 //! Needs root (skips loudly otherwise; SANDBOX_MCP_NO_SKIP turns that into a failure).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 mod common;
 #[path = "local_provider_support/harness.rs"]

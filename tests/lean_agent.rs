@@ -1,6 +1,7 @@
 //! Which binary runs as each sandbox's agent: the lean `sandbox-mcp-envd` built beside
 //! `sandbox-mcp` from the same sources, and `sandbox-mcp` itself when the one beside it comes
 //! from other sources. Real provider processes, real sandboxes; needs root.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 mod common;
 

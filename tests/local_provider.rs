@@ -1,5 +1,6 @@
 //! Integration tests of `sandbox-mcp provider`: the real binary, real
 //! namespaces and mounts, raw HTTP. Needs root (skips loudly otherwise).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 mod common;
 #[path = "local_provider_support/harness.rs"]

@@ -2,6 +2,7 @@
 //! as a separate process): lifecycle, commands, output, stdin, users, files,
 //! deadlines, kill, isolation and error reporting. Needs root (namespaces);
 //! skips loudly otherwise.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 mod common;
 

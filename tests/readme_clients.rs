@@ -5,6 +5,7 @@
 //! `$SANDBOX_MCP_NODE_BIN` + `$SANDBOX_MCP_INSPECTOR_DIR`; skipped loudly when unset); the
 //! Claude Code command and the VS Code / Cursor `mcp.json` are checked for shape (transport,
 //! URL on /mcp, bearer header).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 mod common;
 

@@ -9,6 +9,7 @@
 //! `allowOut` names it. Through `serve` (started with no `ip` or `nft` on its
 //! `PATH`), the gateway refuses loopback and link-local in every spelling.
 //! Needs root (skips loudly otherwise; SANDBOX_MCP_NO_SKIP turns that into a failure).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 mod common;
 #[path = "local_provider_support/harness.rs"]

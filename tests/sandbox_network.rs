@@ -7,6 +7,7 @@
 //! network survives a provider SIGKILL; a killed sandbox leaves nothing; the
 //! provider needs no `ip` or `nft` program (it speaks netlink itself).
 //! Needs root (skips loudly otherwise; SANDBOX_MCP_NO_SKIP turns that into a failure).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 mod common;
 #[path = "local_provider_support/harness.rs"]

@@ -1,6 +1,7 @@
 //! Integration tests of what root inside a sandbox can and cannot do (issue 10): the real
 //! `sandbox-mcp provider` binary, real namespaces, commands run through envd. Needs root (skips
 //! loudly otherwise, fails under SANDBOX_MCP_NO_SKIP).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 mod common;
 #[path = "local_provider_support/harness.rs"]

@@ -3,6 +3,7 @@
 //! escape of a child that called setsid), a killed supervisor (unknown), a
 //! killed sandbox (clear error), and the argument rejections, including
 //! the 129th task.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 mod common;
 mod tasks_support;

@@ -7,6 +7,7 @@
 //! Byte-exact checks use ASCII (hex of SHA-256 blocks) so that the text
 //! pages are the stored bytes exactly; binary storage is covered by the
 //! supervisor's own tests.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 mod common;
 mod tasks_support;

@@ -35,13 +35,11 @@ pub(crate) struct CallContext {
 
 impl CallContext {
     pub(crate) fn set_sandbox(&self, sandbox_id: &str) {
-        if let Ok(mut slot) = self.sandbox.lock() {
-            *slot = Some(sandbox_id.to_string());
-        }
+        *crate::sync::lock(&self.sandbox) = Some(sandbox_id.to_string());
     }
 
     fn sandbox(&self) -> String {
-        self.sandbox.lock().ok().and_then(|s| s.clone()).unwrap_or_default()
+        crate::sync::lock(&self.sandbox).clone().unwrap_or_default()
     }
 
     /// The request id for log lines ("-" when there is none, as in the tasks bridge).

@@ -81,7 +81,7 @@ impl EventWriter {
 
     /// The next stream entry id of this process: `<ms>-<seq>`, strictly increasing.
     fn next_entry(&self) -> String {
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = crate::sync::lock(&self.last);
         let now = now_ms();
         *last = if now > last.0 { (now, 0) } else { (last.0, last.1 + 1) };
         format!("{}-{}", last.0, last.1)

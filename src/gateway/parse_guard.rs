@@ -37,7 +37,7 @@ impl RequestGuard {
 
     /// Records `key` as in flight; `None` when it already is.
     fn enter(&self, key: (String, String)) -> Option<InFlightId> {
-        let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        let mut in_flight = crate::sync::lock(&self.in_flight);
         in_flight.insert(key.clone()).then(|| InFlightId { in_flight: Arc::clone(&self.in_flight), key })
     }
 }
@@ -50,7 +50,7 @@ struct InFlightId {
 
 impl Drop for InFlightId {
     fn drop(&mut self) {
-        self.in_flight.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.key);
+        crate::sync::lock(&self.in_flight).remove(&self.key);
     }
 }
 

@@ -122,7 +122,7 @@ pub struct CallPermit {
 
 impl Drop for CallPermit {
     fn drop(&mut self) {
-        let mut calls = self.quotas.calls.lock().unwrap_or_else(|p| p.into_inner());
+        let mut calls = crate::sync::lock(&self.quotas.calls);
         if let Some(count) = calls.get_mut(&self.tenant) {
             *count = count.saturating_sub(1);
             if *count == 0 {
@@ -145,7 +145,7 @@ impl TenantQuotas {
     /// Admits one more tool call of `tenant`, or says which limit refused it.
     pub fn start_call(self: &Arc<Self>, tenant: &str) -> Result<CallPermit, QuotaRefusal> {
         let limit = &self.limits.calls;
-        let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        let mut calls = crate::sync::lock(&self.calls);
         let count = calls.entry(tenant.to_owned()).or_default();
         if limit.max > 0 && *count >= limit.max {
             return Err(QuotaRefusal::Calls {
@@ -161,8 +161,7 @@ impl TenantQuotas {
     /// Serialises sandbox creation per tenant so the live count cannot be overtaken by a
     /// concurrent create; hold the guard across the count and the create.
     pub async fn create_guard(&self, tenant: &str) -> tokio::sync::OwnedMutexGuard<()> {
-        let lock =
-            Arc::clone(self.creates.lock().unwrap_or_else(|p| p.into_inner()).entry(tenant.to_owned()).or_default());
+        let lock = Arc::clone(crate::sync::lock(&self.creates).entry(tenant.to_owned()).or_default());
         lock.lock_owned().await
     }
 

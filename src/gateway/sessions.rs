@@ -233,7 +233,7 @@ impl SessionRegistry {
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, SessionState>> {
         // A panic while holding the lock cannot leave the map half-updated (single inserts/removes).
-        self.sessions.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        crate::sync::lock(&self.sessions)
     }
 
     /// Registers a new session (tenant not yet known).

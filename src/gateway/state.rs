@@ -79,9 +79,7 @@ type Renewals = Mutex<HashMap<String, (Option<Instant>, SystemTime)>>;
 /// Forgets a sandbox that no longer exists: in every session, and its renewal record.
 fn forget_sandbox_in(sessions: &SessionRegistry, renewals: &Renewals, sandbox_id: &str) {
     sessions.forget_everywhere(sandbox_id);
-    if let Ok(mut map) = renewals.lock() {
-        map.remove(sandbox_id);
-    }
+    crate::sync::lock(renewals).remove(sandbox_id);
 }
 
 impl GatewayCore {
@@ -113,17 +111,16 @@ impl GatewayCore {
 
     /// A sandbox already checked for this tenant by a sessionless call.
     pub(crate) fn stateless_cached(&self, tenant: &str, sandbox_id: &str) -> Option<wire::Sandbox> {
-        let map = self.stateless_verified.lock().ok()?;
+        let map = crate::sync::lock(&self.stateless_verified);
         map.get(sandbox_id).filter(|(t, _)| t == tenant).map(|(_, s)| s.clone())
     }
 
     pub(crate) fn stateless_remember(&self, tenant: &str, sandbox: &wire::Sandbox) {
-        if let Ok(mut map) = self.stateless_verified.lock() {
-            if map.len() >= STATELESS_CACHE_MAX {
-                map.clear();
-            }
-            map.insert(sandbox.sandbox_id.clone(), (tenant.to_string(), sandbox.clone()));
+        let mut map = crate::sync::lock(&self.stateless_verified);
+        if map.len() >= STATELESS_CACHE_MAX {
+            map.clear();
         }
+        map.insert(sandbox.sandbox_id.clone(), (tenant.to_string(), sandbox.clone()));
     }
 
     pub(crate) fn deployment(&self) -> &str {
@@ -132,14 +129,12 @@ impl GatewayCore {
 
     /// Records the deadline a sandbox was created or renewed with.
     pub(crate) fn note_deadline(&self, sandbox_id: &str, deadline: SystemTime) {
-        if let Ok(mut map) = self.renewals.lock() {
-            map.entry(sandbox_id.to_string()).or_insert((None, deadline)).1 = deadline;
-        }
+        crate::sync::lock(&self.renewals).entry(sandbox_id.to_string()).or_insert((None, deadline)).1 = deadline;
     }
 
     /// The deadline we believe a sandbox has (from its creation, renewal or last look-up).
     pub(crate) fn known_deadline(&self, sandbox_id: &str) -> Option<SystemTime> {
-        self.renewals.lock().ok()?.get(sandbox_id).map(|(_, deadline)| *deadline)
+        crate::sync::lock(&self.renewals).get(sandbox_id).map(|(_, deadline)| *deadline)
     }
 
     /// Extends a sandbox's deadline to now + `renew_on_use_secs` in the background (best effort,
@@ -151,7 +146,7 @@ impl GatewayCore {
         }
         let wanted = SystemTime::now() + Duration::from_secs(secs);
         {
-            let Ok(mut map) = self.renewals.lock() else { return };
+            let mut map = crate::sync::lock(&self.renewals);
             if let Some((last, deadline)) = map.get(sandbox_id)
                 && (last.is_some_and(|t| t.elapsed() < RENEW_MIN_INTERVAL) || *deadline >= wanted)
             {
@@ -170,9 +165,7 @@ impl GatewayCore {
 
     pub(crate) fn forget_sandbox(&self, sandbox_id: &str) {
         forget_sandbox_in(&self.sessions, &self.renewals, sandbox_id);
-        if let Ok(mut map) = self.stateless_verified.lock() {
-            map.remove(sandbox_id);
-        }
+        crate::sync::lock(&self.stateless_verified).remove(sandbox_id);
     }
 
     /// Kills a sandbox the caller is allowed to kill, and forgets it everywhere.

@@ -89,9 +89,9 @@ impl DiskPool {
                 }
             }
         }
-        *pool.leftover.lock().unwrap_or_else(|p| p.into_inner()) = leftover;
+        *crate::sync::lock(&pool.leftover) = leftover;
         let first = pool.prepare_one()?;
-        pool.ready.lock().unwrap_or_else(|p| p.into_inner()).push(first);
+        crate::sync::lock(&pool.ready).push(first);
         Ok(pool)
     }
 
@@ -106,12 +106,12 @@ impl DiskPool {
 
     /// Disks ready now.
     pub fn ready_count(&self) -> usize {
-        self.ready.lock().unwrap_or_else(|p| p.into_inner()).len()
+        crate::sync::lock(&self.ready).len()
     }
 
     /// A formatted image in the pool directory: a leftover one, or a new one.
     fn image(&self) -> Result<PathBuf, DiskError> {
-        if let Some(image) = self.leftover.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+        if let Some(image) = crate::sync::lock(&self.leftover).pop() {
             return Ok(image);
         }
         let n = self.serial.fetch_add(1, Ordering::Relaxed);
@@ -143,7 +143,7 @@ impl DiskPool {
     /// Moves a ready disk's image to `dest` and returns its detached mount, if any; `None` when the
     /// pool is empty. Quick (a rename): fine on an async thread.
     pub fn take_ready(&self, dest: &Path) -> Option<Result<Option<OwnedFd>, DiskError>> {
-        let disk = self.ready.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
+        let disk = crate::sync::lock(&self.ready).pop()?;
         Some(Self::place(disk, dest))
     }
 
@@ -178,7 +178,7 @@ impl DiskPool {
         unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10) };
         while self.ready_count() < POOL_SIZE {
             match self.prepare_one() {
-                Ok(disk) => self.ready.lock().unwrap_or_else(|p| p.into_inner()).push(disk),
+                Ok(disk) => crate::sync::lock(&self.ready).push(disk),
                 Err(err) => {
                     tracing::warn!(%err, "cannot refill the sandbox disk pool");
                     break;

@@ -68,24 +68,24 @@ pub struct SandboxEntry {
 impl SandboxEntry {
     /// A copy of the current record.
     pub fn snapshot(&self) -> SandboxRecord {
-        self.record.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        crate::sync::lock(&self.record).clone()
     }
     pub fn socket(&self) -> PathBuf {
         self.dir.join(SOCKET_FILE)
     }
     /// A descriptor of the sandbox's network namespace (for inbound connections).
     pub fn netns(&self) -> Option<OwnedFd> {
-        let net = self.net.lock().unwrap_or_else(|p| p.into_inner());
+        let net = crate::sync::lock(&self.net);
         net.as_ref().and_then(|n| n.netns.try_clone().ok())
     }
     fn new(dir: PathBuf, rec: SandboxRecord, net: Option<SandboxNet>) -> SandboxEntry {
         SandboxEntry { dir, record: Mutex::new(rec), op: tokio::sync::Mutex::new(()), net: Mutex::new(net) }
     }
     fn take_net(&self) -> Option<SandboxNet> {
-        self.net.lock().unwrap_or_else(|p| p.into_inner()).take()
+        crate::sync::lock(&self.net).take()
     }
     fn update(&self, change: impl FnOnce(&mut SandboxRecord)) -> Result<(), ProviderError> {
-        let mut rec = self.record.lock().unwrap_or_else(|p| p.into_inner());
+        let mut rec = crate::sync::lock(&self.record);
         change(&mut rec);
         write_json_atomic(&self.dir.join(RECORD_FILE), &*rec).map_err(|e| ProviderError::Internal(e.to_string()))
     }
@@ -212,7 +212,7 @@ impl Provider {
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<SandboxEntry>>> {
-        self.table.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.table)
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<SandboxEntry>> {
@@ -244,14 +244,14 @@ impl Provider {
             .map_err(|e| ProviderError::BadRequest(e.to_string()))?;
         {
             let table = self.table();
-            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            let mut pending = crate::sync::lock(&self.pending);
             if table.len() + *pending >= self.cfg.max_sandboxes {
                 return Err(ProviderError::TooMany(self.cfg.max_sandboxes));
             }
             *pending += 1;
         }
         let result = self.create_reserved(params, template_root, lifetime_ms, policy).await;
-        *self.pending.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+        *crate::sync::lock(&self.pending) -= 1;
         result
     }
 
@@ -448,25 +448,25 @@ impl Provider {
             let _ = cgroups::set_frozen(&rec.cgroups, false).await;
         }
         let in_flight = self.cleanups.clone();
-        *in_flight.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        *crate::sync::lock(&in_flight) += 1;
         let busy = self.busy.clone();
         let dir = entry.dir.clone();
         tokio::spawn(async move {
             finish_destroy(pidfd, &rec, &dir).await;
-            busy.lock().unwrap_or_else(|p| p.into_inner()).remove(&rec.id);
-            *in_flight.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+            crate::sync::lock(&busy).remove(&rec.id);
+            *crate::sync::lock(&in_flight) -= 1;
             tracing::info!(sandbox = %rec.id, "sandbox removed");
         });
         Ok(())
     }
 
     fn busy_ids(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        self.busy.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.busy)
     }
 
     /// Number of killed sandboxes whose clean-up is still running.
     pub fn cleanups_in_flight(&self) -> usize {
-        *self.cleanups.lock().unwrap_or_else(|p| p.into_inner())
+        *crate::sync::lock(&self.cleanups)
     }
 
     /// Tears down whatever remains of a sandbox (its agent verified by start time), waiting for it.
@@ -581,7 +581,7 @@ impl Provider {
         // Applied first: if the namespace refuses them, the stored rules stay those in force.
         let cannot_apply =
             |err| ProviderError::Internal(format!("cannot apply the network rules in the sandbox's namespace: {err}"));
-        let update = entry.net.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|net| net.policy_update());
+        let update = crate::sync::lock(&entry.net).as_ref().map(|net| net.policy_update());
         if let Some(update) = update {
             update.map_err(cannot_apply)?.apply(policy).await.map_err(cannot_apply)?;
         }

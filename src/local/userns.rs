@@ -124,7 +124,7 @@ impl UsernsPool {
     /// A user namespace for a new sandbox: from the pool, or made now if it is empty. Triggers a
     /// refill.
     pub async fn take(self: &Arc<Self>) -> anyhow::Result<OwnedFd> {
-        let pooled = self.ready.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let pooled = crate::sync::lock(&self.ready).pop();
         self.refill();
         match pooled {
             Some(userns) => Ok(userns),
@@ -137,16 +137,14 @@ impl UsernsPool {
 
     /// Fills the pool up to its size on a blocking thread (one refill at a time).
     pub fn refill(self: &Arc<Self>) {
-        if self.ready.lock().unwrap_or_else(|p| p.into_inner()).len() >= POOL_SIZE
-            || self.refilling.swap(true, Ordering::AcqRel)
-        {
+        if crate::sync::lock(&self.ready).len() >= POOL_SIZE || self.refilling.swap(true, Ordering::AcqRel) {
             return;
         }
         let pool = self.clone();
         tokio::task::spawn_blocking(move || {
-            while pool.ready.lock().unwrap_or_else(|p| p.into_inner()).len() < POOL_SIZE {
+            while crate::sync::lock(&pool.ready).len() < POOL_SIZE {
                 match create(&pool.map, Path::new("/proc")) {
-                    Ok(userns) => pool.ready.lock().unwrap_or_else(|p| p.into_inner()).push(userns),
+                    Ok(userns) => crate::sync::lock(&pool.ready).push(userns),
                     Err(err) => {
                         tracing::warn!(err = format!("{err:#}"), "cannot prepare a sandbox user namespace");
                         break;

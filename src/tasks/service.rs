@@ -149,24 +149,23 @@ impl TaskService {
     }
 
     fn is_installed(&self, sandbox_id: &str) -> bool {
-        self.installed.lock().map(|set| set.contains(sandbox_id)).unwrap_or(false)
+        crate::sync::lock(&self.installed).contains(sandbox_id)
     }
 
     fn mark_installed(&self, sandbox_id: &str, yes: bool) {
-        if let Ok(mut set) = self.installed.lock() {
-            if yes {
-                if set.len() >= MAX_CACHED_SANDBOXES {
-                    set.clear();
-                }
-                set.insert(sandbox_id.to_owned());
-            } else {
-                set.remove(sandbox_id);
+        let mut set = crate::sync::lock(&self.installed);
+        if yes {
+            if set.len() >= MAX_CACHED_SANDBOXES {
+                set.clear();
             }
+            set.insert(sandbox_id.to_owned());
+        } else {
+            set.remove(sandbox_id);
         }
     }
 
     fn install_lock(&self, sandbox_id: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let Ok(mut locks) = self.install_locks.lock() else { return Arc::default() };
+        let mut locks = crate::sync::lock(&self.install_locks);
         if locks.len() >= MAX_CACHED_SANDBOXES {
             locks.retain(|_, lock| Arc::strong_count(lock) > 1);
         }

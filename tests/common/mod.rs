@@ -8,9 +8,10 @@
 //!   port 0, cleaned up on drop;
 //! - [`mcp`]: the MCP client helpers;
 //! - [`redis_server`]: a private `redis-server`;
-//! - [`stats`]: percentiles and the benches' summary lines;
+//! - [`stats`]: percentiles and the benches' summary lines; [`results`]: the benches' results files;
 //! - [`testnet`]: a network namespace standing in for the internet and a private network.
 #![allow(dead_code, unused_imports, unused_macros)] // each test binary uses a part of this kit
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 pub mod gate;
 pub mod gateway;
@@ -18,6 +19,7 @@ pub mod mcp;
 pub mod process;
 pub mod provider;
 pub mod redis_server;
+pub mod results;
 pub mod stats;
 pub mod testnet;
 

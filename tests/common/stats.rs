@@ -66,7 +66,8 @@ pub fn print_header() {
     println!("{:<36} {:>9} {:>9} {:>9} {:>8} {:>5}  verdict", "metric", "median", "p90", "max", "target", "n");
 }
 
-/// One line: name, median, p90, max (in `unit`), the target of the median and the verdict.
+/// One line: name, median, p90, max (in `unit`), the target of the median and the verdict; also
+/// recorded for the results file.
 pub fn print_row(name: &str, unit: &str, summary: &Summary, target: Option<f64>) {
     let target_text = target.map_or("-".to_string(), |t| format!("{t}"));
     println!(
@@ -82,4 +83,5 @@ pub fn print_row(name: &str, unit: &str, summary: &Summary, target: Option<f64>)
         summary.n,
         summary.verdict(target)
     );
+    super::results::row(name, unit, summary, target);
 }

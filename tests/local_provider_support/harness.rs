@@ -1,7 +1,7 @@
 //! Harness of the local provider tests (`local_provider`, `sandbox_network`, `sandbox_privileges`):
 //! the kit's provider (`tests/common`) with raw HTTP and envd calls, the sandbox records, and the
 //! checks that nothing of a sandbox is left on the host.
-
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 #![allow(dead_code)] // each test binary uses a part of it
 
 use std::path::{Path, PathBuf};

@@ -52,11 +52,12 @@ impl Introspector {
     /// The claims of an active token (`active: true`), from the cache or the authorization server.
     pub(crate) async fn claims(&self, token: &str) -> Result<Map<String, Value>, OAuthError> {
         let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        if let Ok(cache) = self.cache.lock()
-            && let Some((until, claims)) = cache.get(&hash)
-            && Instant::now() < *until
-        {
-            return Ok(claims.clone());
+        let cached = crate::sync::lock(&self.cache)
+            .get(&hash)
+            .filter(|(until, _)| Instant::now() < *until)
+            .map(|(_, claims)| claims.clone());
+        if let Some(claims) = cached {
+            return Ok(claims);
         }
         let body = url::form_urlencoded::Serializer::new(String::new())
             .append_pair("token", token)
@@ -92,9 +93,8 @@ impl Introspector {
             let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default();
             ttl = ttl.min(Duration::from_secs(exp.saturating_sub(now)));
         }
-        if let Ok(mut cache) = self.cache.lock()
-            && !ttl.is_zero()
-        {
+        if !ttl.is_zero() {
+            let mut cache = crate::sync::lock(&self.cache);
             if cache.len() >= MAX_CACHED {
                 let now = Instant::now();
                 cache.retain(|_, (until, _)| *until > now);

@@ -70,7 +70,7 @@ impl Reaper {
         spawn: impl FnOnce() -> Result<T, E>,
         pid_of: impl FnOnce(&T) -> u32,
     ) -> Result<(T, Arc<ExitCell>), E> {
-        let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        let mut waiting = crate::sync::lock(&self.waiting);
         let child = spawn()?;
         let cell = Arc::new(ExitCell::default());
         waiting.insert(pid_of(&child), cell.clone());
@@ -82,7 +82,7 @@ impl Reaper {
 
     /// Collects every available exit status.
     pub fn sweep(&self) {
-        let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        let mut waiting = crate::sync::lock(&self.waiting);
         if self.reap_orphans {
             loop {
                 let mut status = 0;

@@ -83,7 +83,7 @@ pub struct ProcessTable {
 
 impl ProcessTable {
     fn lock(&self) -> std::sync::MutexGuard<'_, TableInner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.inner)
     }
 
     /// Registers a new process with one initial subscriber (the Start caller).
@@ -131,7 +131,7 @@ impl ProcessTable {
             (None, None) => None,
         };
         if let Some(entry) = live {
-            let mut state = entry.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut state = crate::sync::lock(&entry.state);
             if let Some(end) = &state.end {
                 return Some((entry.pid, Attach::Exited(end.clone())));
             }
@@ -163,7 +163,7 @@ impl ProcessTable {
     fn finish(&self, entry: &ProcessEntry, end: EndEvent) -> Vec<mpsc::Sender<ProcOutput>> {
         let mut inner = self.lock();
         let subscribers = {
-            let mut state = entry.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut state = crate::sync::lock(&entry.state);
             state.end = Some(end.clone());
             std::mem::take(&mut state.subscribers)
         };
@@ -180,7 +180,7 @@ impl ProcessTable {
 
 impl ProcessEntry {
     async fn broadcast(&self, event: ProcOutput) {
-        let subscribers = self.state.lock().unwrap_or_else(|p| p.into_inner()).subscribers.clone();
+        let subscribers = crate::sync::lock(&self.state).subscribers.clone();
         if subscribers.is_empty() {
             return;
         }
@@ -192,7 +192,7 @@ impl ProcessEntry {
             }
         }
         if any_closed {
-            self.state.lock().unwrap_or_else(|p| p.into_inner()).subscribers.retain(|s| !s.is_closed());
+            crate::sync::lock(&self.state).subscribers.retain(|s| !s.is_closed());
         }
     }
 }

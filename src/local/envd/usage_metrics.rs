@@ -29,7 +29,7 @@ impl CpuSampler {
     /// Busy percentage since the previous call (since boot on the first call).
     fn used_pct(&self) -> f32 {
         let Some((busy, total)) = read_cpu_counters() else { return 0.0 };
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = crate::sync::lock(&self.last);
         let (prev_busy, prev_total) = last.unwrap_or((0, 0));
         *last = Some((busy, total));
         let d_total = total.saturating_sub(prev_total);

@@ -63,7 +63,7 @@ impl HostAddrs {
 
     /// The addresses as last read.
     pub fn snapshot(&self) -> Arc<Snapshot> {
-        self.current.read().unwrap_or_else(|p| p.into_inner()).clone()
+        crate::sync::read(&self.current).clone()
     }
 
     /// The host addresses the operator opened.
@@ -74,7 +74,7 @@ impl HostAddrs {
     /// Re-reads the interfaces; true if the addresses changed.
     pub fn refresh(&self) -> bool {
         let Ok(addrs) = read_addresses() else { return false };
-        let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
+        let mut current = crate::sync::write(&self.current);
         if current.addrs == addrs {
             return false;
         }

@@ -133,7 +133,7 @@ pub struct SandboxNetShared {
 impl SandboxNetShared {
     /// Judges a destination with the sandbox's current rules.
     pub fn decide(&self, dst: IpAddr) -> Verdict {
-        self.policy.read().unwrap_or_else(|p| p.into_inner()).decide(dst, |addr| self.host.classify(addr))
+        crate::sync::read(&self.policy).decide(dst, |addr| self.host.classify(addr))
     }
 
     /// For traffic to the sandbox's DNS address on port 53: `Some(Some(upstream))` when the
@@ -142,7 +142,7 @@ impl SandboxNetShared {
         if dst.ip() != IpAddr::V4(GATEWAY_ADDR) || dst.port() != 53 {
             return None;
         }
-        let allowed = self.policy.read().unwrap_or_else(|p| p.into_inner()).dns_allowed();
+        let allowed = crate::sync::read(&self.policy).dns_allowed();
         Some(self.dns_servers.first().filter(|_| allowed).map(|ip| SocketAddr::new(*ip, 53)))
     }
 }
@@ -179,7 +179,7 @@ impl PolicyUpdate {
         tokio::task::spawn_blocking(move || netns::set_guard(&netns, &allow, &deny))
             .await
             .map_err(|err| std::io::Error::other(format!("the guard update task failed: {err}")))??;
-        *self.shared.policy.write().unwrap_or_else(|p| p.into_inner()) = policy;
+        *crate::sync::write(&self.shared.policy) = policy;
         Ok(())
     }
 }
@@ -208,7 +208,7 @@ fn start(sandbox_id: &str, attached: Attached, policy: EgressPolicy, pool: &NetP
     {
         // Registered, and its host set brought up to date, under the lock the address watch
         // holds while it updates every namespace: no change can fall between the two.
-        let mut live = pool.live.lock().unwrap_or_else(|p| p.into_inner());
+        let mut live = crate::sync::lock(&pool.live);
         live.retain(|weak| weak.strong_count() > 0);
         live.push(Arc::downgrade(&netns));
         let snapshot = host.snapshot();
@@ -239,7 +239,7 @@ fn start(sandbox_id: &str, attached: Attached, policy: EgressPolicy, pool: &NetP
 /// Pushes a change of the host's addresses into every live sandbox namespace.
 fn push_host_set(live: &Mutex<Vec<Weak<OwnedFd>>>, host: &HostAddrs, snapshot: &host_addrs::Snapshot) {
     let set = host.kernel_set(snapshot);
-    let mut live = live.lock().unwrap_or_else(|p| p.into_inner());
+    let mut live = crate::sync::lock(live);
     live.retain(|weak| weak.strong_count() > 0);
     for netns in live.iter().filter_map(Weak::upgrade) {
         if let Err(err) = netns::set_host(&netns, &set) {
@@ -285,7 +285,7 @@ impl NetPool {
 
     /// A prepared namespace: from the pool, or made now if the pool is empty. Triggers a refill.
     pub async fn take(self: &Arc<Self>) -> std::io::Result<PreparedNetns> {
-        let pooled = self.ready.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let pooled = crate::sync::lock(&self.ready).pop();
         self.refill();
         match pooled {
             Some(prepared) => Ok(prepared),
@@ -299,8 +299,8 @@ impl NetPool {
     /// Fills the pool up to its size on a blocking thread (one refill at a time).
     pub fn refill(self: &Arc<Self>) {
         {
-            let mut busy = self.refilling.lock().unwrap_or_else(|p| p.into_inner());
-            if *busy || self.ready.lock().unwrap_or_else(|p| p.into_inner()).len() >= self.cfg.pool_size {
+            let mut busy = crate::sync::lock(&self.refilling);
+            if *busy || crate::sync::lock(&self.ready).len() >= self.cfg.pool_size {
                 return;
             }
             *busy = true;
@@ -308,18 +308,18 @@ impl NetPool {
         let pool = self.clone();
         tokio::task::spawn_blocking(move || {
             loop {
-                if pool.ready.lock().unwrap_or_else(|p| p.into_inner()).len() >= pool.cfg.pool_size {
+                if crate::sync::lock(&pool.ready).len() >= pool.cfg.pool_size {
                     break;
                 }
                 match netns::prepare(&pool.host) {
-                    Ok(prepared) => pool.ready.lock().unwrap_or_else(|p| p.into_inner()).push(prepared),
+                    Ok(prepared) => crate::sync::lock(&pool.ready).push(prepared),
                     Err(err) => {
                         tracing::warn!(%err, "cannot prepare a sandbox network namespace");
                         break;
                     }
                 }
             }
-            *pool.refilling.lock().unwrap_or_else(|p| p.into_inner()) = false;
+            *crate::sync::lock(&pool.refilling) = false;
         });
     }
 

@@ -164,7 +164,7 @@ pub async fn serve(tun: OwnedFd, shared: Arc<SandboxNetShared>) {
         };
         let Some(datagram) = parse(&buf[..n]) else { continue };
         let key = FlowKey { src: datagram.src, dst: datagram.dst };
-        let existing = flows.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
+        let existing = crate::sync::lock(&flows).get(&key).cloned();
         let socket = match existing {
             Some(socket) => socket,
             None => match open_flow(key, &shared, &flows, &tun).await {
@@ -195,7 +195,7 @@ async fn open_flow(
             }
         },
     };
-    if flows.lock().unwrap_or_else(|p| p.into_inner()).len() >= MAX_FLOWS {
+    if crate::sync::lock(flows).len() >= MAX_FLOWS {
         return None;
     }
     let budget_permit = shared.budget.try_acquire()?;
@@ -203,7 +203,7 @@ async fn open_flow(
     let socket = UdpSocket::bind(bind).await.ok()?;
     socket.connect(target).await.ok()?;
     let socket = Arc::new(socket);
-    flows.lock().unwrap_or_else(|p| p.into_inner()).insert(key, socket.clone());
+    crate::sync::lock(flows).insert(key, socket.clone());
     let (reader, flows, tun, stop) = (socket.clone(), flows.clone(), tun.clone(), shared.stop.clone());
     tokio::spawn(async move {
         let mut buf = vec![0u8; 65507];
@@ -222,7 +222,7 @@ async fn open_flow(
                 Err(_idle) => break,
             }
         }
-        flows.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+        crate::sync::lock(&flows).remove(&key);
         drop(budget_permit);
     });
     Some(socket)
