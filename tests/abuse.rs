@@ -17,6 +17,8 @@ mod common;
 
 use std::io::Write;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -56,19 +58,32 @@ fn host_ipv4_addresses() -> Vec<std::net::IpAddr> {
 
 /// Opens `count` idle connections and `slow` slowloris connections (a header byte every 300 ms)
 /// to `addr`; keeps them until the returned handle is aborted.
-fn flood(addr: SocketAddr, count: usize, slow: usize) -> tokio::task::JoinHandle<(usize, usize)> {
-    tokio::spawn(async move {
+/// A flood of `count` idle and `slow` slowloris connections to `addr`, and the number of its
+/// connection attempts made so far (all `count + slow` once the flood is fully under way).
+fn flood(addr: SocketAddr, count: usize, slow: usize) -> (tokio::task::JoinHandle<(usize, usize)>, Arc<AtomicUsize>) {
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let counter = attempts.clone();
+    let task = tokio::spawn(async move {
         let mut idle = Vec::new();
         for _ in 0..count {
-            if let Ok(stream) = tokio::net::TcpStream::connect(addr).await {
+            let connected = tokio::net::TcpStream::connect(addr).await;
+            counter.fetch_add(1, Ordering::Relaxed);
+            if let Ok(stream) = connected {
                 idle.push(stream);
             }
         }
         let mut slow_tasks = Vec::new();
         for _ in 0..slow {
+            let counter = counter.clone();
             slow_tasks.push(tokio::spawn(async move {
-                let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else { return false };
-                if stream.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ").await.is_err() {
+                let connected = tokio::net::TcpStream::connect(addr).await;
+                let Ok(mut stream) = connected else {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    return false;
+                };
+                let written = stream.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ").await;
+                counter.fetch_add(1, Ordering::Relaxed);
+                if written.is_err() {
                     return true;
                 }
                 for _ in 0..200 {
@@ -85,7 +100,14 @@ fn flood(addr: SocketAddr, count: usize, slow: usize) -> tokio::task::JoinHandle
             cut += usize::from(task.await.unwrap_or(false));
         }
         (idle.len(), cut)
-    })
+    });
+    (task, attempts)
+}
+
+/// Waits (at most 30 s) until every connection attempt of a flood of `total` has been made.
+async fn flood_under_way(attempts: &AtomicUsize, total: usize) {
+    let under_way = eventually(Duration::from_secs(30), || async { attempts.load(Ordering::Relaxed) >= total }).await;
+    assert!(under_way, "the flood made only {} of {total} connection attempts", attempts.load(Ordering::Relaxed));
 }
 
 fn p99(mut samples: Vec<Duration>) -> Duration {
@@ -149,7 +171,9 @@ print("answered", answered)
 
     // From the host side (an exposed public port), the caps and timeouts hold.
     let floods = [flood(gateway.addr, 600, 30), flood(provider_addr, 600, 30)];
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    for (_, attempts) in &floods {
+        flood_under_way(attempts, 630).await;
+    }
     let mut latencies = Vec::new();
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(8) {
@@ -171,11 +195,11 @@ print("answered", answered)
     let worst = p99(latencies.clone());
     assert!(worst < Duration::from_secs(1), "p99 {worst:?} over {} calls during the flood", latencies.len());
     let mut cut = 0;
-    for f in floods {
+    for (f, _) in floods {
         f.abort();
     }
     // Slowloris connections: the header-read timeout (2 s) cuts them; check with a fresh batch.
-    let (_, slow_cut) = tokio::time::timeout(Duration::from_secs(30), flood(gateway.addr, 0, 5))
+    let (_, slow_cut) = tokio::time::timeout(Duration::from_secs(30), flood(gateway.addr, 0, 5).0)
         .await
         .expect("slowloris connections must be cut")
         .expect("flood task");
@@ -429,8 +453,11 @@ async fn reused_request_id_gets_an_error_not_a_hang(http: &reqwest::Client, url:
     let created = post(create).await.unwrap().text().await.unwrap();
     let sandbox = created.split("\\\"sandbox_id\\\":\\\"").nth(1).and_then(|rest| rest.split('\\').next());
     let sandbox = sandbox.unwrap_or_else(|| panic!("no sandbox id in {created}")).to_string();
-    let first = tokio::spawn(post(call(7, "sleep 2; echo first")).await.unwrap().text());
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let first = tokio::spawn(post(call(7, "sleep 2.017; echo first")).await.unwrap().text());
+    // The first call is in flight once its command runs in the sandbox (visible from the host).
+    let running =
+        eventually(Duration::from_secs(10), || async { !host_processes_with("sleep 2.017").is_empty() }).await;
+    assert!(running, "the first call's command never started");
     let started = Instant::now();
     let second = tokio::time::timeout(Duration::from_secs(10), post(call(7, "echo second")))
         .await
@@ -497,8 +524,8 @@ async fn no_sandbox_is_orphaned_under_a_flood_and_reconciliation_kills_untracked
     for _ in 0..6 {
         ids.push(client.create_sandbox(&request).await.expect("create").sandbox_id);
     }
-    let flood_task = flood(provider.addr, 1500, 10);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (flood_task, attempts) = flood(provider.addr, 1500, 10);
+    flood_under_way(&attempts, 1510).await;
     if limit {
         assert!(open_fds(pid) <= 512, "descriptors beyond the limit?");
     }
@@ -608,12 +635,18 @@ async fn per_tenant_limits_refuse_accurately_and_spare_the_other_tenant() {
     assert_eq!(status, 200, "tenant B's sessions are its own");
 
     // Concurrent calls: two long calls of A run; a third is refused; B's call goes through.
-    let slow = json!({"sandbox_id": a1, "command": "sleep 3"});
+    let slow = json!({"sandbox_id": a1, "command": "sleep 3.019"});
     let (p2, p3) = (a2.peer().clone(), a3.peer().clone());
     let (s2, s3) = (slow.clone(), slow.clone());
     let first = tokio::spawn(async move { call(&p2, "run_command", s2).await });
     let second = tokio::spawn(async move { call(&p3, "run_command", s3).await });
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Both are in flight once both commands run in the sandbox (visible from the host).
+    let sleepers = || {
+        let processes = host_processes_with("sleep 3.019");
+        processes.iter().filter(|p| p.split_once(": ").is_some_and(|(_, cmd)| cmd.starts_with("sleep "))).count()
+    };
+    let running = eventually(Duration::from_secs(10), || async { sleepers() == 2 }).await;
+    assert!(running, "the two long calls never both ran: {:?}", host_processes_with("sleep 3.019"));
     let refused = err(&a, "list_sandboxes", empty()).await;
     assert!(refused.contains("limits.max_concurrent_calls_per_tenant = 2"), "{refused}");
     ok(&b, "list_sandboxes", empty()).await;

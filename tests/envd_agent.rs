@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use bytes::Bytes;
-use common::require_root;
+use common::{eventually, host_processes_with, require_root};
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use sandbox_mcp::connect_rpc::{FLAG_MESSAGE, encode_envelope};
@@ -191,10 +191,13 @@ async fn background_children_do_not_hold_back_the_end_event() {
     assert!(result.stdout.starts_with(b"fg\n") || result.stdout.starts_with(b"bg\n"));
     // A quiet background child holding the pipe delays the end event by ~100 ms only.
     let started = Instant::now();
-    let quiet = envd.run("sleep 2 & echo done", json!({}), &[]).await;
+    let quiet = envd.run("sleep 2.011 & echo done", json!({}), &[]).await;
     assert!(started.elapsed() < Duration::from_millis(1500), "end took {:?}", started.elapsed());
     assert_eq!(quiet.stdout, b"done\n");
-    tokio::time::sleep(Duration::from_millis(2200)).await; // let the background children finish
+    // Let the background children finish before the test ends.
+    let finished =
+        eventually(Duration::from_secs(10), || async { host_processes_with("sleep 2.011").is_empty() }).await;
+    assert!(finished, "the background sleep outlived its 2 s");
 }
 
 #[tokio::test]

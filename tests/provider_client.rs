@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{Provider, require_root};
+use common::{Provider, eventually, host_processes_with, require_root};
 use sandbox_mcp::connect_rpc::Code;
 use sandbox_mcp::e2b::wire::{self, ProcessEvent};
 use sandbox_mcp::e2b::{CallOptions, E2bClient, E2bError, EnvdClient, OutputLimits, Signal};
@@ -39,24 +39,6 @@ async fn run_ok(envd: &EnvdClient, script: &str, opts: &CallOptions) -> String {
     let out = envd.run(&bash(script), opts, OutputLimits::default()).await.expect("run");
     assert_eq!(out.exit_code, 0, "{script}: {out:?}");
     String::from_utf8(out.stdout).unwrap()
-}
-
-/// Host processes whose command line contains `needle`.
-fn host_processes_with(needle: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let name = entry.file_name();
-        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
-            let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            if text.contains(needle) {
-                found.push(format!("{}: {}", name.to_string_lossy(), text));
-            }
-        }
-    }
-    found
 }
 
 async fn wait_until_no_host_process(needle: &str) -> Vec<String> {
@@ -356,9 +338,8 @@ async fn deadline_expiry_removes_the_sandbox() {
     let envd = client.envd(&sandbox);
     let mut stream = envd.start(&bash("exec sleep 4545"), &CallOptions::default()).await.unwrap();
     client.get_sandbox(&sandbox.sandbox_id).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(2500)).await;
     let mut gone = false;
-    for _ in 0..60 {
+    for _ in 0..85 {
         match client.get_sandbox(&sandbox.sandbox_id).await {
             Err(err) if err.is_not_found() => {
                 gone = true;
@@ -391,9 +372,12 @@ async fn kill_while_busy_leaves_no_process() {
     let runner = tokio::spawn(async move {
         busy.run(&bash("while :; do :; done"), &CallOptions::default(), OutputLimits::default()).await
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // bash plus its two sleepers.
-    assert_eq!(host_processes_with("sleep 4242").len(), 3, "the sleepers should be visible from the host");
+    // bash plus its two sleepers, and the busy loop, all running.
+    let running = eventually(Duration::from_secs(10), || async {
+        host_processes_with("sleep 4242").len() == 3 && !host_processes_with("while :; do :; done").is_empty()
+    })
+    .await;
+    assert!(running, "the sleepers should be visible from the host: {:?}", host_processes_with("sleep 4242"));
     let started = std::time::Instant::now();
     assert!(client.kill_sandbox(&sandbox.sandbox_id).await.unwrap());
     eprintln!("kill of a busy sandbox took {:?}", started.elapsed());

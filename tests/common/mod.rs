@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 pub use gateway::{Gateway, GatewayBuilder, e2b_config, with_free_port};
 pub use mcp::{McpClient, call, close, connect, connect_latest, empty, err, ok, text};
-pub use process::{Log, ProcessGuard, binary, rss_kib, wait_until};
+pub use process::{Log, ProcessGuard, binary, eventually, host_processes_with, rss_kib, wait_until};
 pub use provider::{API_KEY, Provider, ProviderBuilder, agent_alive, agent_pid};
 use sandbox_mcp::e2b::E2bClient;
 

@@ -129,7 +129,16 @@ impl TestNet {
     /// The DNS server on the internet address, answering `*.test` with `answer`.
     pub fn dns(&mut self, answer: Ipv4Addr) {
         self.spawn_python(DNS_SERVER, &[self.internet_addr.to_string(), answer.to_string()]);
-        std::thread::sleep(Duration::from_millis(300));
+        // Up once it answers a query for `probe.test` from the host.
+        let server = std::net::SocketAddr::from((self.internet_addr, 53));
+        let query = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x05probe\x04test\x00\x00\x01\x00\x01";
+        let answers = || -> bool {
+            let Ok(socket) = std::net::UdpSocket::bind("0.0.0.0:0") else { return false };
+            let _ = socket.set_read_timeout(Some(Duration::from_millis(100)));
+            let mut reply = [0u8; 512];
+            socket.send_to(query, server).is_ok() && socket.recv(&mut reply).is_ok_and(|n| n >= 12)
+        };
+        assert!(super::process::wait_until(Duration::from_secs(10), answers), "the test DNS server never answered");
     }
 }
 

@@ -9,7 +9,7 @@ use sandbox_mcp::local::envd::{self, EnvdOptions};
 use serde_json::json;
 
 use super::support::*;
-use crate::common::{ProcessGuard, require_env, require_root};
+use crate::common::{ProcessGuard, eventually, require_env, require_root};
 
 /// Helper process for `idle_envd_rss`: serves envd on a current-thread runtime until killed.
 #[test]
@@ -62,7 +62,6 @@ async fn idle_envd_rss() {
     let (mut child, envd) = envd_process(false).await;
     let ok = envd.run("echo warm", json!({}), &[]).await;
     assert_eq!(ok.stdout, b"warm\n");
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let rss = |pid: u32| -> u64 { rss_kib(i32::try_from(pid).unwrap()).expect("VmRSS of the envd child") };
     let idle = rss(child.pid());
     // 100 running processes whose clients disconnected.
@@ -72,7 +71,6 @@ async fn idle_envd_rss() {
         let mut stream = envd.open_stream("process.Process/Start", request, &[]).await;
         pids.push(stream.next_json().await.1["event"]["start"]["pid"].as_u64().unwrap());
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let busy = rss(child.pid());
     for pid in &pids {
         let kill = json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"});
@@ -97,8 +95,7 @@ async fn orphans_are_reaped() {
     let stat = std::fs::read_to_string(format!("/proc/{orphan}/stat")).unwrap_or_default();
     let parent_field = stat.rsplit_once(") ").map(|(_, rest)| rest.split_whitespace().nth(1).unwrap_or("").to_owned());
     let reparented = parent_field.as_deref() == Some(child.pid().to_string().as_str());
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let gone = !Path::new(&format!("/proc/{orphan}")).exists();
+    let gone = eventually(Duration::from_secs(10), || async { !Path::new(&format!("/proc/{orphan}")).exists() }).await;
     child.terminate(Duration::ZERO);
     assert!(reparented, "orphan {orphan} was not re-parented to envd: {stat}");
     assert!(gone, "orphan {orphan} was left as a zombie");
