@@ -47,3 +47,48 @@ fn python_sdk_v2_stateless_mode_with_tasks() {
 fn python_sdk_v2_legacy_mode() {
     run_client("legacy");
 }
+
+/// Issue 25.2: the worst-case results (tests/interop/large_results_v2.py) through a client whose
+/// transport refuses a message over 1 MiB: nothing fails, cuts carry the truncation flags and counts,
+/// and paging reads every byte.
+fn large_results(mode: &str) {
+    let python = require_env!("SANDBOX_MCP_PYTHON_V2", "a python with mcp==2.3.0");
+    require_root!();
+    let token = "large-results-token-0123456789";
+    let gateway = gateway_with_token("large", token);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/large_results_v2.py");
+    let mut python = std::process::Command::new(python);
+    let (stdout, _) = run_checked(python.arg(script).arg(gateway.mcp_url()).arg(token).arg(mode), Some(&gateway));
+    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("summary line");
+    println!("{seen}");
+    let mut runs = vec![&seen["run"]];
+    if mode != "legacy" {
+        runs.push(&seen["task_run"]);
+        assert_eq!(seen["tasks_created"], 1, "run_command ran as an MCP task: {seen}");
+    }
+    for run in runs {
+        assert_eq!(run["only_control"], true, "{seen}");
+        assert_eq!((run["stdout_truncated"].as_bool(), run["stderr_truncated"].as_bool()), (Some(true), Some(true)));
+        assert_eq!((run["stdout_bytes"].as_u64(), run["stderr_bytes"].as_u64()), (Some(65536), Some(65536)));
+        let kept = run["stdout_len"].as_u64().unwrap() + run["stderr_len"].as_u64().unwrap();
+        // 13 bytes a byte as sent: about 1 MiB / 13 of output fits, and no less than 90 % of it.
+        assert!((70_000..=81_000).contains(&kept), "{kept} bytes kept: {seen}");
+    }
+    assert_eq!(seen["task_log"]["state"], "succeeded", "{seen}");
+    assert_eq!(seen["task_log"]["stdout_ok"], true, "the task log paged to its end: {seen}");
+    assert!(seen["task_log"]["pages"].as_u64().unwrap() >= 2, "{seen}");
+    let read = &seen["read_file"];
+    assert_eq!(read["size"], 5 * 1024 * 1024, "{seen}");
+    assert_eq!(read["sha_ok"], true, "{seen}");
+    assert!(read["pages"].as_u64().unwrap() >= 10, "{seen}");
+}
+
+#[test]
+fn python_sdk_v2_legacy_large_results() {
+    large_results("legacy");
+}
+
+#[test]
+fn python_sdk_v2_stateless_large_results() {
+    large_results("2026-07-28");
+}

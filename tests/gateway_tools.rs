@@ -50,6 +50,10 @@ async fn tools_work_end_to_end_with_session_defaults_and_ownership() {
         assert!(tool.description.as_ref().is_some_and(|d| d.len() > 40), "{} lacks a description", tool.name);
     }
 
+    // An unknown tool's error names the tools that exist.
+    let unknown = common::mcp::try_call(&client, "run_comand", json!({})).await.expect_err("unknown tool").to_string();
+    assert!(unknown.contains("run_comand") && unknown.contains("run_command, start_task"), "{unknown}");
+
     // No default sandbox yet: the error says what to do; nothing is created implicitly.
     let message = err(&client, "run_command", json!({"command": "true"})).await;
     assert!(message.contains("create_sandbox") && message.contains("connect_sandbox"), "{message}");
@@ -192,6 +196,19 @@ async fn configured_secrets_and_the_provider_key_are_masked_in_output_files_and_
     assert_eq!(read["encoding"], json!("text"));
     assert_eq!(read["content"], json!(format!("token={MASK}\nkey={MASK}\n")), "{read}");
     assert_eq!(read["size"], json!(content.len()), "size is the stored file's");
+    // Read in pages cut inside the secret: no page shows a piece of it (each side of the cut masks).
+    for cut in [8, 12, 20, 6 + SECRET.len() - 1] {
+        let first = ok(&client, "read_file", json!({"path": "conf.txt", "length": cut})).await;
+        let next = first["next_offset"].as_u64().unwrap();
+        let second = ok(&client, "read_file", json!({"path": "conf.txt", "offset": next, "length": 40})).await;
+        for page in [&first, &second] {
+            let text = page["content"].as_str().unwrap();
+            for piece in SECRET.as_bytes().windows(6) {
+                assert!(!text.contains(std::str::from_utf8(piece).unwrap()), "cut at {cut}: {page}");
+            }
+        }
+        assert!(second["content"].as_str().unwrap().starts_with(MASK), "cut at {cut}: {second}");
+    }
 
     // Tool errors that would quote the secret: a missing file, a missing cwd.
     let message = err(&client, "read_file", json!({"path": format!("/home/user/{SECRET}/missing.txt")})).await;

@@ -59,7 +59,17 @@ fn readme_python_v2_snippet_runs() {
 
 #[test]
 fn readme_typescript_snippet_runs() {
-    let snippet = block("js readme-test");
+    run_typescript_block("js readme-test");
+}
+
+/// The MCP tasks snippet: ext-tasks with rawDispatch and v2RequestFraming, a task-run `uname -s`.
+#[test]
+fn readme_typescript_mcp_tasks_snippet_runs() {
+    run_typescript_block("js readme-test tasks");
+}
+
+fn run_typescript_block(tag: &str) {
+    let snippet = block(tag);
     let node_bin = require_env!("SANDBOX_MCP_NODE_BIN", "the Node 24 bin dir");
     let client_dir = require_env!("SANDBOX_MCP_TS_CLIENT_DIR", "the pinned TypeScript client install");
     require_root!();
@@ -220,4 +230,91 @@ fn readme_client_configs_have_the_right_shape() {
     assert_eq!(words[transport + 1], "http");
     assert!(words.iter().any(|w| w.starts_with("http://") && w.ends_with("/mcp")), "{claude}");
     assert!(claude.contains("--header \"Authorization: Bearer "), "{claude}");
+}
+
+/// Issue 25.1: the Inspector declares the tasks extension at `initialize` (legacy) but calls tools
+/// plainly, so `run_command` and `start_task` answer their plain structured result there. In
+/// 2026-07-28 mode its requests declare the extension themselves: `start_task` becomes an MCP task the
+/// Inspector polls to its completed result.
+#[test]
+fn inspector_cli_runs_commands_and_starts_tasks_in_both_eras() {
+    let snippet = block("sh readme-test inspector");
+    let node_bin = require_env!("SANDBOX_MCP_NODE_BIN", "the Node 24 bin dir");
+    let install_dir = require_env!("SANDBOX_MCP_INSPECTOR_DIR", "the pinned MCP Inspector install");
+    require_root!();
+    let lines: Vec<&str> = snippet.lines().filter(|l| !l.trim().is_empty()).collect();
+    let token = "inspector-eras-token-0123456789";
+    let gateway = gateway_with_token("readme", token);
+    let url = gateway.mcp_url();
+    let env = inspector_env(std::path::Path::new(&node_bin), std::path::Path::new(&install_dir));
+    let run = |line: &str, sandbox: &str| {
+        let (ok, stdout, stderr) = run_inspector_line(line, &env, &url, token, sandbox);
+        assert!(ok, "Inspector failed: {line}\n{stdout}\n{stderr}\nserve log:\n{}", gateway.log_text());
+        inspector_json(&stdout)
+    };
+    // Created in 2026-07-28 mode: not owned by a session, so it outlives each legacy CLI run.
+    let sandbox = run(lines[1], "")["structuredContent"]["sandbox_id"].as_str().expect("sandbox_id").to_string();
+    let start_line = lines[2]
+        .replace("--tool-name run_command", "--tool-name start_task")
+        .replace("\"command=uname -s\"", "\"command=sleep 1\"");
+    for era in ["modern", "legacy"] {
+        let era_of = |line: &str| line.replace("--protocol-era modern", &format!("--protocol-era {era}"));
+        let ran = run(&era_of(lines[2]), &sandbox);
+        assert_eq!(ran["structuredContent"]["stdout"], "Linux\n", "{era}: {ran}");
+        assert_eq!(ran["structuredContent"]["exit_code"], 0, "{era}: {ran}");
+        let started = run(&era_of(&start_line), &sandbox);
+        let state = if era == "legacy" { "running" } else { "succeeded" };
+        assert_eq!(started["structuredContent"]["state"], state, "{era}: {started}");
+        assert!(started["structuredContent"]["task_id"].as_str().is_some_and(|t| !t.is_empty()), "{era}: {started}");
+        assert!(started.get("task").is_none() && started["resultType"] != "task", "{era}: {started}");
+    }
+    assert_eq!(run(lines[3], &sandbox)["structuredContent"]["killed"], true);
+}
+
+/// The README's tools table, as (tool, its arguments): the first backticked word of each
+/// comma-separated item (outside parentheses) of the arguments column.
+fn readme_tools_table() -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
+    let section = readme.split("\n## Tools\n").nth(1).expect("a Tools section");
+    let section = section.split("\n## ").next().unwrap_or_default();
+    let mut table = std::collections::BTreeMap::new();
+    for row in section.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let name = cells[1].trim_matches('`').to_string();
+        let (mut items, mut depth, mut item) = (Vec::new(), 0, String::new());
+        for c in cells[2].chars() {
+            match c {
+                '(' => depth += 1,
+                ')' => depth -= 1,
+                ',' if depth == 0 => items.push(std::mem::take(&mut item)),
+                _ => {}
+            }
+            item.push(c);
+        }
+        items.push(item);
+        let args = items
+            .iter()
+            .filter_map(|i| i.trim_start_matches(',').trim().strip_prefix('`')?.split('`').next().map(str::to_string))
+            .collect();
+        table.insert(name, args);
+    }
+    table
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readme_tools_table_matches_the_live_tools_list() {
+    require_root!();
+    let token = "readme-tools-token-0123456789";
+    let gateway = gateway_with_token("readme", token);
+    let client = connect(&gateway.mcp_url(), Some(token)).await;
+    let tools = client.list_all_tools().await.expect("tools/list");
+    let live: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = tools
+        .iter()
+        .map(|t| {
+            let properties = t.input_schema.get("properties").and_then(Value::as_object);
+            (t.name.to_string(), properties.map(|p| p.keys().cloned().collect()).unwrap_or_default())
+        })
+        .collect();
+    close(client).await;
+    assert_eq!(readme_tools_table(), live, "README.md's tools table (left) against tools/list (right)");
 }

@@ -16,6 +16,7 @@ use super::args::{
 };
 use super::calls::CallContext;
 use super::error::ToolError;
+use super::result_size;
 use super::state::Gateway;
 use crate::e2b::{CallOptions, E2bError, OutputLimits, wire};
 
@@ -59,9 +60,9 @@ pub struct CommandOutcome {
     pub stdout: String,
     /// Standard error (first 64 KiB).
     pub stderr: String,
-    /// True if stdout was longer than 64 KiB and was cut.
+    /// True if stdout was cut: past 64 KiB, or to keep the result under the 1 MiB message limit.
     pub stdout_truncated: bool,
-    /// True if stderr was longer than 64 KiB and was cut.
+    /// True if stderr was cut (as stdout_truncated).
     pub stderr_truncated: bool,
     /// Total bytes the command wrote to stdout / stderr.
     pub stdout_bytes: u64,
@@ -70,6 +71,30 @@ pub struct CommandOutcome {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     pub duration_ms: u64,
+}
+
+impl CommandOutcome {
+    /// Cuts stdout and stderr (setting their truncation flags) so that the result they are part of,
+    /// `size` bytes as sent ([`result_size::encoded_size`]), fits [`result_size::MAX_RESULT_BYTES`].
+    pub fn fit(&mut self, size: usize) {
+        if size <= result_size::MAX_RESULT_BYTES {
+            return;
+        }
+        let (out, err) = (result_size::cost(&self.stdout), result_size::cost(&self.stderr));
+        let fixed = size.saturating_sub(out + err);
+        let budget = result_size::MAX_RESULT_BYTES.saturating_sub(fixed);
+        let (out_budget, err_budget) = result_size::split_budget(out, err, budget);
+        for (text, truncated, budget) in [
+            (&mut self.stdout, &mut self.stdout_truncated, out_budget),
+            (&mut self.stderr, &mut self.stderr_truncated, err_budget),
+        ] {
+            let (kept, cut) = result_size::clip(text, budget);
+            if cut {
+                *text = kept.to_string();
+                *truncated = true;
+            }
+        }
+    }
 }
 
 #[tool_router(router = exec_router, vis = "pub(crate)")]
@@ -136,6 +161,8 @@ impl Gateway {
             error: if output.exited { None } else { Some(output.status.clone()).filter(|s| !s.is_empty()) },
             duration_ms: started.elapsed().as_millis() as u64,
         };
-        Ok(RunCommandResult { sandbox_id: sandbox.id, exit_code: output.exit_code, outcome })
+        let mut result = RunCommandResult { sandbox_id: sandbox.id, exit_code: output.exit_code, outcome };
+        result.outcome.fit(result_size::encoded_size(&result));
+        Ok(result)
     }
 }

@@ -16,6 +16,7 @@ use super::args::{
 };
 use super::calls::CallContext;
 use super::error::ToolError;
+use super::result_size::{self, MAX_RESULT_BYTES};
 use super::state::Gateway;
 use crate::e2b::{CallOptions, E2bError, wire};
 
@@ -46,8 +47,9 @@ pub struct ReadFileArgs {
     /// First byte to return (default 0).
     #[serde(default)]
     pub offset: Option<u64>,
-    /// Bytes to return from `offset` (default 262144 = 256 KiB, at most 10 MiB). Results above
-    /// ~512 KiB break the 1 MiB message limit of some clients: page with offset/length instead.
+    /// Bytes to return from `offset` (default 262144 = 256 KiB, at most 10 MiB). A page is also cut to
+    /// keep the answer under the 1 MiB message limit (about 500 KiB of plain text): then truncated is
+    /// true and next_offset says where to go on.
     #[serde(default)]
     pub length: Option<u64>,
 }
@@ -191,14 +193,50 @@ impl Gateway {
         self.renew_on_use(&sandbox.id);
         let user = args.user.unwrap_or_default().name();
         let options = CallOptions::user(user);
+        // No page can carry more than half the message bound (each byte costs at least 2 as sent).
+        let wanted = length.min(MAX_RESULT_BYTES as u64 / 2);
+        // Read with the masker's context on each side, so a secret split by a page edge is masked.
+        let context = self.core.masker.context();
+        let lead = offset.min(context);
         let part = sandbox
             .envd
-            .read_file_range(&args.path, offset, length, &options)
+            .read_file_range(&args.path, offset - lead, lead + wanted + context, &options)
             .await
             .map_err(|e| ToolError::file_call("read", &args.path, user, &sandbox.id, e))?;
         let size = part.size;
-        let mut data = part.data;
-        let mut truncated = offset + (data.len() as u64) < size;
+        let window = part.data;
+        let start = (lead as usize).min(window.len());
+        let mut end = window.len().min(start + wanted as usize);
+        loop {
+            let result = self.read_page(&args, &sandbox.id, &window, (start, end), offset, size)?;
+            let cost = result_size::encoded_size(&result);
+            if cost <= MAX_RESULT_BYTES || end == start {
+                return Ok(result);
+            }
+            // Over the bound (escape-heavy text): keep what fits, with a margin for the masks.
+            let budget = MAX_RESULT_BYTES.saturating_sub(cost - result_size::cost(&result.content)).saturating_sub(64);
+            let fitting = match result.encoding {
+                Encoding::Text => result_size::clip(&String::from_utf8_lossy(&window[start..end]), budget).0.len(),
+                Encoding::Base64 => budget / 2 / 4 * 3,
+            };
+            end = start + fitting.min(end - start - 1);
+        }
+    }
+
+    /// One page of a file: `window[page.0..page.1]` holds bytes from `offset`; the window's bytes around
+    /// the page are context for masking.
+    fn read_page(
+        &self,
+        args: &ReadFileArgs,
+        sandbox_id: &str,
+        window: &Bytes,
+        page: (usize, usize),
+        offset: u64,
+        size: u64,
+    ) -> Result<ReadFileResult, ToolError> {
+        let (start, mut end) = page;
+        let mut data = window.slice(start..end);
+        let truncated = offset + (data.len() as u64) < size;
         // Auto encoding: a part cut inside a UTF-8 character ends before it (the next part starts there).
         if truncated
             && args.encoding.is_none()
@@ -207,7 +245,7 @@ impl Gateway {
             && err.valid_up_to() > 0
         {
             data = data.slice(..err.valid_up_to());
-            truncated = true;
+            end = start + data.len();
         }
         let returned = data.len() as u64;
         let (encoding, content) = match (args.encoding, std::str::from_utf8(&data)) {
@@ -218,12 +256,16 @@ impl Gateway {
                     args.path
                 )));
             }
-            (_, Ok(text)) => (Encoding::Text, self.core.masker.mask_clipped(text, truncated)),
+            (_, Ok(text)) if self.core.masker.values().is_empty() => (Encoding::Text, text.to_string()),
+            (_, Ok(_)) => {
+                let masked = self.core.masker.mask_range(window, start, end);
+                (Encoding::Text, String::from_utf8_lossy(&masked).into_owned())
+            }
         };
         let next_offset = truncated.then_some(offset + returned);
         Ok(ReadFileResult {
-            sandbox_id: sandbox.id,
-            path: args.path,
+            sandbox_id: sandbox_id.to_string(),
+            path: args.path.clone(),
             encoding,
             content,
             size,

@@ -71,6 +71,9 @@ impl ServerHandler for Gateway {
         }
         let stateless = generation::is_stateless_protocol(context.protocol_version().as_ref());
         let router = if stateless { &self.routers.modern } else { &self.routers.legacy };
+        if !router.has_route(&request.name) {
+            return Err(unknown_tool(router, &request.name));
+        }
         router.call(ToolCallContext::new(self, request, context)).await
     }
 
@@ -97,4 +100,14 @@ impl ServerHandler for Gateway {
     ) -> Result<(), McpError> {
         self.mcp_cancel_task(&request.task_id, &context).await
     }
+}
+
+/// An unknown tool's error names the tools that exist (a bare "tool not found" leaves an agent guessing).
+fn unknown_tool(router: &ToolRouter<Gateway>, name: &str) -> McpError {
+    let mut names: Vec<String> = router.list_all().into_iter().map(|t| t.name.into_owned()).collect();
+    names.sort();
+    McpError::invalid_params(
+        format!("tool not found: {:?}; this server's tools are: {}", super::args::clip(name, 80), names.join(", ")),
+        None,
+    )
 }

@@ -80,9 +80,17 @@ fn request_parts(context: &RequestContext<RoleServer>) -> Result<&Parts, McpErro
     context.extensions.get::<Parts>().ok_or_else(|| McpError::internal_error("the request carries no HTTP parts", None))
 }
 
-/// Whether this `tools/call` becomes an MCP task: a task tool, from a client that declared the extension.
+/// Whether this `tools/call` becomes an MCP task (SEP-2663 lets the server choose per request): a task
+/// tool, and the request itself asks for one, with its own `_meta` declaring the extension (the
+/// per-request client capabilities of 2026-07-28, as `ext-tasks` and the Python v2 extension send them)
+/// or carrying `_meta["io.modelcontextprotocol/tasks"]` (a task's `ttlMs`). A client that declared the
+/// extension only at `initialize` and calls a tool plainly (the Inspector's legacy CLI) gets the plain
+/// result its tool's output schema promises.
 pub fn wants_task(request: &CallToolRequestParams, context: &RequestContext<RoleServer>) -> bool {
-    TASK_TOOLS.contains(&request.name.as_ref()) && context.client_capabilities().is_some_and(|c| c.supports_tasks())
+    let asks = |meta: &rmcp::model::RequestMetaObject| {
+        meta.contains_key(TASKS_EXTENSION_ID) || meta.client_capabilities().is_some_and(|c| c.supports_tasks())
+    };
+    TASK_TOOLS.contains(&request.name.as_ref()) && (request.meta.as_ref().is_some_and(asks) || asks(&context.meta))
 }
 
 /// A `ttlMs` the client asked for in the request's `_meta["io.modelcontextprotocol/tasks"]`.
@@ -263,7 +271,7 @@ fn task_args(tool: &str, arguments: Value) -> Result<StartTaskArgs, ToolError> {
         .map_err(|e| ToolError::invalid(format!("invalid arguments for run_command: {e}")))?;
     if args.user.is_some_and(|u| u.name() != "user") {
         return Err(ToolError::invalid(
-            "a task-run run_command runs as user 'user' only; call it without the tasks extension to run as root",
+            "a task-run run_command runs as user 'user' only; call it as a plain tool call (no task) to run as root",
         ));
     }
     Ok(StartTaskArgs {
@@ -290,7 +298,7 @@ fn completed_result(view: TaskView, kind: TaskKind) -> JsonObject {
         TaskKind::StartTask { timeout } => Some(timeout),
         TaskKind::RunCommand => None,
     };
-    let result = TaskRunResult {
+    let mut result = TaskRunResult {
         timeout: start_task,
         hint: start_task.map(|_| {
             format!(
@@ -313,6 +321,7 @@ fn completed_result(view: TaskView, kind: TaskKind) -> JsonObject {
         state: view.state,
         exit_code: view.exit_code.unwrap_or(-1),
     };
+    result.outcome.fit(super::result_size::encoded_size(&result) + 64);
     let (started_at, finished_at) = (view_times.0, view_times.1);
     let mut value = serde_json::to_value(&result).unwrap_or(Value::Null);
     if let (Some(_), Value::Object(object)) = (start_task, &mut value) {

@@ -183,6 +183,8 @@ pub struct ListSandboxesResult {
     /// This session's default sandbox, if any (never for sessionless callers).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub default_sandbox: Option<String>,
+    /// True if the list was cut to keep the answer under the 1 MiB message limit.
+    pub truncated: bool,
 }
 
 #[tool_router(router = sandbox_router, vis = "pub(crate)")]
@@ -447,10 +449,18 @@ impl Gateway {
                     end_at: d.end_at,
                 })
                 .collect();
-            ListSandboxesResult { sandboxes, default_sandbox: s.and_then(|s| s.default_sandbox.clone()) }
+            ListSandboxesResult {
+                sandboxes,
+                default_sandbox: s.and_then(|s| s.default_sandbox.clone()),
+                truncated: false,
+            }
         };
-        let Some(session_id) = call.session_id.as_deref() else { return Ok(summarize(None)) };
+        let fit = |mut result: ListSandboxesResult| {
+            result.truncated = super::result_size::fit_list(&mut result, |r| &mut r.sandboxes);
+            result
+        };
+        let Some(session_id) = call.session_id.as_deref() else { return Ok(fit(summarize(None))) };
         // Roles and default read under the session's tenant check (no copy of its state).
-        Ok(self.core.sessions.with_session(session_id, &call.tenant, |s| summarize(Some(s)))?)
+        Ok(fit(self.core.sessions.with_session(session_id, &call.tenant, |s| summarize(Some(s)))?))
     }
 }

@@ -203,6 +203,8 @@ pub async fn build_app(
     // The middlewares of /mcp, outermost first, composed as one service: layered route by route
     // (`Router::layer`), each layer would box the rest and clone all of it again on every request.
     let mcp_stack = tower::ServiceBuilder::new()
+        // Outermost: every refusal below (auth, session, size, type, limits) leaves as a JSON-RPC error.
+        .layer(axum::middleware::from_fn(super::error_body::json_refusals))
         .layer(axum::middleware::from_fn_with_state(core.drain.clone(), track_in_flight))
         .layer(axum::middleware::from_fn_with_state(auth, require_tenant))
         // With Redis: refresh the session's record (and idle deadline) after auth, and only for the tenant

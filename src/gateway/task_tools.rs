@@ -13,12 +13,13 @@ use rmcp::handler::server::tool::Extension;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::{Json, tool, tool_router};
 use schemars::JsonSchema;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::access::ResolvedSandbox;
 use super::args::validate_envs;
 use super::calls::CallContext;
 use super::error::ToolError;
+use super::result_size;
 use super::state::Gateway;
 use crate::e2b::{CallOptions, E2bError, OutputLimits, wire};
 use crate::tasks::TaskId;
@@ -34,6 +35,15 @@ const SUPERVISOR_MAX_STDOUT: usize = 4 << 20;
 const SUPERVISOR_MAX_STDERR: usize = 64 << 10;
 /// Deadline of one direct read of a task file.
 const READ_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// `list_tasks`' answer: the sandbox's tasks, oldest first.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ListTasksResult {
+    #[serde(flatten)]
+    pub view: TaskListView,
+    /// True if the list was cut (newest tasks left off) to keep the answer under the 1 MiB message limit.
+    pub truncated: bool,
+}
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -157,7 +167,7 @@ impl Gateway {
         &self,
         Parameters(args): Parameters<ListTasksArgs>,
         Extension(parts): Extension<Parts>,
-    ) -> Result<Json<TaskListView>, String> {
+    ) -> Result<Json<ListTasksResult>, String> {
         let call = self.call_context("list_tasks", &parts)?;
         self.logged("list_tasks", &call, self.list_tasks_impl(&call, args)).await
     }
@@ -208,7 +218,32 @@ impl Gateway {
         let wait = page::check_wait(args.wait_seconds)?;
         let sandbox = self.task_sandbox(call, Some(&args.sandbox_id)).await?;
         let transport = EnvdTransport { gateway: self, sandbox: &sandbox };
-        self.tasks().status(&transport, &sandbox.id, &task_id, &page, wait).await.map_err(ToolError::from)
+        let view = self.tasks().status(&transport, &sandbox.id, &task_id, &page, wait).await?;
+        self.fit_task_page(&transport, &task_id, page, view).await
+    }
+
+    /// A page whose result would pass the message bound ([`result_size::MAX_RESULT_BYTES`]: escape-heavy
+    /// output costs up to 13 bytes a byte) is read again with a smaller `limit`, so the `*_next_offset`
+    /// values still page through every byte.
+    pub(crate) async fn fit_task_page(
+        &self,
+        transport: &EnvdTransport<'_>,
+        task_id: &TaskId,
+        mut page: PageRequest,
+        mut view: TaskView,
+    ) -> Result<TaskView, ToolError> {
+        for _ in 0..4 {
+            let size = result_size::encoded_size(&view);
+            if size <= result_size::MAX_RESULT_BYTES || page.limit <= 1 {
+                break;
+            }
+            let scaled = (page.limit as u128 * result_size::MAX_RESULT_BYTES as u128 * 9 / 10 / size as u128) as u64;
+            page.limit = scaled.clamp(1, page.limit - 1);
+            let confirmed = view.cancel_confirmed;
+            view = self.tasks().status(transport, &transport.sandbox.id, task_id, &page, 0.0).await?;
+            view.cancel_confirmed = confirmed;
+        }
+        Ok(view)
     }
 
     async fn cancel_task_impl(&self, call: &CallContext, args: CancelTaskArgs) -> Result<TaskView, ToolError> {
@@ -216,13 +251,16 @@ impl Gateway {
         let page = PageRequest::new(args.stdout_offset, args.stderr_offset, args.limit)?;
         let sandbox = self.task_sandbox(call, Some(&args.sandbox_id)).await?;
         let transport = EnvdTransport { gateway: self, sandbox: &sandbox };
-        self.tasks().cancel(&transport, &sandbox.id, &task_id, &page).await.map_err(ToolError::from)
+        let view = self.tasks().cancel(&transport, &sandbox.id, &task_id, &page).await?;
+        self.fit_task_page(&transport, &task_id, page, view).await
     }
 
-    async fn list_tasks_impl(&self, call: &CallContext, args: ListTasksArgs) -> Result<TaskListView, ToolError> {
+    async fn list_tasks_impl(&self, call: &CallContext, args: ListTasksArgs) -> Result<ListTasksResult, ToolError> {
         let sandbox = self.task_sandbox(call, args.sandbox_id.as_deref()).await?;
         let transport = EnvdTransport { gateway: self, sandbox: &sandbox };
-        self.tasks().list(&transport, &sandbox.id).await.map_err(ToolError::from)
+        let mut result = ListTasksResult { view: self.tasks().list(&transport, &sandbox.id).await?, truncated: false };
+        result.truncated = result_size::fit_list(&mut result, |r| &mut r.view.tasks);
+        Ok(result)
     }
 }
 
