@@ -75,8 +75,8 @@ fn stateless_description(tool: &str) -> Option<&'static str> {
         "run_command" => {
             "Run a shell command in a sandbox and wait for it (bash -l -c). sandbox_id is required. Returns \
              exit_code, stdout and stderr (each capped at 64 KiB, with a truncation flag). A non-zero exit code is \
-             a normal result. Timeout 1-600 s (default 60). Runs as user 'user' unless user is 'root'. A client \
-             that declares the io.modelcontextprotocol/tasks extension gets an MCP task instead (a real \
+             a normal result. Timeout 1-600 s (default 60). Runs as user 'user' unless user is 'root'. A request \
+             that declares the io.modelcontextprotocol/tasks extension in its own _meta gets an MCP task instead (a real \
              background task in the sandbox, as start_task; user 'user' only): poll tasks/get for the same \
              result, stop it with tasks/cancel."
         }
@@ -86,8 +86,8 @@ fn stateless_description(tool: &str) -> Option<&'static str> {
              (sandbox_id, task_id). sandbox_id is required. The task keeps running after you disconnect or the \
              server restarts; read its output and exit code with get_task (paged, up to 1 MiB per stream is \
              saved), stop it with cancel_task, recover handles with list_tasks. Timeout 1-3600 s (default 300). \
-             The sandbox's own deadline still applies. A client that declares the io.modelcontextprotocol/tasks \
-             extension gets an MCP task instead (poll tasks/get, stop with tasks/cancel)."
+             The sandbox's own deadline still applies. A request that declares the io.modelcontextprotocol/tasks \
+             extension in its own _meta gets an MCP task instead (poll tasks/get, stop with tasks/cancel)."
         }
         "list_tasks" => {
             "List every background task in a sandbox (task_id, state, times, exit code, first line of the \
