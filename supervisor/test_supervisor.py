@@ -142,7 +142,7 @@ class SupervisorTestCase(unittest.TestCase):
 
     def test_version(self):
         obj = self.cli("version", base=False)
-        self.assertEqual(obj["version"], "4")
+        self.assertEqual(obj["version"], "5")
 
     def test_default_base_is_the_script_directory(self):
         # The gateway reads task files beside the installed script, so without
@@ -413,6 +413,24 @@ class SupervisorTestCase(unittest.TestCase):
         self.assertEqual(st["state"], "timed_out")
         self.assertEqual(st["signal"], 9)
         self.assertGreaterEqual(st["finished_at"] - st["started_at"], 2.5)  # 1 s + 2 s grace
+
+    def test_daemon_lives_in_its_task_dir_so_its_cwd_names_the_task(self):
+        # The gateway's liveness probe without a process: /proc/PID/cwd/status.json
+        # resolves while the daemon exists, and names this task and this daemon.
+        tid, _ = self.start("echo ready; sleep 60")
+        self.wait_output(tid, b"ready")
+        with open(os.path.join(self.base, "tasks", tid, "status.json")) as f:
+            record = json.load(f)
+        self.assertTrue(record["supervisor_in_task_dir"])
+        pid = record["supervisor_pid"]
+        with open("/proc/%d/cwd/status.json" % pid) as f:
+            probed = json.load(f)
+        self.assertEqual((probed["task_id"], probed["supervisor_pid"]), (tid, pid))
+        self.assertEqual(probed["supervisor_start_time"], record["supervisor_start_time"])
+        st = self.cli("cancel", "--task-id", tid)
+        self.assertEqual(st["state"], "cancelled")
+        self.assertTrue(wait_gone(pid))
+        self.assertFalse(os.path.exists("/proc/%d/cwd/status.json" % pid))
 
     def test_cancel_running(self):
         tid, _ = self.start("echo ready; sleep 60")

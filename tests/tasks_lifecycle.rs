@@ -1,6 +1,7 @@
 //! How tasks end and what is refused: timeout, cancel of a TERM-ignoring
 //! task (KILL), cleanup of the task's process group (and the documented
-//! escape of a child that called setsid), a killed supervisor (unknown), a
+//! escape of a child that called setsid), a killed supervisor (unknown; its
+//! liveness probe through the files API), a
 //! killed sandbox (clear error), and the argument rejections, including
 //! the 129th task.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
@@ -79,8 +80,19 @@ async fn timeout_cancel_group_cleanup_and_lost_supervisor() {
     )
     .await;
     let supervisor_pid: u64 = pid["stdout"].as_str().unwrap().trim().parse().unwrap();
+    // get_task's liveness probe without a process: envd's files API reads the daemon's
+    // status.json through its cwd while it lives, and not after.
+    let probe = format!("/proc/{supervisor_pid}/cwd/status.json");
+    let read = mcp.call("read_file", json!({"sandbox_id": sandbox_id, "path": probe})).await.ok();
+    let record: Value = serde_json::from_str(read["content"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        (record["task_id"].as_str(), record["supervisor_pid"].as_u64()),
+        (Some(&*task_id), Some(supervisor_pid))
+    );
     run(&mcp, &sandbox_id, &format!("kill -9 {supervisor_pid}")).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let gone = mcp.call("read_file", json!({"sandbox_id": sandbox_id, "path": probe})).await.err();
+    assert!(!gone.is_empty());
     let lost = mcp.get_task(&sandbox_id, &task_id, json!({})).await;
     assert_eq!(lost["state"], "unknown", "{lost}");
     assert!(lost["error"].as_str().unwrap().contains("supervisor"));

@@ -29,6 +29,7 @@ pub mod record;
 pub mod sandbox_init;
 pub mod sandbox_table;
 pub mod seccomp;
+pub mod shell_profile;
 #[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 pub mod state_lock;
 pub mod template;

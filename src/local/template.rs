@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 pub const SANDBOX_NAMESERVER: &str = "169.254.0.22";
 
 /// Bumped whenever the generated content changes, so cached roots are rebuilt.
-const FORMAT: &str = "base-v1";
+const FORMAT: &str = "base-v2";
 
 /// Host top-level entries that make up the programs of `base` (directories become layers,
 /// symlinks into `/usr` are copied as links).
@@ -226,6 +226,9 @@ fn populate(root: &Path, host_root: &Path, layers: &[Layer], links: &[(String, P
     for rel in etc_sources(host_root) {
         copy_tree(&host_root.join("etc").join(&rel), &etc.join(&rel))?;
     }
+    // The host's profile without its `$(id -u)` process (`shell_profile`).
+    let profile = etc.join("profile");
+    super::shell_profile::lighten_file(&profile).map_err(io_at(&profile))?;
     for (name, mode, content) in generated_etc() {
         let path = etc.join(name);
         let mut file = std::fs::File::create(&path).map_err(io_at(&path))?;

@@ -54,6 +54,17 @@ impl StatusRecord {
         (pid > 0).then_some((pid, start))
     }
 
+    /// The task id the record names (checked equal to the caller's by [`Self::parse`]).
+    pub fn task_id(&self) -> &str {
+        self.fields.get("task_id").and_then(Value::as_str).unwrap_or("")
+    }
+
+    /// Whether the daemon recorded that it lives in its task's directory
+    /// (supervisor ≥ 5), so `/proc/PID/cwd/status.json` reaches this record.
+    pub fn in_task_dir(&self) -> bool {
+        self.fields.get("supervisor_in_task_dir").and_then(Value::as_bool) == Some(true)
+    }
+
     fn number(&self, name: &str) -> Option<u64> {
         self.fields.get(name).and_then(Value::as_u64)
     }

@@ -16,11 +16,13 @@ struct LocalPython {
     home: tempfile::TempDir,
     /// Installs done through this transport (the global counter is shared by parallel tests).
     installs: AtomicUsize,
+    /// Processes run through this transport.
+    execs: AtomicUsize,
 }
 
 impl LocalPython {
     fn new() -> Self {
-        Self { home: tempfile::tempdir().unwrap(), installs: AtomicUsize::new(0) }
+        Self { home: tempfile::tempdir().unwrap(), installs: AtomicUsize::new(0), execs: AtomicUsize::new(0) }
     }
     fn installs(&self) -> usize {
         self.installs.load(Ordering::SeqCst)
@@ -41,6 +43,7 @@ impl SupervisorTransport for LocalPython {
         timeout: Duration,
     ) -> Result<ExecOutput, TransportError> {
         use tokio::io::AsyncWriteExt;
+        self.execs.fetch_add(1, Ordering::SeqCst);
         let mut cmd = tokio::process::Command::new(&argv[0]);
         cmd.args(&argv[1..]).env("HOME", self.home.path()).kill_on_drop(true);
         cmd.stdin(std::process::Stdio::piped())
@@ -327,4 +330,29 @@ async fn direct_reads_leave_unfamiliar_records_to_the_supervisor() {
         svc.status(&t, "sbx", &missing, &p, 0.0).await.unwrap_err(),
         super::service::TaskError::TaskNotFound { .. }
     ));
+}
+
+#[tokio::test]
+async fn get_task_of_a_running_task_starts_no_process() {
+    let t = LocalPython::new();
+    let svc = t.service(&[]);
+    let id = TaskId::generate();
+    svc.start(&t, "sbx", &id, &spec("echo ready; sleep 30", &[], None)).await.unwrap();
+    let v = svc.status(&t, "sbx", &id, &page(0, 0, 100), 5.0).await.unwrap();
+    assert_eq!((v.state, v.stdout.as_str()), (TaskState::Running, "ready\n"));
+    let before = t.execs.load(Ordering::SeqCst);
+    let v = svc.status(&t, "sbx", &id, &page(0, 0, 100), 0.0).await.unwrap();
+    assert_eq!((v.state, v.stdout.as_str()), (TaskState::Running, "ready\n"));
+    assert_eq!(t.execs.load(Ordering::SeqCst), before, "liveness came from /proc/PID/cwd/status.json");
+    // A daemon of an older supervisor (not in its task dir): /proc/PID/stat decides. (After the
+    // daemon's next progress tick, which records the totals of "ready" and then nothing more.)
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let path = t.home.path().join(format!(".sandbox-mcp/tasks/{id}/status.json"));
+    let mut record = status_json(&t, &id);
+    record.as_object_mut().unwrap().remove("supervisor_in_task_dir");
+    std::fs::write(&path, record.to_string()).unwrap();
+    let v = svc.status(&t, "sbx", &id, &page(0, 0, 100), 0.0).await.unwrap();
+    assert_eq!(v.state, TaskState::Running);
+    assert_eq!(t.execs.load(Ordering::SeqCst), before + 1, "one cat of /proc/PID/stat");
+    assert_eq!(svc.cancel(&t, "sbx", &id, &page(0, 0, 1)).await.unwrap().state, TaskState::Cancelled);
 }

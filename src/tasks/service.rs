@@ -312,14 +312,30 @@ impl TaskService {
         Ok(StatusRecord::parse(&file.data, task_id.as_str()))
     }
 
-    /// Is the recorded supervisor still that process? (`cat /proc/PID/stat`:
-    /// the files API cannot serve /proc files, whose size reads as zero.)
+    /// Is the recorded supervisor still that process? A daemon that lives in
+    /// its task's directory is probed through the files API alone:
+    /// `/proc/PID/cwd/status.json` resolves only while that pid exists and is
+    /// not a zombie, and must name this task and this daemon. Anything else
+    /// (an older daemon, an envd that refuses the path, the daemon gone) is
+    /// decided by `cat /proc/PID/stat` (the files API cannot serve /proc
+    /// files themselves, whose size reads as zero), as `load_task` does.
     async fn supervisor_alive<T: SupervisorTransport>(
         &self,
         t: &T,
+        record: &StatusRecord,
         pid: u32,
         start_time: u64,
     ) -> Result<bool, TransportError> {
+        if record.in_task_dir() {
+            let probe = format!("/proc/{pid}/cwd/status.json");
+            if let Ok(Some(file)) = t.read_range(&probe, 0, direct::MAX_STATUS_BYTES).await
+                && file.size == file.data.len() as u64
+                && StatusRecord::parse(&file.data, record.task_id()).and_then(|r| r.supervisor())
+                    == Some((pid, start_time))
+            {
+                return Ok(true);
+            }
+        }
         let out = t.exec(vec!["cat".to_owned(), format!("/proc/{pid}/stat")], None, CALL_TIMEOUT).await?;
         let stat = (out.exit_code == 0).then_some(out.stdout.as_slice());
         Ok(direct::supervisor_alive(stat, start_time))
@@ -356,7 +372,7 @@ impl TaskService {
         let liveness = async {
             match record.supervisor() {
                 Some((pid, start)) if record.state == TaskState::Running => {
-                    self.supervisor_alive(t, pid, start).await.map(Some)
+                    self.supervisor_alive(t, &record, pid, start).await.map(Some)
                 }
                 _ => Ok(None),
             }
