@@ -31,6 +31,7 @@ pub mod sandbox_table;
 pub mod seccomp;
 #[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 pub mod state_lock;
+pub mod store;
 pub mod template;
 #[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 pub mod userns;
