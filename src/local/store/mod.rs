@@ -9,12 +9,14 @@
 //! Writers (import, pull, `rm`, `gc`, a future build) hold the store's lock;
 //! readers (the provider's creates) only read finished records and layers.
 
+pub mod cli;
 mod digest;
 pub mod extract;
 mod gc;
 mod image;
 mod import;
 mod layout;
+pub mod registry;
 mod whiteout;
 
 use std::io::Read;
@@ -57,6 +59,8 @@ pub enum StoreError {
     BadName(String),
     #[error("no template {0:?} in the store (see `sandbox-mcp template list`)")]
     NotFound(String),
+    #[error("registry: {0}")]
+    Registry(String),
     #[error("corrupt store entry: {0}")]
     Corrupt(String),
 }
@@ -90,13 +94,19 @@ impl Store {
     pub fn open(state_dir: &Path, limit_mb: u64) -> Result<Store, StoreError> {
         let layout = Layout::new(state_dir);
         layout.create()?;
-        if let Some(_lock) = StoreLock::take(&layout, false)? {
-            let tmp = layout.tmp();
-            if let Ok(entries) = std::fs::read_dir(&tmp) {
-                for entry in entries.flatten() {
-                    tracing::info!(path = %entry.path().display(), "removing an interrupted template store write");
-                    let _ = std::fs::remove_dir_all(entry.path()).or_else(|_| std::fs::remove_file(entry.path()));
+        // Work in progress is named `<what>-<pid>-<random>`: what a dead process left is removed.
+        if let Ok(entries) = std::fs::read_dir(layout.tmp()) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let pid = name.split('-').nth(1).and_then(|p| p.parse::<u32>().ok());
+                if pid.is_some_and(|p| p != std::process::id() && Path::new(&format!("/proc/{p}")).exists()) {
+                    continue;
                 }
+                if pid == Some(std::process::id()) {
+                    continue;
+                }
+                tracing::info!(path = %entry.path().display(), "removing an interrupted template store write");
+                let _ = std::fs::remove_dir_all(entry.path()).or_else(|_| std::fs::remove_file(entry.path()));
             }
         }
         Ok(Store { layout, limit_bytes: limit_mb.saturating_mul(1 << 20) })
