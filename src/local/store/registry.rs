@@ -115,8 +115,11 @@ impl Session {
                 request = request.header(reqwest::header::AUTHORIZATION, auth);
             }
             let response = request.send().await.map_err(|e| net(&self.registry, e))?;
-            if response.status() != reqwest::StatusCode::UNAUTHORIZED || self.auth.is_some() && !self.retryable() {
+            if response.status() != reqwest::StatusCode::UNAUTHORIZED {
                 return check(response, &self.registry).await;
+            }
+            if self.auth.is_some() && !self.retryable() {
+                return Err(StoreError::Registry(format!("{}: the credentials were refused", self.registry)));
             }
             let challenge = response
                 .headers()
