@@ -155,3 +155,136 @@ async fn a_private_loopback_registry_image_is_pulled_with_basic_auth_and_runs() 
     let (status, _) = p.call(reqwest::Method::DELETE, &format!("/sandboxes/{}", id_of(&sbx)), None).await;
     assert_eq!(status, reqwest::StatusCode::NO_CONTENT);
 }
+
+/// A registry speaking the bearer-token flow (as Docker Hub and GHCR do), served by the test: a
+/// token endpoint that wants basic credentials and the right scope, and a multi-platform index.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_bearer_token_flow_and_an_image_index_resolve_to_the_host_platform() {
+    require_root!();
+    use axum::extract::{Path as UrlPath, Query, State};
+    use axum::http::{HeaderMap, StatusCode, header};
+    use axum::response::IntoResponse;
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    let mut layer = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(6);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    h.set_cksum();
+    layer.append_data(&mut h, "etc/tiny", &b"tiny!\n"[..]).unwrap();
+    let layer = layer.into_inner().unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, &layer).unwrap();
+    let blob = gz.finish().unwrap();
+    let digest = |b: &[u8]| format!("sha256:{}", hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b)));
+    let config = serde_json::to_vec(&json!({"architecture": "amd64", "os": "linux", "config": {"Env": ["A=1"]},
+        "rootfs": {"type": "layers", "diff_ids": [digest(&layer)]}}))
+    .unwrap();
+    let manifest = serde_json::to_vec(&json!({"schemaVersion": 2,
+        "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "digest": digest(&config), "size": config.len()},
+        "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", "digest": digest(&blob), "size": blob.len()}]}))
+    .unwrap();
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    let index = serde_json::to_vec(&json!({"schemaVersion": 2,
+        "mediaType": "application/vnd.docker.distribution.manifest.list.v2+json",
+        "manifests": [
+            {"mediaType": "application/vnd.docker.distribution.manifest.v2+json", "digest": digest(b"other platform"), "size": 1,
+             "platform": {"architecture": "s390x", "os": "linux"}},
+            {"mediaType": "application/vnd.docker.distribution.manifest.v2+json", "digest": digest(&manifest), "size": manifest.len(),
+             "platform": {"architecture": arch, "os": "linux"}}]}))
+    .unwrap();
+    let mut docs: HashMap<String, Vec<u8>> = HashMap::new();
+    docs.insert("v1".into(), index);
+    docs.insert(digest(&manifest), manifest);
+    let mut blobs: HashMap<String, Vec<u8>> = HashMap::new();
+    blobs.insert(digest(&config), config);
+    blobs.insert(digest(&blob), blob);
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    struct S {
+        docs: HashMap<String, Vec<u8>>,
+        blobs: HashMap<String, Vec<u8>>,
+        realm: String,
+    }
+    let state = Arc::new(S { docs, blobs, realm: format!("http://{addr}/token") });
+    let challenge = |s: &S| {
+        let value = format!(r#"Bearer realm="{}",service="test-registry",scope="repository:team/img:pull""#, s.realm);
+        (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, value)]).into_response()
+    };
+    let authorized = |h: &HeaderMap| h.get(header::AUTHORIZATION).is_some_and(|v| v == "Bearer good-token");
+    let app = axum::Router::new()
+        .route(
+            "/token",
+            axum::routing::get(|h: HeaderMap, Query(q): Query<HashMap<String, String>>| async move {
+                use base64::Engine;
+                let basic = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode("alice:pw"));
+                let scope_ok = q.get("scope").is_some_and(|s| s == "repository:team/img:pull")
+                    && q.get("service").is_some_and(|s| s == "test-registry");
+                if !scope_ok || h.get(header::AUTHORIZATION).is_none_or(|v| v != basic.as_str()) {
+                    return StatusCode::UNAUTHORIZED.into_response();
+                }
+                axum::Json(json!({"token": "good-token"})).into_response()
+            }),
+        )
+        .route(
+            "/v2/team/img/manifests/{reference}",
+            axum::routing::get(move |State(s): State<Arc<S>>, h: HeaderMap, UrlPath(r): UrlPath<String>| async move {
+                if !authorized(&h) {
+                    return challenge(&s);
+                }
+                match s.docs.get(&r) {
+                    Some(doc) => doc.clone().into_response(),
+                    None => StatusCode::NOT_FOUND.into_response(),
+                }
+            }),
+        )
+        .route(
+            "/v2/team/img/blobs/{digest}",
+            axum::routing::get(move |State(s): State<Arc<S>>, h: HeaderMap, UrlPath(d): UrlPath<String>| async move {
+                if !authorized(&h) {
+                    return challenge(&s);
+                }
+                match s.blobs.get(&d) {
+                    Some(b) => b.clone().into_response(),
+                    None => StatusCode::NOT_FOUND.into_response(),
+                }
+            }),
+        )
+        .with_state(state);
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let state_dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let reference = format!("{addr}/team/img:v1");
+    let anonymous = tokio::task::spawn_blocking({
+        let (s, r) = (state_dir.path().to_owned(), reference.clone());
+        move || pull(&s, "tiny", &r, None)
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&anonymous.stderr);
+    assert!(!anonymous.status.success() && stderr.contains("needs credentials"), "{stderr}");
+    let out = tokio::task::spawn_blocking({
+        let (s, r) = (state_dir.path().to_owned(), reference.clone());
+        move || pull(&s, "tiny", &r, Some(("alice", "pw")))
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(state_dir.path().join("store/templates/tiny.json")).unwrap()).unwrap();
+    assert_eq!(record["config"]["env"], json!(["A=1"]));
+    let layer_hex = record["layers"][0].as_str().unwrap().trim_start_matches("sha256:").to_owned();
+    let file = state_dir.path().join("store/layers").join(layer_hex).join("fs/etc/tiny");
+    assert_eq!(std::fs::read_to_string(file).unwrap(), "tiny!\n");
+    server.abort();
+}
