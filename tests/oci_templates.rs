@@ -34,6 +34,25 @@ async fn an_imported_debian_image_runs_its_own_userland_and_gc_frees_it_after_us
     eprintln!("packed the OCI layout in {:?}", started.elapsed());
     let p = Provider::start(&[]);
 
+    // A SIGKILL in the middle of an import leaves no layer and no record; the next command clears tmp/.
+    let mut killed = Command::new(common::binary())
+        .arg("template")
+        .arg("--state-dir")
+        .arg(&p.state)
+        .args(["import", "deb", src.path().to_str().unwrap()])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(wait_until(std::time::Duration::from_secs(20), || std::fs::read_dir(p.state.join("store/tmp"))
+        .is_ok_and(|mut d| d.next().is_some())));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    assert_eq!(std::fs::read_dir(p.state.join("store/layers")).unwrap().count(), 0, "no half layer");
+    assert!(template_cmd(&p.state, &["list"]).status.success());
+    assert_eq!(std::fs::read_dir(p.state.join("store/tmp")).unwrap().count(), 0, "leftovers removed");
+    assert!(!p.state.join("store/templates/deb.json").exists());
+
     let started = std::time::Instant::now();
     let out = template_cmd(&p.state, &["import", "deb", src.path().to_str().unwrap()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

@@ -241,3 +241,20 @@ fn import_shares_layers_verifies_digests_enforces_the_limit_and_gc_frees_unused_
     assert!(store.lookup("one").unwrap().is_none() && store.lookup("two").unwrap().is_some());
     assert!(matches!(validate_name("../x"), Err(StoreError::BadName(_))));
 }
+
+#[test]
+fn opening_the_store_removes_what_a_killed_writer_left_and_keeps_live_work() {
+    let state = tempfile::tempdir().unwrap();
+    let store = Store::open(state.path(), 64).unwrap();
+    let tmp = store.layout.tmp();
+    // pid 4194305 is past the kernel's largest pid_max: that writer is surely dead.
+    let dead = tmp.join("layer-4194305-abc");
+    std::fs::create_dir_all(dead.join("fs/usr")).unwrap();
+    std::fs::write(tmp.join("write-4194305-abc"), b"half a record").unwrap();
+    let live = tmp.join(format!("blob-{}-def", std::process::id()));
+    std::fs::create_dir_all(&live).unwrap();
+    Store::open(state.path(), 64).unwrap();
+    assert!(!dead.exists() && !tmp.join("write-4194305-abc").exists());
+    assert!(live.exists(), "work of a running process stays");
+    assert_eq!(std::fs::read_dir(store.layout.dir.join("layers")).unwrap().count(), 0);
+}
