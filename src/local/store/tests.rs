@@ -258,3 +258,52 @@ fn opening_the_store_removes_what_a_killed_writer_left_and_keeps_live_work() {
     assert!(live.exists(), "work of a running process stays");
     assert_eq!(std::fs::read_dir(store.layout.dir.join("layers")).unwrap().count(), 0);
 }
+
+#[test]
+fn a_docker_save_tarball_imports_with_its_layers_checked_against_the_diff_ids() {
+    let state = tempfile::tempdir().unwrap();
+    let store = Store::open(state.path(), 64).unwrap();
+    let mut layer = Vec::new();
+    entry(&mut layer, "etc/saved", T::Regular, b"from docker save\n", "", 0o644);
+    let layer = finish(layer);
+    let config = serde_json::to_vec(&serde_json::json!({"architecture": "amd64", "os": "linux",
+        "config": {"User": "1000", "WorkingDir": "/home/user"},
+        "rootfs": {"type": "layers", "diff_ids": [Digest::of(&layer).as_str()]}}))
+    .unwrap();
+    let config_name = format!("{}.json", Digest::of(&config).hex());
+    let manifest = serde_json::to_vec(&serde_json::json!([{"Config": config_name, "RepoTags": ["x:1"],
+        "Layers": ["abc/layer.tar"]}]))
+    .unwrap();
+    // Docker 25+ writes layers as blobs and the legacy paths as symlinks to them.
+    let mut archive = tar::Builder::new(Vec::new());
+    let mut add = |path: &str, data: &[u8]| {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_mtime(0);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_cksum();
+        archive.append_data(&mut h, path, data).unwrap();
+    };
+    add("manifest.json", &manifest);
+    add(&config_name, &config);
+    add(&format!("blobs/sha256/{}", Digest::of(&layer).hex()), &layer);
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(T::Symlink);
+    h.set_size(0);
+    h.set_mode(0o777);
+    h.set_mtime(0);
+    h.set_uid(0);
+    h.set_gid(0);
+    archive.append_link(&mut h, "abc/layer.tar", format!("../blobs/sha256/{}", Digest::of(&layer).hex())).unwrap();
+    let tarball = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(tarball.path(), archive.into_inner().unwrap()).unwrap();
+
+    let record = store.import("saved", tarball.path()).unwrap();
+    assert_eq!(record.layers, vec![Digest::of(&layer).to_string()]);
+    assert_eq!((record.config.user.as_str(), record.config.workdir.as_str()), ("1000", "/home/user"));
+    let fs = store.lowers(&record).unwrap().remove(0);
+    assert_eq!(std::fs::read_to_string(fs.join("etc/saved")).unwrap(), "from docker save\n");
+    assert_eq!(std::fs::read_dir(store.layout.tmp()).unwrap().count(), 0, "the unpacked archive is removed");
+}
