@@ -215,8 +215,10 @@ async fn the_bearer_token_flow_and_an_image_index_resolve_to_the_host_platform()
         docs: HashMap<String, Vec<u8>>,
         blobs: HashMap<String, Vec<u8>>,
         realm: String,
+        blob_gets: std::sync::atomic::AtomicUsize,
     }
-    let state = Arc::new(S { docs, blobs, realm: format!("http://{addr}/token") });
+    let state = Arc::new(S { docs, blobs, realm: format!("http://{addr}/token"), blob_gets: Default::default() });
+    let counter = state.clone();
     let challenge = |s: &S| {
         let value = format!(r#"Bearer realm="{}",service="test-registry",scope="repository:team/img:pull""#, s.realm);
         (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, value)]).into_response()
@@ -254,6 +256,7 @@ async fn the_bearer_token_flow_and_an_image_index_resolve_to_the_host_platform()
                 if !authorized(&h) {
                     return challenge(&s);
                 }
+                s.blob_gets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 match s.blobs.get(&d) {
                     Some(b) => b.clone().into_response(),
                     None => StatusCode::NOT_FOUND.into_response(),
@@ -286,5 +289,19 @@ async fn the_bearer_token_flow_and_an_image_index_resolve_to_the_host_platform()
     let layer_hex = record["layers"][0].as_str().unwrap().trim_start_matches("sha256:").to_owned();
     let file = state_dir.path().join("store/layers").join(layer_hex).join("fs/etc/tiny");
     assert_eq!(std::fs::read_to_string(file).unwrap(), "tiny!\n");
+
+    // Two pulls of the image at once in one process: each blob is downloaded once.
+    let shared = tempfile::tempdir_in("/var/tmp").unwrap();
+    let store = sandbox_mcp::local::store::Store::open(shared.path(), 1024).unwrap();
+    use sandbox_mcp::local::store::registry::{Credentials, PullOptions, pull as pull_in};
+    let options = PullOptions {
+        insecure_registries: Vec::new(),
+        credentials: Some(Credentials { username: "alice".into(), password: "pw".into() }),
+    };
+    let before = counter.blob_gets.load(std::sync::atomic::Ordering::SeqCst);
+    let (a, b) = tokio::join!(pull_in(&store, "a", &reference, &options), pull_in(&store, "b", &reference, &options));
+    assert_eq!(a.unwrap().layers, b.unwrap().layers);
+    let gets = counter.blob_gets.load(std::sync::atomic::Ordering::SeqCst) - before;
+    assert_eq!(gets, 3, "the config twice (small documents are not shared), the layer once");
     server.abort();
 }
