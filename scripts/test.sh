@@ -120,6 +120,13 @@ if ! command -v podman >/dev/null || ! command -v runc >/dev/null || ! command -
   apt-get update -qq
   apt-get install -y -qq podman runc slirp4netns mmdebstrap uidmap >/dev/null
 fi
+# OCI templates (tests/oci_templates.rs, tests/oci_registry.rs): a loopback registry with htpasswd
+# auth, and zstd for the test's zstd layers.
+if ! command -v docker-registry >/dev/null || ! command -v htpasswd >/dev/null || ! command -v zstd >/dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq docker-registry apache2-utils zstd >/dev/null
+fi
 
 # The per-sandbox disk limit formats ext4 images (tests/sandbox_privileges.rs).
 if ! command -v mkfs.ext4 >/dev/null && ! [ -x /usr/sbin/mkfs.ext4 ] && ! [ -x /sbin/mkfs.ext4 ]; then

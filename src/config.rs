@@ -238,6 +238,8 @@ pub struct LocalConfig {
     pub disk_limit_mb: u64,
     /// Extra templates: name → root filesystem directory.
     pub templates: std::collections::BTreeMap<String, PathBuf>,
+    /// Most MiB the template store's layers may take (`sandbox-mcp template import/pull`).
+    pub template_store_limit_mb: u64,
 }
 
 impl Default for LocalConfig {
@@ -253,6 +255,7 @@ impl Default for LocalConfig {
             id_range: "1000000000:65536".into(),
             disk_limit_mb: crate::local::provider_config::DEFAULT_DISK_LIMIT_MB,
             templates: std::collections::BTreeMap::new(),
+            template_store_limit_mb: crate::local::store::DEFAULT_STORE_LIMIT_MB,
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Command-line entry point: `serve` (the MCP gateway), `provider` (the
-//! embedded E2B-compatible local provider alone) and `envd` (the in-sandbox
+//! embedded E2B-compatible local provider alone), `template` (its template
+//! store) and `envd` (the in-sandbox
 //! agent, internal).
 
 #![deny(unsafe_code)]
@@ -21,6 +22,8 @@ enum Command {
     Serve(sandbox_mcp::gateway::ServeArgs),
     /// Run the embedded E2B-compatible local provider alone.
     Provider(sandbox_mcp::local::ProviderArgs),
+    /// Manage the local provider's template store (import, pull, list, rm, gc).
+    Template(sandbox_mcp::local::store::cli::TemplateArgs),
     /// Probe a running gateway's /healthz (for container HEALTHCHECKs).
     Healthcheck(sandbox_mcp::healthcheck::HealthcheckArgs),
 }
@@ -37,6 +40,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => sandbox_mcp::gateway::run_serve(args),
         Command::Provider(args) => sandbox_mcp::local::run_provider(args),
         Command::Healthcheck(args) => sandbox_mcp::healthcheck::run(args),
+        Command::Template(args) => sandbox_mcp::local::store::cli::run(args),
     };
     report(result)
 }

@@ -32,6 +32,7 @@ pub mod seccomp;
 pub mod shell_profile;
 #[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 pub mod state_lock;
+pub mod store;
 pub mod template;
 #[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 pub mod userns;

@@ -32,6 +32,8 @@ pub struct LocalProviderConfig {
     /// Template name → root filesystem directory (lower layer). `base` is built by the provider
     /// from an allow-list of the host (see `template`) unless overridden here.
     pub templates: HashMap<String, PathBuf>,
+    /// Most MiB the template store may take (`local.template_store_limit_mb`).
+    pub template_store_limit_mb: u64,
     /// Host uid/gid range that ids inside every sandbox map to (`local.id_range`).
     pub id_map: super::userns::IdMap,
     /// Per-sandbox disk limit, MiB (`local.disk_limit_mb`); `None`: no limit.
@@ -62,6 +64,7 @@ impl Default for LocalProviderConfig {
             default_timeout_secs: 300,
             max_timeout_secs: 24 * 3600,
             templates: HashMap::new(),
+            template_store_limit_mb: super::store::DEFAULT_STORE_LIMIT_MB,
             id_map: super::userns::IdMap::default(),
             disk_limit_mb: Some(DEFAULT_DISK_LIMIT_MB),
             max_control_body_bytes: 1024 * 1024,

@@ -75,6 +75,10 @@ pub struct SandboxSpec {
     /// Extra copy-on-write layers mounted inside the root (the host's `/usr` for `base`).
     #[serde(default)]
     pub template_layers: Vec<super::template::Layer>,
+    /// Read-only layers stacked above `template_root`, bottom first (a stored template's
+    /// layers after its first); empty for `base` and directory templates.
+    #[serde(default)]
+    pub template_lowers: Vec<PathBuf>,
     /// Host id range that root and every user inside map to (the sandbox's user namespace).
     #[serde(default)]
     pub id_map: super::userns::IdMap,

@@ -159,8 +159,8 @@ pub fn enter_sandbox(
     Ok(listener)
 }
 
-/// Mounts the copy-on-write root: an overlay whose lower layer is an idmapped view of the
-/// template root, plus one overlay per extra template layer (the host's `/usr` for `base`), all
+/// Mounts the copy-on-write root: an overlay whose lower layers are idmapped views of the
+/// template root and of a stored template's further layers, plus one overlay per extra template layer (the host's `/usr` for `base`), all
 /// with their upper layers in `data` (the sandbox's disk), owned by the sandbox's root.
 fn mount_layers(
     sandbox_dir: &Path,
@@ -190,7 +190,18 @@ fn mount_layers(
     let lower_root = lower_dir.join("root");
     std::fs::create_dir_all(&lower_root).context("creating the lower layer mount point")?;
     userns::idmapped_bind(&spec.template_root, &lower_root, userns)?;
-    overlay(&lower_root, &data.join("upper"), &data.join("work"), root)?;
+    // A stored template's further layers, each idmapped like the first; overlayfs lists its
+    // lower layers top first.
+    let mut stack = vec![lower_root];
+    for (i, source) in spec.template_lowers.iter().enumerate() {
+        let lower = lower_dir.join(format!("l{}", i + 1));
+        std::fs::create_dir_all(&lower).context("creating a lower layer mount point")?;
+        userns::idmapped_bind(source, &lower, userns)?;
+        stack.push(lower);
+    }
+    let rel = |p: &Path| p.strip_prefix(sandbox_dir).map(Path::to_path_buf).unwrap_or_else(|_| p.to_path_buf());
+    let lowers: Vec<String> = stack.iter().rev().map(|p| rel(p).display().to_string()).collect();
+    overlay(Path::new(&lowers.join(":")), &data.join("upper"), &data.join("work"), root)?;
     for layer in &spec.template_layers {
         if layer.target.is_empty() || layer.target.contains('/') || layer.target.starts_with('.') {
             anyhow::bail!("invalid template layer target {:?}", layer.target);

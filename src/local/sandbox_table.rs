@@ -108,6 +108,8 @@ pub struct Provider {
     pub cfg: LocalProviderConfig,
     /// The `base` template root built from the host's allow-list.
     base: TemplateRoot,
+    /// Imported and pulled templates (`sandbox-mcp template`); `None` when it cannot be opened.
+    store: Option<super::store::Store>,
     /// Ready disk images when the disk limit is on.
     disks: Option<Arc<super::disk::DiskPool>>,
     sandboxes_dir: PathBuf,
@@ -144,8 +146,15 @@ impl Provider {
             }
         }
         let base = match cfg.templates.get("base") {
-            Some(root) => TemplateRoot { root: root.clone(), layers: Vec::new() },
+            Some(root) => TemplateRoot::directory(root.clone()),
             None => super::template::build_base(&cfg.state_dir, Path::new("/"))?,
+        };
+        let store = match super::store::Store::open(&cfg.state_dir, cfg.template_store_limit_mb) {
+            Ok(store) => Some(store),
+            Err(err) => {
+                tracing::warn!(%err, "the template store cannot be opened: only base and local.templates are served");
+                None
+            }
         };
         let disks = match cfg.disk_limit_mb {
             Some(mb) => match super::disk::DiskPool::new(&cfg.state_dir, mb, cfg.id_map.host(0)) {
@@ -186,6 +195,7 @@ impl Provider {
         Ok(Provider {
             cfg,
             base,
+            store,
             disks,
             sandboxes_dir,
             cgroups,
@@ -198,12 +208,19 @@ impl Provider {
         })
     }
 
-    /// The lower layers of a template, if it exists.
-    fn template(&self, name: &str) -> Option<TemplateRoot> {
-        match self.cfg.templates.get(name) {
-            Some(root) => Some(TemplateRoot { root: root.clone(), layers: Vec::new() }),
-            None => (name == "base").then(|| self.base.clone()),
+    /// The lower layers of a template, if it exists: `local.templates`, `base`, then the store
+    /// (by name, template id or alias; read on every create, so imports need no restart).
+    fn template(&self, name: &str) -> Result<Option<TemplateRoot>, ProviderError> {
+        if let Some(root) = self.cfg.templates.get(name) {
+            return Ok(Some(TemplateRoot::directory(root.clone())));
         }
+        if name == "base" {
+            return Ok(Some(self.base.clone()));
+        }
+        let Some(store) = &self.store else { return Ok(None) };
+        let internal = |e: super::store::StoreError| ProviderError::Internal(format!("template store: {e}"));
+        let Some(record) = store.lookup(name).map_err(internal)? else { return Ok(None) };
+        Ok(TemplateRoot::stacked(store.lowers(&record).map_err(internal)?))
     }
 
     /// The per-sandbox disk limit in bytes, when enforced.
@@ -238,7 +255,7 @@ impl Provider {
     /// Creates a sandbox and returns once its agent accepts connections.
     pub async fn create(&self, params: CreateParams) -> Result<SandboxRecord, ProviderError> {
         let template_root =
-            self.template(&params.template).ok_or_else(|| ProviderError::TemplateNotFound(params.template.clone()))?;
+            self.template(&params.template)?.ok_or_else(|| ProviderError::TemplateNotFound(params.template.clone()))?;
         let lifetime_ms = self.timeout_ms(params.timeout_secs)?;
         let policy = EgressPolicy::new(&params.network, params.allow_internet_access)
             .map_err(|e| ProviderError::BadRequest(e.to_string()))?;
@@ -310,6 +327,7 @@ impl Provider {
             sandbox_id: id.clone(),
             template_root: template.root,
             template_layers: template.layers,
+            template_lowers: template.lowers,
             id_map: self.cfg.id_map,
             disk_image,
             state_dir: self.cfg.state_dir.clone(),

@@ -93,11 +93,29 @@ pub struct Layer {
     pub source: PathBuf,
 }
 
-/// A template's lower layers: the root directory and the extra layers mounted inside it.
+/// A template's lower layers: the root directory, the read-only layers stacked above it (bottom
+/// first; a stored template's), and the extra layers mounted inside it (`base`'s host `/usr`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TemplateRoot {
     pub root: PathBuf,
     pub layers: Vec<Layer>,
+    pub lowers: Vec<PathBuf>,
+}
+
+impl TemplateRoot {
+    /// A one-layer template: a root filesystem directory.
+    pub fn directory(root: PathBuf) -> TemplateRoot {
+        TemplateRoot { root, layers: Vec::new(), lowers: Vec::new() }
+    }
+
+    /// A stored template: its layers, bottom first (at least one).
+    pub fn stacked(mut lowers: Vec<PathBuf>) -> Option<TemplateRoot> {
+        if lowers.is_empty() {
+            return None;
+        }
+        let root = lowers.remove(0);
+        Some(TemplateRoot { root, layers: Vec::new(), lowers })
+    }
 }
 
 /// Errors of building the `base` root.
@@ -120,7 +138,7 @@ pub fn build_base(state_dir: &Path, host_root: &Path) -> Result<TemplateRoot, Te
     let root = dir.join(format!("base-{}", &fingerprint[..16]));
     let marker = root.join(".sandbox-mcp-template");
     if marker.exists() {
-        return Ok(TemplateRoot { root, layers });
+        return Ok(TemplateRoot { root, layers, lowers: Vec::new() });
     }
     let tmp = dir.join(format!(".base-{}.tmp-{}", &fingerprint[..16], std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
@@ -137,7 +155,7 @@ pub fn build_base(state_dir: &Path, host_root: &Path) -> Result<TemplateRoot, Te
         }
     }
     tracing::info!(root = %root.display(), "built the base template root");
-    Ok(TemplateRoot { root, layers })
+    Ok(TemplateRoot { root, layers, lowers: Vec::new() })
 }
 
 /// The fingerprint of everything `base` is made of, its program layers and its top-level links.

@@ -1,0 +1,55 @@
+//! Garbage collection: layers that no template record and no sandbox (its
+//! `spec.json` under `STATE/sandboxes/`) uses are removed.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use super::digest::Digest;
+use super::{Store, StoreError};
+
+/// What a collection removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GcReport {
+    pub removed_layers: usize,
+    pub freed_bytes: u64,
+    pub kept_layers: usize,
+}
+
+pub fn collect(store: &Store, state_dir: &Path) -> Result<GcReport, StoreError> {
+    let layers_dir = store.layout.dir.join(super::layout::LAYERS);
+    let mut used: HashSet<String> = HashSet::new();
+    for record in store.layout.records()? {
+        used.extend(record.layers.iter().filter_map(|d| Digest::parse(d).ok()).map(|d| d.hex().to_owned()));
+    }
+    // Running sandboxes keep their layers even when their template was removed.
+    if let Ok(sandboxes) = std::fs::read_dir(state_dir.join("sandboxes")) {
+        for sandbox in sandboxes.flatten() {
+            let Ok(spec) = std::fs::read_to_string(sandbox.path().join(crate::local::record::SPEC_FILE)) else {
+                continue;
+            };
+            for (hex, _) in std::fs::read_dir(&layers_dir).into_iter().flatten().flatten().filter_map(|e| {
+                let name = e.file_name().to_str()?.to_owned();
+                spec.contains(&name).then_some((name, ()))
+            }) {
+                used.insert(hex);
+            }
+        }
+    }
+    let mut report = GcReport::default();
+    for entry in std::fs::read_dir(&layers_dir).map_err(|e| StoreError::io(&layers_dir, e))?.flatten() {
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else { continue };
+        if used.contains(&name) {
+            report.kept_layers += 1;
+            continue;
+        }
+        let size = Digest::parse(&format!("sha256:{name}"))
+            .ok()
+            .and_then(|d| store.layout.layer_meta(&d))
+            .map(|m| m.size_bytes)
+            .unwrap_or(0);
+        std::fs::remove_dir_all(entry.path()).map_err(|e| StoreError::io(&entry.path(), e))?;
+        report.removed_layers += 1;
+        report.freed_bytes += size;
+    }
+    Ok(report)
+}

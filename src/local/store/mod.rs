@@ -1,0 +1,300 @@
+//! The template store: content-addressed, read-only layers shared between
+//! templates, and template records (ordered layer digests plus config and E2B
+//! metadata) under `STATE/store/` (see `layout`). A sandbox of a stored
+//! template stacks the template's layers under its own writable layer.
+//!
+//! Every layer is extracted into `tmp/` and renamed into `layers/` only after
+//! its blob matched its digest, so a killed pull or import leaves nothing a
+//! template could use (leftovers are removed the next time the store opens).
+//! Writers (import, pull, `rm`, `gc`, a future build) hold the store's lock;
+//! readers (the provider's creates) only read finished records and layers.
+
+pub mod cli;
+mod digest;
+pub mod extract;
+mod gc;
+mod image;
+mod import;
+mod layout;
+pub mod registry;
+mod whiteout;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+pub use digest::Digest;
+pub use gc::GcReport;
+pub use layout::{LayerMeta, Layout, RunConfig, StoreLock, TemplateRecord};
+
+/// Default `local.template_store_limit_mb`.
+pub const DEFAULT_STORE_LIMIT_MB: u64 = 51200;
+
+/// Errors of the template store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("invalid digest {0:?} (expected sha256:<64 hex digits>)")]
+    BadDigest(String),
+    #[error("blob digest mismatch: expected {expected}, got {actual} (the download or file is corrupt)")]
+    DigestMismatch { expected: String, actual: String },
+    #[error("refusing a hostile layer entry {0}")]
+    HostileLayer(String),
+    #[error("cannot extract a layer: {0}")]
+    Extract(String),
+    #[error("layer too large: {0}")]
+    TooLarge(String),
+    #[error(
+        "the template store would pass its limit of {limit_mb} MiB (local.template_store_limit_mb; it holds \
+         {used_mb} MiB): remove templates with `sandbox-mcp template rm NAME` and run `sandbox-mcp template gc`, \
+         or raise the limit"
+    )]
+    LimitReached { limit_mb: u64, used_mb: u64 },
+    #[error("not an image: {0}")]
+    BadImage(String),
+    #[error(
+        "invalid template name {0:?}: use 1-64 characters of a-z A-Z 0-9 . _ - (not starting with . or -), \
+         not `base`"
+    )]
+    BadName(String),
+    #[error("no template {0:?} in the store (see `sandbox-mcp template list`)")]
+    NotFound(String),
+    #[error("registry: {0}")]
+    Registry(String),
+    #[error("corrupt store entry: {0}")]
+    Corrupt(String),
+}
+
+impl StoreError {
+    pub fn io(path: &Path, source: std::io::Error) -> StoreError {
+        StoreError::Io { path: path.to_owned(), source }
+    }
+}
+
+/// Checks a template name (also a file name under `templates/`).
+pub fn validate_name(name: &str) -> Result<(), StoreError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name != "base"
+        && !name.starts_with(['.', '-'])
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if ok { Ok(()) } else { Err(StoreError::BadName(name.to_owned())) }
+}
+
+/// One provider state directory's template store.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pub layout: Layout,
+    limit_bytes: u64,
+}
+
+impl Store {
+    /// Opens (creating) the store of `state_dir`; removes leftovers of interrupted writers when no
+    /// writer is running.
+    pub fn open(state_dir: &Path, limit_mb: u64) -> Result<Store, StoreError> {
+        let layout = Layout::new(state_dir);
+        layout.create()?;
+        // Work in progress is named `<what>-<pid>-<random>`: what a dead process left is removed.
+        if let Ok(entries) = std::fs::read_dir(layout.tmp()) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let pid = name.split('-').nth(1).and_then(|p| p.parse::<u32>().ok());
+                if pid.is_some_and(|p| p != std::process::id() && Path::new(&format!("/proc/{p}")).exists()) {
+                    continue;
+                }
+                if pid == Some(std::process::id()) {
+                    continue;
+                }
+                tracing::info!(path = %entry.path().display(), "removing an interrupted template store write");
+                let _ = std::fs::remove_dir_all(entry.path()).or_else(|_| std::fs::remove_file(entry.path()));
+            }
+        }
+        Ok(Store { layout, limit_bytes: limit_mb.saturating_mul(1 << 20) })
+    }
+
+    /// Takes the writers' lock (waiting for another import, pull or gc to finish).
+    pub fn lock(&self) -> Result<StoreLock, StoreError> {
+        StoreLock::take(&self.layout, true)?.ok_or_else(|| StoreError::Corrupt("store lock not taken".into()))
+    }
+
+    /// A template by name, template id or alias.
+    pub fn lookup(&self, name: &str) -> Result<Option<TemplateRecord>, StoreError> {
+        if validate_name(name).is_ok()
+            && let Some(record) = self.layout.read_record(name)?
+        {
+            return Ok(Some(record));
+        }
+        Ok(self.layout.records()?.into_iter().find(|r| r.template_id == name || r.aliases.iter().any(|a| a == name)))
+    }
+
+    pub fn list(&self) -> Result<Vec<TemplateRecord>, StoreError> {
+        self.layout.records()
+    }
+
+    /// The overlay lower directories of a template, bottom first (each checked to exist).
+    pub fn lowers(&self, record: &TemplateRecord) -> Result<Vec<PathBuf>, StoreError> {
+        record
+            .layers
+            .iter()
+            .map(|d| {
+                let fs = self.layout.layer_fs(&Digest::parse(d)?);
+                if fs.is_dir() {
+                    Ok(fs)
+                } else {
+                    Err(StoreError::Corrupt(format!("template {:?} names the missing layer {d}", record.name)))
+                }
+            })
+            .collect()
+    }
+
+    /// Bytes the store's layers take (from their `layer.json`).
+    pub fn usage_bytes(&self) -> u64 {
+        let dir = self.layout.dir.join(layout::LAYERS);
+        let Ok(entries) = std::fs::read_dir(&dir) else { return 0 };
+        entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|hex| Digest::parse(&format!("sha256:{hex}")).ok()))
+            .filter_map(|d| self.layout.layer_meta(&d))
+            .map(|m| m.size_bytes)
+            .sum()
+    }
+
+    pub fn limit_bytes(&self) -> u64 {
+        self.limit_bytes
+    }
+
+    fn limit_error(&self) -> StoreError {
+        StoreError::LimitReached { limit_mb: self.limit_bytes >> 20, used_mb: self.usage_bytes() >> 20 }
+    }
+
+    /// Adds one layer from its blob `raw` (compressed or not). `expected` is the blob's digest
+    /// (checked; the layer is kept only on a match) or `None` to name the layer by what was read
+    /// (a `docker save` layer, a build's own layer); `diff_id` is the uncompressed digest, checked
+    /// when given. Returns the layer's digest; a layer already stored is not read again. The
+    /// caller holds the lock.
+    pub fn ingest_layer(
+        &self,
+        raw: impl Read,
+        expected: Option<&Digest>,
+        diff_id: Option<&Digest>,
+    ) -> Result<Digest, StoreError> {
+        if let Some(digest) = expected
+            && self.layout.layer_meta(digest).is_some()
+        {
+            return Ok(digest.clone());
+        }
+        let used = self.usage_bytes();
+        let left = self.limit_bytes.saturating_sub(used);
+        if left == 0 {
+            return Err(self.limit_error());
+        }
+        let scratch = self.layout.scratch("layer")?;
+        let fs = scratch.path.join("fs");
+        std::fs::create_dir(&fs).map_err(|e| StoreError::io(&fs, e))?;
+        let (hashed, state) = digest::HashingReader::new(raw);
+        let (plain, plain_state) = digest::HashingReader::new(image::decompress(hashed)?);
+        let limits = extract::Limits { max_bytes: left, ..extract::Limits::default() };
+        let done = match extract::extract(plain, &fs, limits) {
+            Err(StoreError::TooLarge(_)) if left < extract::Limits::default().max_bytes => {
+                return Err(self.limit_error());
+            }
+            other => other?,
+        };
+        let actual = state.digest();
+        if let Some(expected) = expected
+            && &actual != expected
+        {
+            return Err(StoreError::DigestMismatch { expected: expected.to_string(), actual: actual.to_string() });
+        }
+        if let Some(diff_id) = diff_id {
+            let uncompressed = plain_state.digest();
+            if &uncompressed != diff_id {
+                return Err(StoreError::DigestMismatch {
+                    expected: diff_id.to_string(),
+                    actual: uncompressed.to_string(),
+                });
+            }
+        }
+        if used + done.size_bytes > self.limit_bytes {
+            return Err(self.limit_error());
+        }
+        if done.dropped_devices > 0 {
+            tracing::info!(layer = %actual, count = done.dropped_devices, "device nodes left out of a layer");
+        }
+        let meta = LayerMeta { digest: actual.to_string(), size_bytes: done.size_bytes, entries: done.entries };
+        let json = serde_json::to_vec(&meta).map_err(|e| StoreError::Extract(e.to_string()))?;
+        std::fs::write(scratch.path.join("layer.json"), json).map_err(|e| StoreError::io(&scratch.path, e))?;
+        let dest = self.layout.layer_dir(&actual);
+        if self.layout.layer_meta(&actual).is_some() {
+            return Ok(actual); // stored meanwhile under the same digest
+        }
+        let _ = std::fs::remove_dir_all(&dest); // a layer dir without layer.json is not a layer
+        scratch.commit(&dest)?;
+        Ok(actual)
+    }
+
+    /// Registers (or replaces) a template made of stored layers. The caller holds the lock.
+    pub fn commit_template(
+        &self,
+        name: &str,
+        layers: Vec<Digest>,
+        config: RunConfig,
+        source: String,
+    ) -> Result<TemplateRecord, StoreError> {
+        validate_name(name)?;
+        let mut size = 0;
+        for layer in &layers {
+            size += self
+                .layout
+                .layer_meta(layer)
+                .map(|m| m.size_bytes)
+                .ok_or_else(|| StoreError::Corrupt(format!("layer {layer} is not in the store")))?;
+        }
+        let previous = self.layout.read_record(name)?;
+        let random = |n: usize| hex::encode(rand::random::<[u8; 16]>())[..n].to_owned();
+        let build = random(32);
+        let record = TemplateRecord {
+            name: name.to_owned(),
+            template_id: previous.as_ref().map(|p| p.template_id.clone()).unwrap_or_else(|| random(20)),
+            aliases: previous.as_ref().map(|p| p.aliases.clone()).unwrap_or_else(|| vec![name.to_owned()]),
+            tags: previous.as_ref().map(|p| p.tags.clone()).unwrap_or_else(|| vec!["default".to_owned()]),
+            build_id: format!(
+                "{}-{}-{}-{}-{}",
+                &build[..8],
+                &build[8..12],
+                &build[12..16],
+                &build[16..20],
+                &build[20..]
+            ),
+            layers: layers.iter().map(|d| d.to_string()).collect(),
+            config,
+            size_bytes: size,
+            created: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            cpu_count: 2,
+            memory_mb: 512,
+            source,
+        };
+        self.layout.write_record(&record)?;
+        Ok(record)
+    }
+
+    /// Removes a template's record (its layers stay until `gc`). The caller holds the lock.
+    pub fn remove(&self, name: &str) -> Result<(), StoreError> {
+        let record = self.lookup(name)?.ok_or_else(|| StoreError::NotFound(name.to_owned()))?;
+        let path = self.layout.record(&record.name);
+        std::fs::remove_file(&path).map_err(|e| StoreError::io(&path, e))
+    }
+
+    /// Imports an OCI image layout (directory or tar) or a `docker save` tarball as `name`.
+    pub fn import(&self, name: &str, source: &Path) -> Result<TemplateRecord, StoreError> {
+        import::import(self, name, source)
+    }
+
+    /// Removes layers no template and no sandbox of `state_dir` uses. The caller holds the lock.
+    pub fn gc(&self, state_dir: &Path) -> Result<GcReport, StoreError> {
+        gc::collect(self, state_dir)
+    }
+}
+
+#[cfg(test)]
+mod tests;

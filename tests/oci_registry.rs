@@ -1,0 +1,307 @@
+//! Pulls from a real registry on loopback: Debian's `docker-registry`
+//! (distribution) with htpasswd basic auth, holding a Debian image the test
+//! packs and pushes itself over the distribution API (blob upload POST/PUT,
+//! manifest PUT). `sandbox-mcp template pull` without credentials fails with
+//! a clear error, with wrong ones too, with the right ones it stores the
+//! template, and a sandbox created from it runs the image's `dpkg`. Needs root
+//! and the apt packages docker-registry, apache2-utils, zstd, mmdebstrap.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
+
+mod common;
+#[path = "local_provider_support/harness.rs"]
+mod harness;
+#[path = "oci_support/image.rs"]
+mod oci;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use harness::*;
+use oci::*;
+use serde_json::json;
+
+/// A `docker-registry` child, killed (by its pid) when dropped.
+struct Registry {
+    child: Child,
+    addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_registry(user: &str, password: &str) -> Option<Registry> {
+    if Command::new("docker-registry").arg("--version").output().is_err() {
+        common::gate::skip("docker-registry (apt-get install docker-registry apache2-utils) is needed");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let htpasswd = Command::new("htpasswd").args(["-Bbn", user, password]).output().expect("htpasswd (apache2-utils)");
+    std::fs::write(dir.path().join("htpasswd"), htpasswd.stdout).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let config = format!(
+        "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n\
+         auth:\n  htpasswd:\n    realm: test\n    path: {}\n",
+        dir.path().join("data").display(),
+        dir.path().join("htpasswd").display()
+    );
+    std::fs::write(dir.path().join("config.yml"), config).unwrap();
+    let child = Command::new("docker-registry")
+        .arg("serve")
+        .arg(dir.path().join("config.yml"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("registry.log")).unwrap())
+        .spawn()
+        .unwrap();
+    eprintln!("registry log: {}", dir.path().join("registry.log").display());
+    let registry = Registry { child, addr, _dir: dir };
+    assert!(
+        wait_until(Duration::from_secs(20), || std::net::TcpStream::connect(&registry.addr).is_ok()),
+        "the registry did not start"
+    );
+    Some(registry)
+}
+
+/// Pushes every blob of an OCI layout, then its manifest as `repo:tag`.
+async fn push(addr: &str, repo: &str, tag: &str, layout: &Path, user: &str, password: &str) {
+    let http = reqwest::Client::new();
+    let base = format!("http://{addr}/v2/{repo}");
+    let manifest = manifest_digest(layout);
+    for entry in std::fs::read_dir(layout.join("blobs/sha256")).unwrap().flatten() {
+        let digest = format!("sha256:{}", entry.file_name().to_str().unwrap());
+        if digest == manifest {
+            continue;
+        }
+        let start = http.post(format!("{base}/blobs/uploads/")).basic_auth(user, Some(password)).send().await.unwrap();
+        assert_eq!(start.status(), 202, "blob upload start");
+        let location = start.headers()["location"].to_str().unwrap().to_owned();
+        let location = if location.starts_with("http") { location } else { format!("http://{addr}{location}") };
+        let sep = if location.contains('?') { '&' } else { '?' };
+        let body = std::fs::read(entry.path()).unwrap();
+        let put = http
+            .put(format!("{location}{sep}digest={digest}"))
+            .basic_auth(user, Some(password))
+            .header("content-type", "application/octet-stream")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(put.status(), 201, "blob upload of {digest}");
+    }
+    let body = std::fs::read(layout.join("blobs/sha256").join(&manifest[7..])).unwrap();
+    let put = http
+        .put(format!("{base}/manifests/{tag}"))
+        .basic_auth(user, Some(password))
+        .header("content-type", "application/vnd.oci.image.manifest.v1+json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 201, "manifest put: {}", put.text().await.unwrap());
+}
+
+fn pull(state: &Path, name: &str, reference: &str, creds: Option<(&str, &str)>) -> std::process::Output {
+    let mut command = Command::new(common::binary());
+    command.arg("template").arg("--state-dir").arg(state).args(["pull", name, reference]);
+    command.env_remove("SANDBOX_MCP_REGISTRY_PASSWORD");
+    if let Some((user, password)) = creds {
+        command.args(["--username", user]).env("SANDBOX_MCP_REGISTRY_PASSWORD", password);
+    }
+    command.output().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_private_loopback_registry_image_is_pulled_with_basic_auth_and_runs() {
+    require_root!();
+    let Some(rootfs) = debian_rootfs() else { return };
+    let (user, password) = ("pusher", "s3cret-registry-pass");
+    let Some(registry) = start_registry(user, password) else { return };
+    let layout = tempfile::tempdir_in(Path::new(env!("CARGO_MANIFEST_DIR")).join("target")).unwrap();
+    write_layout(layout.path(), &[std::fs::read(&rootfs).unwrap(), second_layer()]);
+    push(&registry.addr, "team/debian", "bookworm", layout.path(), user, password).await;
+    let p = Provider::start(&[]);
+    let reference = format!("{}/team/debian:bookworm", registry.addr);
+
+    let out = pull(&p.state, "deb", &reference, None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("needs credentials"), "{stderr}");
+    let out = pull(&p.state, "deb", &reference, Some((user, "not-the-password-42")));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("refused"), "{stderr}");
+    assert!(!stderr.contains("not-the-password-42"), "no credential in the output: {stderr}");
+
+    let started = std::time::Instant::now();
+    let out = pull(&p.state, "deb", &reference, Some((user, password)));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if !out.status.success() {
+        let log = std::fs::read_to_string(registry._dir.path().join("registry.log")).unwrap();
+        let tail: Vec<&str> = log.lines().rev().take(6).collect();
+        panic!("{stderr}\n{}", tail.join("\n"));
+    }
+    eprintln!("pulled in {:?}: {stdout}", started.elapsed());
+    assert!(!stdout.contains(password) && !stderr.contains(password));
+    assert_eq!(std::fs::read_dir(p.state.join("store/tmp")).unwrap().count(), 0, "no download left behind");
+
+    let sbx = p.create(json!({"templateID": "deb", "timeout": 60})).await;
+    let (code, out) =
+        p.run(&sbx, "dpkg -s apt | grep -c '^Status: install ok installed'; cat /opt/layer2/hello", None).await;
+    assert_eq!((code, out.as_str()), (0, "1\nfrom the second layer\n"));
+    let (status, _) = p.call(reqwest::Method::DELETE, &format!("/sandboxes/{}", id_of(&sbx)), None).await;
+    assert_eq!(status, reqwest::StatusCode::NO_CONTENT);
+}
+
+/// A registry speaking the bearer-token flow (as Docker Hub and GHCR do), served by the test: a
+/// token endpoint that wants basic credentials and the right scope, and a multi-platform index.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_bearer_token_flow_and_an_image_index_resolve_to_the_host_platform() {
+    require_root!();
+    use axum::extract::{Path as UrlPath, Query, State};
+    use axum::http::{HeaderMap, StatusCode, header};
+    use axum::response::IntoResponse;
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    let mut layer = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(6);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    h.set_cksum();
+    layer.append_data(&mut h, "etc/tiny", &b"tiny!\n"[..]).unwrap();
+    let layer = layer.into_inner().unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, &layer).unwrap();
+    let blob = gz.finish().unwrap();
+    let digest = |b: &[u8]| format!("sha256:{}", hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b)));
+    let config = serde_json::to_vec(&json!({"architecture": "amd64", "os": "linux", "config": {"Env": ["A=1"]},
+        "rootfs": {"type": "layers", "diff_ids": [digest(&layer)]}}))
+    .unwrap();
+    let manifest = serde_json::to_vec(&json!({"schemaVersion": 2,
+        "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "digest": digest(&config), "size": config.len()},
+        "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", "digest": digest(&blob), "size": blob.len()}]}))
+    .unwrap();
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    let index = serde_json::to_vec(&json!({"schemaVersion": 2,
+        "mediaType": "application/vnd.docker.distribution.manifest.list.v2+json",
+        "manifests": [
+            {"mediaType": "application/vnd.docker.distribution.manifest.v2+json", "digest": digest(b"other platform"), "size": 1,
+             "platform": {"architecture": "s390x", "os": "linux"}},
+            {"mediaType": "application/vnd.docker.distribution.manifest.v2+json", "digest": digest(&manifest), "size": manifest.len(),
+             "platform": {"architecture": arch, "os": "linux"}}]}))
+    .unwrap();
+    let mut docs: HashMap<String, Vec<u8>> = HashMap::new();
+    docs.insert("v1".into(), index);
+    docs.insert(digest(&manifest), manifest);
+    let mut blobs: HashMap<String, Vec<u8>> = HashMap::new();
+    blobs.insert(digest(&config), config);
+    blobs.insert(digest(&blob), blob);
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    struct S {
+        docs: HashMap<String, Vec<u8>>,
+        blobs: HashMap<String, Vec<u8>>,
+        realm: String,
+        blob_gets: std::sync::atomic::AtomicUsize,
+    }
+    let state = Arc::new(S { docs, blobs, realm: format!("http://{addr}/token"), blob_gets: Default::default() });
+    let counter = state.clone();
+    let challenge = |s: &S| {
+        let value = format!(r#"Bearer realm="{}",service="test-registry",scope="repository:team/img:pull""#, s.realm);
+        (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, value)]).into_response()
+    };
+    let authorized = |h: &HeaderMap| h.get(header::AUTHORIZATION).is_some_and(|v| v == "Bearer good-token");
+    let app = axum::Router::new()
+        .route(
+            "/token",
+            axum::routing::get(|h: HeaderMap, Query(q): Query<HashMap<String, String>>| async move {
+                use base64::Engine;
+                let basic = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode("alice:pw"));
+                let scope_ok = q.get("scope").is_some_and(|s| s == "repository:team/img:pull")
+                    && q.get("service").is_some_and(|s| s == "test-registry");
+                if !scope_ok || h.get(header::AUTHORIZATION).is_none_or(|v| v != basic.as_str()) {
+                    return StatusCode::UNAUTHORIZED.into_response();
+                }
+                axum::Json(json!({"token": "good-token"})).into_response()
+            }),
+        )
+        .route(
+            "/v2/team/img/manifests/{reference}",
+            axum::routing::get(move |State(s): State<Arc<S>>, h: HeaderMap, UrlPath(r): UrlPath<String>| async move {
+                if !authorized(&h) {
+                    return challenge(&s);
+                }
+                match s.docs.get(&r) {
+                    Some(doc) => doc.clone().into_response(),
+                    None => StatusCode::NOT_FOUND.into_response(),
+                }
+            }),
+        )
+        .route(
+            "/v2/team/img/blobs/{digest}",
+            axum::routing::get(move |State(s): State<Arc<S>>, h: HeaderMap, UrlPath(d): UrlPath<String>| async move {
+                if !authorized(&h) {
+                    return challenge(&s);
+                }
+                s.blob_gets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                match s.blobs.get(&d) {
+                    Some(b) => b.clone().into_response(),
+                    None => StatusCode::NOT_FOUND.into_response(),
+                }
+            }),
+        )
+        .with_state(state);
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let state_dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let reference = format!("{addr}/team/img:v1");
+    let anonymous = tokio::task::spawn_blocking({
+        let (s, r) = (state_dir.path().to_owned(), reference.clone());
+        move || pull(&s, "tiny", &r, None)
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&anonymous.stderr);
+    assert!(!anonymous.status.success() && stderr.contains("needs credentials"), "{stderr}");
+    let out = tokio::task::spawn_blocking({
+        let (s, r) = (state_dir.path().to_owned(), reference.clone());
+        move || pull(&s, "tiny", &r, Some(("alice", "pw")))
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(state_dir.path().join("store/templates/tiny.json")).unwrap()).unwrap();
+    assert_eq!(record["config"]["env"], json!(["A=1"]));
+    let layer_hex = record["layers"][0].as_str().unwrap().trim_start_matches("sha256:").to_owned();
+    let file = state_dir.path().join("store/layers").join(layer_hex).join("fs/etc/tiny");
+    assert_eq!(std::fs::read_to_string(file).unwrap(), "tiny!\n");
+
+    // Two pulls of the image at once in one process: each blob is downloaded once.
+    let shared = tempfile::tempdir_in("/var/tmp").unwrap();
+    let store = sandbox_mcp::local::store::Store::open(shared.path(), 1024).unwrap();
+    use sandbox_mcp::local::store::registry::{Credentials, PullOptions, pull as pull_in};
+    let options = PullOptions {
+        insecure_registries: Vec::new(),
+        credentials: Some(Credentials { username: "alice".into(), password: "pw".into() }),
+    };
+    let before = counter.blob_gets.load(std::sync::atomic::Ordering::SeqCst);
+    let (a, b) = tokio::join!(pull_in(&store, "a", &reference, &options), pull_in(&store, "b", &reference, &options));
+    assert_eq!(a.unwrap().layers, b.unwrap().layers);
+    let gets = counter.blob_gets.load(std::sync::atomic::Ordering::SeqCst) - before;
+    assert_eq!(gets, 3, "the config twice (small documents are not shared), the layer once");
+    server.abort();
+}
