@@ -5,9 +5,10 @@
 //! container convenience `SANDBOX_MCP_TOKENS="tenant:sha256hex,..."`, and
 //! finally the CLI flags (applied by the caller). See `config/local.toml`.
 
+pub use crate::local::provider_config::LocalConfig;
 pub use crate::tenant::is_valid_tenant;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
@@ -217,76 +218,6 @@ impl Default for ProviderConfig {
     }
 }
 
-/// `[local]`: the embedded provider.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LocalConfig {
-    pub state_dir: String,
-    pub max_sandboxes: u32,
-    pub memory_limit_mb: u64,
-    pub pids_limit: u64,
-    /// Upstream resolvers of the sandboxes' DNS forwarder; empty: the host's `/etc/resolv.conf`.
-    pub dns_servers: Vec<std::net::IpAddr>,
-    /// Host addresses sandboxes may reach when their `allow_out` names them; empty: none of the
-    /// host's own addresses is ever reachable.
-    pub open_host_addresses: Vec<std::net::IpAddr>,
-    /// Domain of `{port}-{sandboxID}.{domain}` inbound hosts reported to clients; empty: none.
-    pub domain: String,
-    /// Host uid/gid range `START:COUNT` (as in `/etc/subuid`) that ids inside sandboxes map to.
-    pub id_range: String,
-    /// Per-sandbox disk limit, MiB (0 = no limit).
-    pub disk_limit_mb: u64,
-    /// Extra templates: name → root filesystem directory.
-    pub templates: std::collections::BTreeMap<String, PathBuf>,
-    /// Most MiB the template store's layers may take (`sandbox-mcp template import/pull`).
-    pub template_store_limit_mb: u64,
-}
-
-impl Default for LocalConfig {
-    fn default() -> Self {
-        Self {
-            state_dir: String::new(),
-            max_sandboxes: 100,
-            memory_limit_mb: crate::local::provider_config::DEFAULT_MEMORY_LIMIT_MB,
-            pids_limit: crate::local::provider_config::DEFAULT_PIDS_LIMIT,
-            dns_servers: Vec::new(),
-            open_host_addresses: Vec::new(),
-            domain: String::new(),
-            id_range: "1000000000:65536".into(),
-            disk_limit_mb: crate::local::provider_config::DEFAULT_DISK_LIMIT_MB,
-            templates: std::collections::BTreeMap::new(),
-            template_store_limit_mb: crate::local::store::DEFAULT_STORE_LIMIT_MB,
-        }
-    }
-}
-
-impl LocalConfig {
-    /// The provider's network settings from this section.
-    pub fn network(&self) -> crate::local::net::NetConfig {
-        let mut net = crate::local::net::NetConfig::default();
-        if !self.dns_servers.is_empty() {
-            net.dns_servers = self.dns_servers.clone();
-        }
-        net.domain = (!self.domain.is_empty()).then(|| self.domain.clone());
-        net.open_host_addresses = self.open_host_addresses.clone();
-        net
-    }
-
-    /// The state directory: configured, else `/var/lib/sandbox-mcp` for root, else `~/.local/state/sandbox-mcp`.
-    pub fn resolved_state_dir(&self) -> PathBuf {
-        if !self.state_dir.is_empty() {
-            return PathBuf::from(&self.state_dir);
-        }
-        if nix::unistd::geteuid().is_root() {
-            return PathBuf::from("/var/lib/sandbox-mcp");
-        }
-        match std::env::var_os("HOME") {
-            Some(home) => Path::new(&home).join(".local/state/sandbox-mcp"),
-            None => PathBuf::from("/tmp/sandbox-mcp-state"),
-        }
-    }
-}
-
 /// `[sandbox]`: defaults and limits of the sandboxes the tools create.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -302,7 +233,7 @@ impl Default for SandboxConfig {
         Self {
             default_template: "base".into(),
             default_timeout_secs: 600,
-            max_timeout_secs: 86_400,
+            max_timeout_secs: crate::local::provider_config::DEFAULT_MAX_SANDBOX_TIMEOUT_SECS,
             renew_on_use_secs: 600,
         }
     }
@@ -643,6 +574,35 @@ mod tests {
         assert_eq!(c.limits.max_sandboxes_per_tenant, Some(0));
         assert_eq!(c.limits.max_sessions_per_tenant, Some(3));
         assert_eq!(c.limits.max_concurrent_calls_per_tenant, Some(5));
+    }
+
+    #[test]
+    fn local_zero_and_empty_mean_none_in_the_file_and_the_environment() {
+        let c = Config::load_with_env(None, &[]).unwrap();
+        assert_eq!(
+            (c.local.memory_limit_mb, c.local.pids_limit, c.local.disk_limit_mb),
+            (Some(2048), Some(1024), Some(10240))
+        );
+        assert_eq!((c.local.state_dir.as_deref(), c.local.domain.as_deref()), (None, None));
+        assert_eq!(c.local.template_store_limit_mb, 51200);
+        let c = load(
+            "[local]\nmemory_limit_mb = 0\ndisk_limit_mb = 0\nstate_dir = \"\"\ndomain = \"\"\n",
+            &[("SANDBOX_MCP_LOCAL__PIDS_LIMIT", "0"), ("SANDBOX_MCP_LOCAL__TEMPLATE_STORE_LIMIT_MB", "7")],
+        )
+        .unwrap();
+        assert_eq!((c.local.memory_limit_mb, c.local.pids_limit, c.local.disk_limit_mb), (None, None, None));
+        assert_eq!((c.local.state_dir.as_deref(), c.local.domain.as_deref()), (None, None));
+        assert_eq!(c.local.template_store_limit_mb, 7);
+        let c = load("[local]\nstate_dir = \"/srv/state\"\npids_limit = 10\n", &[]).unwrap();
+        assert_eq!(c.local.resolved_state_dir(), Path::new("/srv/state"));
+        assert_eq!(c.local.pids_limit, Some(10));
+        assert_eq!(
+            c.local.id_range.parse::<crate::local::userns::IdMap>(),
+            Ok(crate::local::userns::IdMap::default()),
+            "local.id_range's default is the id map's"
+        );
+        let message = load("[local]\npids_limit = -1\n", &[]).unwrap_err().to_string();
+        assert!(message.contains("local.pids_limit"), "{message}");
     }
 
     #[test]

@@ -24,7 +24,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 /// Limits of one listener.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ListenLimits {
     /// Most connections open at once (further ones evict the longest-idle connection, or wait).
     pub max_connections: usize,

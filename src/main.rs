@@ -21,7 +21,7 @@ enum Command {
     /// Run the MCP gateway (streamable HTTP on /mcp).
     Serve(sandbox_mcp::gateway::ServeArgs),
     /// Run the embedded E2B-compatible local provider alone.
-    Provider(sandbox_mcp::local::ProviderArgs),
+    Provider(Box<sandbox_mcp::local::ProviderArgs>),
     /// Manage the local provider's template store (import, pull, list, rm, gc).
     Template(sandbox_mcp::local::store::cli::TemplateArgs),
     /// Probe a running gateway's /healthz (for container HEALTHCHECKs).
@@ -38,7 +38,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => sandbox_mcp::gateway::run_serve(args),
-        Command::Provider(args) => sandbox_mcp::local::run_provider(args),
+        Command::Provider(args) => sandbox_mcp::local::run_provider(*args),
         Command::Healthcheck(args) => sandbox_mcp::healthcheck::run(args),
         Command::Template(args) => sandbox_mcp::local::store::cli::run(args),
     };

@@ -195,7 +195,7 @@ async fn the_standalone_provider_limits_memory_and_processes_by_default() {
     assert_eq!(read("pids.max").expect("a pids cgroup").trim(), "1024", "the default process limit is 1024");
     // The same defaults as `serve`'s embedded provider, from one place.
     let serve = sandbox_mcp::config::LocalConfig::default();
-    assert_eq!((serve.memory_limit_mb, serve.pids_limit), (2048, 1024));
+    assert_eq!((serve.memory_limit_mb, serve.pids_limit), (Some(2048), Some(1024)));
     // And 0 still means no limit.
     let unlimited = harness::Provider::start(&["--memory-limit-mb", "0", "--pids-limit", "0"]);
     let sbx2 = unlimited.create(json!({"templateID": "base", "timeout": 120})).await;

@@ -93,6 +93,15 @@ impl Drop for OwnRuntime {
     }
 }
 
+/// The embedded provider's configuration: what `sandbox-mcp provider --config` makes of the same
+/// file (see `LocalProviderConfig::from_config`), with the gateway's API key. The provider's
+/// default sandbox timeout is left alone: every create from the gateway carries one.
+pub fn embedded_provider_config(config: &Config, api_key: String) -> anyhow::Result<LocalProviderConfig> {
+    let mut provider_config = LocalProviderConfig::from_config(config).map_err(anyhow::Error::msg)?;
+    provider_config.api_key = Some(api_key);
+    Ok(provider_config)
+}
+
 /// Builds the provider client; starts the embedded provider for `kind = "local"`.
 pub async fn connect(config: &Config) -> anyhow::Result<ProviderConnection> {
     let timeout = Duration::from_secs(config.provider.request_timeout_secs);
@@ -121,22 +130,7 @@ pub async fn connect(config: &Config) -> anyhow::Result<ProviderConnection> {
             let mut key_bytes = [0u8; 24];
             rand::rng().fill_bytes(&mut key_bytes);
             let api_key = format!("local_{}", hex::encode(key_bytes));
-            let local = &config.local;
-            let provider_config = LocalProviderConfig {
-                state_dir: local.resolved_state_dir(),
-                api_key: Some(api_key.clone()),
-                max_sandboxes: local.max_sandboxes as usize,
-                memory_limit_mb: (local.memory_limit_mb > 0).then_some(local.memory_limit_mb),
-                pids_limit: (local.pids_limit > 0).then_some(local.pids_limit),
-                default_timeout_secs: config.sandbox.default_timeout_secs,
-                max_timeout_secs: config.sandbox.max_timeout_secs,
-                network: local.network(),
-                templates: local.templates.clone().into_iter().collect(),
-                id_map: local.id_range.parse().map_err(anyhow::Error::msg)?,
-                disk_limit_mb: (local.disk_limit_mb > 0).then_some(local.disk_limit_mb),
-                listen_limits: config.server.listen_limits(),
-                ..LocalProviderConfig::default()
-            };
+            let provider_config = embedded_provider_config(config, api_key.clone())?;
             let embedded = EmbeddedProvider::start(provider_config)
                 .await
                 .context("starting the embedded local provider (provider.kind = \"local\")")?;
@@ -153,5 +147,162 @@ pub async fn connect(config: &Config) -> anyhow::Result<ProviderConnection> {
             let client = E2bClient::new(endpoint).context("building the provider client")?;
             Ok(ProviderConnection { client, api_key: Some(api_key), embedded: Some(embedded) })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    /// `sandbox-mcp provider`'s arguments alone.
+    #[derive(Parser)]
+    struct ProviderCli {
+        #[command(flatten)]
+        args: crate::local::ProviderArgs,
+    }
+
+    fn provider_args(argv: &[&str]) -> crate::local::ProviderArgs {
+        ProviderCli::try_parse_from(std::iter::once("provider").chain(argv.iter().copied())).unwrap().args
+    }
+
+    /// What `sandbox-mcp provider ARGV` runs with, given the loaded `config` (its file and environment).
+    fn standalone(argv: &[&str], config: Config) -> LocalProviderConfig {
+        let argv: Vec<&str> = ["--api-key", "key"].iter().chain(argv).copied().collect();
+        provider_args(&argv).provider_config_from(config).unwrap()
+    }
+
+    /// What `serve` gives its embedded provider with `config`.
+    fn embedded(config: &Config) -> LocalProviderConfig {
+        embedded_provider_config(config, "key".into()).unwrap()
+    }
+
+    /// A sample configuration changing every key that reaches the provider.
+    const SAMPLE: &str = r#"
+[server]
+max_connections = 50
+header_read_timeout_secs = 3
+idle_timeout_secs = 7
+
+[sandbox]
+max_timeout_secs = 7200
+
+[local]
+state_dir = "/var/tmp/sandbox-mcp-sample"
+max_sandboxes = 7
+memory_limit_mb = 0
+pids_limit = 64
+dns_servers = ["192.0.2.53"]
+open_host_addresses = ["192.0.2.1"]
+domain = "sbx.example.com"
+id_range = "2000000000:65536"
+disk_limit_mb = 0
+template_store_limit_mb = 123
+
+[local.templates]
+debian = "/srv/rootfs/debian"
+"#;
+
+    /// The flags that say what [`SAMPLE`] says.
+    const SAMPLE_FLAGS: &[&str] = &[
+        "--max-timeout",
+        "7200",
+        "--max-connections",
+        "50",
+        "--header-read-timeout",
+        "3",
+        "--idle-timeout",
+        "7",
+        "--state-dir",
+        "/var/tmp/sandbox-mcp-sample",
+        "--max-sandboxes",
+        "7",
+        "--memory-limit-mb",
+        "0",
+        "--pids-limit",
+        "64",
+        "--dns-server",
+        "192.0.2.53",
+        "--open-host-address",
+        "192.0.2.1",
+        "--domain",
+        "sbx.example.com",
+        "--id-range",
+        "2000000000:65536",
+        "--disk-limit-mb",
+        "0",
+        "--template-store-limit-mb",
+        "123",
+        "--template",
+        "debian=/srv/rootfs/debian",
+    ];
+
+    fn sample_file() -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sample.toml");
+        std::fs::write(&path, SAMPLE).unwrap();
+        (dir, path)
+    }
+
+    #[test]
+    fn both_entry_points_make_the_same_provider_from_the_defaults() {
+        let serve = embedded(&Config::default());
+        assert_eq!(serve, standalone(&[], Config::default()));
+        assert_eq!(serve.api_key.as_deref(), Some("key"));
+        assert_eq!(
+            (serve.memory_limit_mb, serve.pids_limit, serve.disk_limit_mb),
+            (Some(2048), Some(1024), Some(10240))
+        );
+        assert_eq!((serve.max_sandboxes, serve.template_store_limit_mb), (100, 51200));
+        assert_eq!((serve.default_timeout_secs, serve.max_timeout_secs), (300, 86_400));
+        assert_eq!(serve.id_map, crate::local::userns::IdMap::default());
+        assert_eq!(serve.listen_limits, crate::listen::ListenLimits::default());
+        assert_eq!(serve.state_dir, crate::local::provider_config::default_state_dir());
+    }
+
+    #[test]
+    fn both_entry_points_make_the_same_provider_from_one_file_and_its_flags() {
+        let (_dir, path) = sample_file();
+        let config = Config::load_with_env(Some(&path), &[]).unwrap();
+        let serve = embedded(&config);
+        // `sandbox-mcp provider --config FILE`, through the same loading as `serve`.
+        let mut from_file =
+            provider_args(&["--api-key", "key", "--config", path.to_str().unwrap()]).provider_config().unwrap();
+        assert_eq!(serve, from_file);
+        // The same settings as flags, without a file.
+        assert_eq!(serve, standalone(SAMPLE_FLAGS, Config::default()), "{SAMPLE_FLAGS:?}");
+        // What the file says reaches the embedded provider, 0 meaning no limit.
+        assert_eq!(serve.template_store_limit_mb, 123);
+        assert_eq!((serve.memory_limit_mb, serve.pids_limit, serve.disk_limit_mb), (None, Some(64), None));
+        assert_eq!((serve.max_sandboxes, serve.max_timeout_secs), (7, 7200));
+        assert_eq!(serve.state_dir, std::path::Path::new("/var/tmp/sandbox-mcp-sample"));
+        assert_eq!(
+            serve.templates.get("debian").map(|p| p.as_path()),
+            Some(std::path::Path::new("/srv/rootfs/debian"))
+        );
+        assert_eq!(serve.network.dns_servers, vec![std::net::IpAddr::from([192, 0, 2, 53])]);
+        assert_eq!(serve.network.open_host_addresses, vec![std::net::IpAddr::from([192, 0, 2, 1])]);
+        assert_eq!(serve.network.domain.as_deref(), Some("sbx.example.com"));
+        assert_eq!(serve.id_map.host_base, 2_000_000_000);
+        assert_eq!(serve.listen_limits.max_connections, 50);
+        assert_eq!(serve.listen_limits.idle_timeout, Duration::from_secs(7));
+        // Flags override the file key by key; the others stay as the file says.
+        let overridden =
+            standalone(&["--pids-limit", "0", "--memory-limit-mb", "512", "--template", "alpine=/srv/a"], config);
+        from_file.pids_limit = None;
+        from_file.memory_limit_mb = Some(512);
+        from_file.templates.insert("alpine".into(), "/srv/a".into());
+        assert_eq!(overridden, from_file);
+    }
+
+    #[test]
+    fn a_bad_id_range_is_refused_by_both_entry_points() {
+        let mut config = Config::default();
+        config.local.id_range = "0:1".into();
+        let message = embedded_provider_config(&config, "key".into()).unwrap_err().to_string();
+        assert!(message.contains("local.id_range must be START:COUNT"), "{message}");
+        let err = ProviderCli::try_parse_from(["provider", "--id-range", "0:1"]).err().unwrap().to_string();
+        assert!(err.contains("local.id_range must be START:COUNT"), "{err}");
     }
 }

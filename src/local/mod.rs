@@ -47,63 +47,147 @@ use anyhow::Context;
 
 pub use provider_config::LocalProviderConfig;
 
-/// Arguments of `sandbox-mcp provider`.
+/// Arguments of `sandbox-mcp provider`. The settings come from the `[local]` section (and the
+/// listener limits from `[server]`) of `--config` and `SANDBOX_MCP_<SECTION>__<KEY>`, exactly as
+/// for `serve`'s embedded provider; each flag given overrides its key. Defaults: `config/local.toml`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProviderArgs {
+    /// TOML config file: its `[local]` section, `server.max_connections`,
+    /// `server.header_read_timeout_secs`, `server.idle_timeout_secs` and `sandbox.max_timeout_secs`
+    /// are read (see config/local.toml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// Address to listen on (control plane and envd data plane on one port). Port 0 picks a free port;
     /// the bound address is printed on stdout.
     #[arg(long, default_value = "127.0.0.1:3000")]
     pub listen: SocketAddr,
-    /// State directory (sandbox records and writable layers).
+    /// State directory (sandbox records and writable layers), `local.state_dir`.
     /// Default: /var/lib/sandbox-mcp as root, else $XDG_STATE_HOME/sandbox-mcp or ~/.local/state/sandbox-mcp.
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
     /// Required X-API-Key. Without one, any key is accepted (loopback only).
     #[arg(long, env = "E2B_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// Most sandboxes alive at once.
-    #[arg(long, default_value_t = 100)]
-    pub max_sandboxes: usize,
-    /// Per-sandbox memory limit in MiB (cgroup memory controller); 0 = no limit.
-    #[arg(long, default_value_t = provider_config::DEFAULT_MEMORY_LIMIT_MB)]
-    pub memory_limit_mb: u64,
-    /// Per-sandbox process limit (cgroup pids controller); 0 = no limit.
-    #[arg(long, default_value_t = provider_config::DEFAULT_PIDS_LIMIT)]
-    pub pids_limit: u64,
+    /// Most sandboxes alive at once (`local.max_sandboxes`).
+    #[arg(long)]
+    pub max_sandboxes: Option<u32>,
+    /// Per-sandbox memory limit in MiB, cgroup memory controller (`local.memory_limit_mb`); 0 = no limit.
+    #[arg(long)]
+    pub memory_limit_mb: Option<u64>,
+    /// Per-sandbox process limit, cgroup pids controller (`local.pids_limit`); 0 = no limit.
+    #[arg(long)]
+    pub pids_limit: Option<u64>,
     /// Lifetime of a sandbox created without a timeout, seconds.
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = provider_config::DEFAULT_SANDBOX_TIMEOUT_SECS)]
     pub default_timeout: u64,
+    /// Longest timeout a client may ask for, seconds (`sandbox.max_timeout_secs`).
+    #[arg(long)]
+    pub max_timeout: Option<u64>,
     /// Extra template: NAME=ROOT_DIR (repeatable), a root filesystem directory (e.g. a `docker
-    /// export` or `mmdebstrap` output). `base` is built from an allow-list of the host.
+    /// export` or `mmdebstrap` output), added to `[local.templates]`. `base` is built from an
+    /// allow-list of the host.
     #[arg(long = "template", value_parser = parse_template)]
     pub templates: Vec<(String, PathBuf)>,
-    /// Upstream resolver of the sandboxes' DNS forwarder (repeatable). Default: the host's
-    /// /etc/resolv.conf nameservers.
+    /// Upstream resolver of the sandboxes' DNS forwarder (repeatable; replaces `local.dns_servers`).
+    /// Default: the host's /etc/resolv.conf nameservers.
     #[arg(long = "dns-server")]
     pub dns_servers: Vec<std::net::IpAddr>,
-    /// An address of this host that sandboxes may reach when their allowOut names it (repeatable).
-    /// Without it, no sandbox ever reaches any of the host's own addresses.
+    /// An address of this host that sandboxes may reach when their allowOut names it (repeatable;
+    /// replaces `local.open_host_addresses`). Without any, no sandbox ever reaches any of the
+    /// host's own addresses.
     #[arg(long = "open-host-address")]
     pub open_host_addresses: Vec<std::net::IpAddr>,
     /// Domain reported for `{port}-{sandboxID}.{domain}` inbound hosts (point a wildcard DNS name at
-    /// this provider).
+    /// this provider), `local.domain`; empty = none.
     #[arg(long)]
     pub domain: Option<String>,
-    /// Host uid/gid range START:COUNT (as in /etc/subuid) that ids inside sandboxes map to.
-    #[arg(long, default_value = "1000000000:65536")]
-    pub id_range: userns::IdMap,
-    /// Per-sandbox disk limit in MiB (a sparse ext4 image per sandbox); 0 = no limit.
-    #[arg(long, default_value_t = provider_config::DEFAULT_DISK_LIMIT_MB)]
-    pub disk_limit_mb: u64,
-    /// Most HTTP connections open at once (the longest-idle one is closed to make room).
-    #[arg(long, default_value_t = crate::listen::DEFAULT_MAX_CONNECTIONS)]
-    pub max_connections: usize,
-    /// Seconds a client has to send a request's headers.
-    #[arg(long, default_value_t = crate::listen::DEFAULT_HEADER_READ_TIMEOUT_SECS)]
-    pub header_read_timeout: u64,
-    /// Seconds after which a connection with no request in flight is closed.
-    #[arg(long, default_value_t = crate::listen::DEFAULT_IDLE_TIMEOUT_SECS)]
-    pub idle_timeout: u64,
+    /// Host uid/gid range START:COUNT (as in /etc/subuid) that ids inside sandboxes map to (`local.id_range`).
+    #[arg(long, value_parser = parse_id_range)]
+    pub id_range: Option<String>,
+    /// Per-sandbox disk limit in MiB, a sparse ext4 image per sandbox (`local.disk_limit_mb`); 0 = no limit.
+    #[arg(long)]
+    pub disk_limit_mb: Option<u64>,
+    /// Most MiB the template store may take (`local.template_store_limit_mb`).
+    #[arg(long)]
+    pub template_store_limit_mb: Option<u64>,
+    /// Most HTTP connections open at once, the longest-idle one closed to make room (`server.max_connections`).
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+    /// Seconds a client has to send a request's headers (`server.header_read_timeout_secs`).
+    #[arg(long)]
+    pub header_read_timeout: Option<u64>,
+    /// Seconds after which a connection with no request in flight is closed (`server.idle_timeout_secs`).
+    #[arg(long)]
+    pub idle_timeout: Option<u64>,
+}
+
+impl ProviderArgs {
+    /// The provider's configuration: `--config` and the environment, then these flags.
+    pub fn provider_config(&self) -> anyhow::Result<LocalProviderConfig> {
+        let config = crate::config::Config::load(self.config.as_deref())?;
+        self.provider_config_from(config)
+    }
+
+    /// The provider's configuration from an already loaded `config` with these flags applied: a
+    /// flag given replaces its key (0 meaning no limit, as in the file), `--template` adds to
+    /// `[local.templates]`.
+    pub fn provider_config_from(&self, mut config: crate::config::Config) -> anyhow::Result<LocalProviderConfig> {
+        let local = &mut config.local;
+        let zero_is_none = |n: u64| (n > 0).then_some(n);
+        if let Some(dir) = &self.state_dir {
+            local.state_dir = Some(dir.clone());
+        }
+        if let Some(n) = self.max_sandboxes {
+            local.max_sandboxes = n;
+        }
+        if let Some(n) = self.memory_limit_mb {
+            local.memory_limit_mb = zero_is_none(n);
+        }
+        if let Some(n) = self.pids_limit {
+            local.pids_limit = zero_is_none(n);
+        }
+        if let Some(n) = self.disk_limit_mb {
+            local.disk_limit_mb = zero_is_none(n);
+        }
+        if let Some(n) = self.template_store_limit_mb {
+            local.template_store_limit_mb = n;
+        }
+        local.templates.extend(self.templates.iter().cloned());
+        if !self.dns_servers.is_empty() {
+            local.dns_servers = self.dns_servers.clone();
+        }
+        if !self.open_host_addresses.is_empty() {
+            local.open_host_addresses = self.open_host_addresses.clone();
+        }
+        if let Some(domain) = &self.domain {
+            local.domain = Some(domain.clone()).filter(|d| !d.is_empty());
+        }
+        if let Some(range) = &self.id_range {
+            local.id_range = range.clone();
+        }
+        let server = &mut config.server;
+        if let Some(n) = self.max_connections {
+            server.max_connections = n;
+        }
+        if let Some(secs) = self.header_read_timeout {
+            server.header_read_timeout_secs = secs.max(1);
+        }
+        if let Some(secs) = self.idle_timeout {
+            server.idle_timeout_secs = secs.max(1);
+        }
+        if let Some(secs) = self.max_timeout {
+            anyhow::ensure!(secs > 0, "--max-timeout must be at least 1 second");
+            config.sandbox.max_timeout_secs = secs;
+        }
+        let mut cfg = LocalProviderConfig::from_config(&config).map_err(anyhow::Error::msg)?;
+        cfg.api_key = self.api_key.clone().filter(|k| !k.is_empty());
+        cfg.default_timeout_secs = self.default_timeout;
+        Ok(cfg)
+    }
+}
+
+fn parse_id_range(s: &str) -> Result<String, String> {
+    s.parse::<userns::IdMap>().map(|_| s.to_owned())
 }
 
 fn parse_template(s: &str) -> Result<(String, PathBuf), String> {
@@ -234,27 +318,7 @@ pub async fn start_provider(
 /// Runs the provider until SIGINT/SIGTERM.
 pub fn run_provider(args: ProviderArgs) -> anyhow::Result<()> {
     crate::logging::init(crate::logging::LogFormat::Auto);
-    let mut cfg = LocalProviderConfig { api_key: args.api_key.filter(|k| !k.is_empty()), ..Default::default() };
-    if let Some(dir) = args.state_dir {
-        cfg.state_dir = dir;
-    }
-    cfg.max_sandboxes = args.max_sandboxes;
-    cfg.listen_limits = crate::listen::ListenLimits {
-        max_connections: args.max_connections,
-        header_read_timeout: Duration::from_secs(args.header_read_timeout.max(1)),
-        idle_timeout: Duration::from_secs(args.idle_timeout.max(1)),
-    };
-    cfg.memory_limit_mb = (args.memory_limit_mb > 0).then_some(args.memory_limit_mb);
-    cfg.pids_limit = (args.pids_limit > 0).then_some(args.pids_limit);
-    cfg.default_timeout_secs = args.default_timeout;
-    cfg.templates.extend(args.templates);
-    if !args.dns_servers.is_empty() {
-        cfg.network.dns_servers = args.dns_servers;
-    }
-    cfg.network.domain = args.domain.filter(|d| !d.is_empty());
-    cfg.network.open_host_addresses = args.open_host_addresses;
-    cfg.id_map = args.id_range;
-    cfg.disk_limit_mb = (args.disk_limit_mb > 0).then_some(args.disk_limit_mb);
+    let cfg = args.provider_config()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(args.listen)

@@ -36,7 +36,7 @@ use self::netns::{GATEWAY_ADDR, PreparedNetns};
 use self::policy::{EgressPolicy, Verdict};
 
 /// Network settings of the local provider.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetConfig {
     /// Upstream resolvers of the sandboxes' DNS forwarder (port 53). Default: the host's
     /// `/etc/resolv.conf` nameservers.
