@@ -112,6 +112,10 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     pub session_idle_timeout_secs: u64,
     pub sse_keep_alive_secs: u64,
+    /// A legacy (session) POST whose stream ends within this many milliseconds carrying only its
+    /// response is answered as `application/json` instead of SSE; 0 = always SSE. Off with Redis
+    /// sessions (their streams keep event ids for replay on another replica).
+    pub legacy_json_window_ms: u64,
     pub shutdown_grace_secs: u64,
     pub insecure_no_auth: bool,
     pub log_format: LogFormat,
@@ -149,6 +153,7 @@ impl Default for ServerConfig {
             max_body_bytes: 4 * 1024 * 1024,
             session_idle_timeout_secs: 900,
             sse_keep_alive_secs: 15,
+            legacy_json_window_ms: 1000,
             shutdown_grace_secs: 20,
             insecure_no_auth: false,
             log_format: LogFormat::Auto,

@@ -230,6 +230,69 @@ async fn configured_secrets_and_the_provider_key_are_masked_in_output_files_and_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_are_masked_in_base64_reads_also_across_page_edges() {
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD as BASE64;
+    require_root!();
+    const SECRET: &str = "gateway-configured-secret-42";
+    const MASK: &str = "***"; // sandbox_mcp::masking::MASK
+    let provider = Provider::start();
+    let key = provider.api_key.clone();
+    let gateway = Gateway::start_e2b(&provider, &format!("[tasks]\nsecrets = [\"{SECRET}\"]\n"), &[]);
+    let client = connect(&gateway.mcp_url(), None).await;
+    ok(&client, "create_sandbox", json!({})).await;
+    let decode = |page: &serde_json::Value| {
+        assert_eq!(page["encoding"], json!("base64"), "{page}");
+        BASE64.decode(page["content"].as_str().unwrap()).unwrap()
+    };
+    let contains = |hay: &[u8], needle: &[u8]| hay.windows(needle.len()).any(|w| w == needle);
+
+    // A binary file (not UTF-8, so the automatic encoding is base64 too) holding the secret and the key.
+    let head = b"\xff\x00bin ";
+    let mut content = head.to_vec();
+    content.extend_from_slice(format!("{SECRET} mid {key}").as_bytes());
+    content.extend_from_slice(b"\xfe end");
+    let written = BASE64.encode(&content);
+    ok(&client, "write_file", json!({"path": "blob.bin", "content": written, "encoding": "base64"})).await;
+    let stored = ok(&client, "run_command", json!({"command": format!("grep -c -a -e {SECRET} blob.bin")})).await;
+    assert_eq!(stored["stdout"], json!("1\n"), "write_file must store the secret unchanged: {stored}");
+    let mut expected = head.to_vec();
+    expected.extend_from_slice(format!("{MASK} mid {MASK}").as_bytes());
+    expected.extend_from_slice(b"\xfe end");
+    for encoding in [Some("base64"), None] {
+        let mut args = json!({"path": "blob.bin"});
+        if let Some(encoding) = encoding {
+            args["encoding"] = json!(encoding);
+        }
+        let read = ok(&client, "read_file", args).await;
+        assert_eq!(decode(&read), expected, "encoding {encoding:?}: {read}");
+        assert_eq!(read["size"], json!(content.len()), "size is the stored file's");
+        assert_eq!(read["length"], json!(content.len()), "length counts the file's bytes");
+    }
+
+    // A text file read as base64, in pages cut inside the secret: no page carries a piece of it.
+    let text = format!("token={SECRET}\n");
+    ok(&client, "write_file", json!({"path": "conf.txt", "content": text})).await;
+    let whole = ok(&client, "read_file", json!({"path": "conf.txt", "encoding": "base64"})).await;
+    assert_eq!(decode(&whole), format!("token={MASK}\n").as_bytes(), "{whole}");
+    for cut in [7, 12, 20, 6 + SECRET.len() - 1] {
+        let first = ok(&client, "read_file", json!({"path": "conf.txt", "length": cut, "encoding": "base64"})).await;
+        let next = first["next_offset"].as_u64().unwrap();
+        let args = json!({"path": "conf.txt", "offset": next, "length": 40, "encoding": "base64"});
+        let second = ok(&client, "read_file", args).await;
+        for page in [&first, &second] {
+            let bytes = decode(page);
+            for piece in SECRET.as_bytes().windows(6) {
+                assert!(!contains(&bytes, piece), "cut at {cut}: {page}");
+            }
+        }
+        assert!(decode(&first).ends_with(MASK.as_bytes()), "cut at {cut}: {first}");
+        assert!(decode(&second).starts_with(MASK.as_bytes()), "cut at {cut}: {second}");
+    }
+    close(client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_arguments_are_rejected_before_any_provider_call() {
     require_root!();
     let provider = Provider::start();

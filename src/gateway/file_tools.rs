@@ -248,7 +248,12 @@ impl Gateway {
             end = start + data.len();
         }
         let returned = data.len() as u64;
+        let masked = !self.core.masker.values().is_empty();
         let (encoding, content) = match (args.encoding, std::str::from_utf8(&data)) {
+            // Base64 carries the same bytes as text would: masked, a secret cut by a page edge too.
+            (Some(Encoding::Base64), _) | (None, Err(_)) if masked => {
+                (Encoding::Base64, BASE64.encode(self.core.masker.mask_range(window, start, end)))
+            }
             (Some(Encoding::Base64), _) | (None, Err(_)) => (Encoding::Base64, BASE64.encode(&data)),
             (Some(Encoding::Text), Err(_)) => {
                 return Err(ToolError::invalid(format!(
@@ -256,7 +261,7 @@ impl Gateway {
                     args.path
                 )));
             }
-            (_, Ok(text)) if self.core.masker.values().is_empty() => (Encoding::Text, text.to_string()),
+            (_, Ok(text)) if !masked => (Encoding::Text, text.to_string()),
             (_, Ok(_)) => {
                 let masked = self.core.masker.mask_range(window, start, end);
                 (Encoding::Text, String::from_utf8_lossy(&masked).into_owned())

@@ -13,6 +13,7 @@ pub mod exec_tools;
 pub mod file_tools;
 pub mod generation;
 pub mod handler;
+pub mod legacy_json;
 pub mod mcp_tasks;
 pub mod metrics;
 pub mod oauth;

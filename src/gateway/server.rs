@@ -215,6 +215,12 @@ pub async fn build_app(
         )
         .layer(axum::middleware::from_fn_with_state(session_limit, super::quotas::limit_sessions))
         .layer(axum::middleware::from_fn_with_state(request_guard, super::parse_guard::check_request))
+        // Inside the body check (it reads the buffered body): quick legacy answers as application/json.
+        // Not with Redis sessions: their clients resume and replay streams by event id across replicas.
+        .option_layer((config.server.legacy_json_window_ms > 0 && store.is_none()).then(|| {
+            let window = super::legacy_json::JsonWindow(Duration::from_millis(config.server.legacy_json_window_ms));
+            axum::middleware::from_fn_with_state(window, super::legacy_json::answer_json)
+        }))
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&sessions), generation::session_delete))
         .service(service);
     let mcp = Router::new().nest_service("/mcp", mcp_stack);
