@@ -113,6 +113,13 @@ async fn stored_templates_are_listed_created_by_name_or_id_and_tasks_need_python
     assert!(!mine["session_roles"].as_array().unwrap().contains(&json!("retained")), "{mine}");
     assert_eq!(mine["template"], "debnopy");
 
+    // run_command as an MCP task (2026-07-28, the tasks extension declared) is refused the same way.
+    let answer = task_run_command(&gateway.mcp_url(), &nopy_id, "echo never").await;
+    let result = &answer["result"];
+    assert_eq!(result["isError"], true, "{answer}");
+    let message = result["content"][0]["text"].as_str().unwrap_or_default();
+    assert!(message.contains("debnopy") && message.contains("Nothing was started"), "{answer}");
+
     // An unknown template: the error says how to list them, and no sandbox is left.
     let before = sandboxes["sandboxes"].as_array().unwrap().len();
     let message = err(&client, "create_sandbox", json!({"template": "no-such-image"})).await;
@@ -126,4 +133,33 @@ async fn stored_templates_are_listed_created_by_name_or_id_and_tasks_need_python
     assert_eq!(template(&again, "debpy")["template_id"], py["template_id"]);
     close(latest).await;
     close(client).await;
+}
+
+/// A task-augmented `tools/call` of `run_command` as a 2026-07-28 client sends it; the JSON-RPC answer.
+async fn task_run_command(url: &str, sandbox_id: &str, command: &str) -> Value {
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "oci-gateway-test", "version": "1.0.0"},
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+    });
+    let params =
+        json!({"name": "run_command", "arguments": {"command": command, "sandbox_id": sandbox_id}, "_meta": meta});
+    let response = reqwest::Client::new()
+        .post(url)
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", "2026-07-28")
+        .header("Mcp-Method", "tools/call")
+        .header("Mcp-Name", "run_command")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}))
+        .send()
+        .await
+        .unwrap();
+    let text = response.text().await.unwrap();
+    serde_json::from_str(&text).unwrap_or_else(|_| {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .find(|v| v.get("id").is_some())
+            .unwrap_or(Value::Null)
+    })
 }
