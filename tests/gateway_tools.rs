@@ -33,6 +33,7 @@ async fn tools_work_end_to_end_with_session_defaults_and_ownership() {
             "list_files",
             "list_sandboxes",
             "list_tasks",
+            "list_templates",
             "read_file",
             "run_command",
             "start_task",

@@ -71,6 +71,20 @@ async fn an_imported_debian_image_runs_its_own_userland_and_gc_frees_it_after_us
     let list = String::from_utf8(template_cmd(&p.state, &["list"]).stdout).unwrap();
     assert!(list.contains("deb ") && list.contains("deb2"), "{list}");
 
+    // E2B's GET /templates: base and both stored templates; this image (--variant=apt) has no python3.
+    let (status, list) = p.call(reqwest::Method::GET, "/templates", None).await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{list}");
+    let find = |name: &str| list.as_array().unwrap().iter().find(|t| t["names"][0] == name).cloned().unwrap();
+    let deb = find("deb");
+    assert_eq!(
+        (deb["kind"].as_str(), deb["buildStatus"].as_str(), deb.get("python3")),
+        (Some("stored"), Some("ready"), None)
+    );
+    assert!(deb["templateID"].as_str().unwrap().len() == 20 && deb["sizeBytes"].as_u64().unwrap() > 0, "{deb}");
+    assert_eq!(deb["aliases"], json!(["deb"]));
+    assert_eq!(find("deb2")["sizeBytes"], deb["sizeBytes"], "the same layers");
+    assert!(find("base")["python3"].as_str().unwrap().starts_with("3."), "{list}");
+
     let sbx = p.create(json!({"templateID": "deb", "timeout": 120})).await;
     let (code, out) = p.run(&sbx, "dpkg -l | grep -c '^ii'", None).await;
     assert_eq!(code, 0, "{out}");

@@ -6,6 +6,8 @@
 mod common;
 #[path = "local_provider_support/harness.rs"]
 mod harness;
+#[path = "oci_support/image.rs"]
+mod oci;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -145,7 +147,30 @@ async fn host_secrets_are_invisible_and_sandbox_root_is_unprivileged_on_the_host
 async fn blocked_syscalls_fail_with_eperm_inside() {
     require_root!();
     let p = Provider::start(&[]);
-    let sbx = p.create(json!({"templateID": "base"})).await;
+    check_blocked_syscalls(&p, "base").await;
+}
+
+/// The same checks in a sandbox of a Debian OCI image (its own python3, util-linux and libc).
+#[tokio::test(flavor = "multi_thread")]
+async fn blocked_syscalls_fail_with_eperm_inside_a_debian_oci_template() {
+    require_root!();
+    let Some(rootfs) = oci::debian_python_rootfs() else { return };
+    let layout = tempfile::tempdir_in(Path::new(env!("CARGO_MANIFEST_DIR")).join("target")).unwrap();
+    oci::write_layout(layout.path(), &[std::fs::read(&rootfs).unwrap()]);
+    let p = Provider::start(&[]);
+    let out = Command::new(common::binary())
+        .arg("template")
+        .arg("--state-dir")
+        .arg(&p.state)
+        .args(["import", "debian", layout.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    check_blocked_syscalls(&p, "debian").await;
+}
+
+async fn check_blocked_syscalls(p: &Provider, template: &str) {
+    let sbx = p.create(json!({"templateID": template})).await;
     let calls: Vec<(&str, i64, &str)> = vec![
         ("mount", libc::SYS_mount, "0,0,0,0,0"),
         ("keyctl", libc::SYS_keyctl, "0,0"),
@@ -179,6 +204,8 @@ async fn blocked_syscalls_fail_with_eperm_inside() {
     let (_, out) = p.run(&sbx, "grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status", None).await;
     assert_eq!(out.split_whitespace().collect::<Vec<_>>(), vec!["NoNewPrivs:", "1", "Seccomp:", "2"], "{out}");
     // A nested user namespace with full capabilities is not possible, for user or root.
+    let (code, out) = p.run(&sbx, "command -v unshare", None).await;
+    assert_eq!(code, 0, "{template} has no unshare: {out}");
     for user in ["user", "root"] {
         let (code, out) = p.run(&sbx, "unshare -Urmn true", Some(user)).await;
         assert_ne!(code, 0, "{user}: unshare -Urmn succeeded: {out}");

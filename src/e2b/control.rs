@@ -1,5 +1,5 @@
 //! Control-plane client: create, connect, kill, timeout, info, list and pause
-//! sandboxes (`X-API-Key` auth, `/v2` paths, the SDK's status semantics), and
+//! sandboxes, list templates (`X-API-Key` auth, `/v2` paths, the SDK's status semantics), and
 //! the factory for per-sandbox [`EnvdClient`]s.
 
 use std::sync::Arc;
@@ -263,6 +263,14 @@ impl E2bClient {
         }
         let ctx = self.ctx("list_sandboxes", None, RetryPolicy::Never);
         Err(ctx.protocol(format!("more than {MAX_LIST_PAGES} pages of sandboxes")))
+    }
+
+    /// `GET /templates`: the templates sandboxes can be created from (E2B: the team's).
+    pub async fn list_templates(&self) -> Result<Vec<wire::Template>, E2bError> {
+        let ctx = self.ctx("list_templates", None, RetryPolicy::Idempotent);
+        let url = self.url(&["templates"]);
+        let response = transport::send(&ctx, || self.request(Method::GET, url.clone())).await?;
+        transport::read_json(&ctx, response).await
     }
 
     /// `POST /sandboxes/{id}/pause`: `true` if paused now, `false` if it already was (409).

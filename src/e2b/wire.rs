@@ -190,6 +190,46 @@ pub struct SandboxDetail {
     pub network: Option<SandboxNetwork>,
 }
 
+/// An item of `GET /templates` (E2B's `Template`), plus what the local provider adds: `kind`,
+/// `sizeBytes` and `python3` (the version a sandbox of it runs as `python3`). E2B sends none of
+/// them: there, nothing is known of python3. Every field defaults, so any provider's answer reads.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Template {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+    pub cpu_count: u32,
+    #[serde(rename = "memoryMB")]
+    pub memory_mb: u64,
+    #[serde(rename = "diskSizeMB")]
+    pub disk_size_mb: u64,
+    pub public: bool,
+    /// Deprecated by E2B in favour of `names`; both are sent.
+    pub aliases: Vec<String>,
+    pub names: Vec<String>,
+    /// RFC 3339.
+    pub created_at: String,
+    pub updated_at: String,
+    pub created_by: Option<serde_json::Value>,
+    pub last_spawned_at: Option<String>,
+    pub spawn_count: u64,
+    pub build_count: u64,
+    pub envd_version: String,
+    /// building | waiting | ready | error
+    pub build_status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
+    /// Local provider: `"3.11"`, or `"3"` (present, version not told by its file names); absent
+    /// (with `kind` set): the template has no python3.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub python3: Option<String>,
+    /// Local provider: `base`, `directory` or `stored`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+}
+
 /// Body of `POST /v2/sandboxes/{id}/connect` (and the v1 path).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ConnectSandbox {

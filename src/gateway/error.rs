@@ -54,6 +54,12 @@ pub enum ToolError {
         /// Worded for the task tools ("its tasks are gone").
         for_tasks: bool,
     },
+    /// create_sandbox named a template the provider does not have.
+    #[error(
+        "template {template:?} not found: call list_templates to see the templates you can use (pass a \
+         template's name, one of its aliases or its template_id), or omit template for the default"
+    )]
+    UnknownTemplate { template: String },
     /// The sandbox provider failed (`action` says what was being done, e.g. "kill sandbox X").
     #[error("could not {action}: {failure}")]
     Provider { action: String, failure: ProviderFailure },
@@ -207,7 +213,12 @@ impl ToolError {
 
     /// The call was refused for its arguments (nothing was sent anywhere).
     pub fn is_invalid_argument(&self) -> bool {
-        matches!(self, Self::InvalidArgument(_) | Self::Task(TaskError::Launch(_) | TaskError::Page(_)))
+        matches!(
+            self,
+            Self::InvalidArgument(_)
+                | Self::UnknownTemplate { .. }
+                | Self::Task(TaskError::Launch(_) | TaskError::Page(_))
+        )
     }
 
     /// Whether retrying the same call soon may succeed (provider busy or unreachable).

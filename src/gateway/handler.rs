@@ -25,7 +25,11 @@ pub use super::state::{Gateway, GatewayCore, Routers};
 impl Gateway {
     /// Every tool family, combined once (raw schemars schemas, legacy descriptions).
     pub fn tool_router() -> ToolRouter<Gateway> {
-        Self::sandbox_router() + Self::exec_router() + Self::file_router() + Self::task_router()
+        Self::sandbox_router()
+            + Self::template_router()
+            + Self::exec_router()
+            + Self::file_router()
+            + Self::task_router()
     }
 
     /// Both generations' routers, built once and shared by every session and request.

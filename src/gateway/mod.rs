@@ -30,6 +30,7 @@ pub mod shared_sessions;
 pub mod state;
 pub mod task_ids;
 pub mod task_tools;
+pub mod template_tools;
 
 #[cfg(test)]
 mod tool_tests;

@@ -24,7 +24,8 @@ use crate::e2b::wire;
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSandboxArgs {
-    /// Template to start from. Default "base" (a stock Linux with python3).
+    /// Template to start from: a name, alias or template_id from list_templates. Default "base" (a stock
+    /// Linux with python3).
     #[serde(default)]
     pub template: Option<String>,
     /// Lifetime in seconds before the sandbox is destroyed automatically (default from the server
@@ -68,6 +69,19 @@ pub struct NetworkArgs {
     /// traffic_access_token this tool returns, in the e2b-traffic-access-token header.
     #[serde(default)]
     pub allow_public_traffic: Option<bool>,
+}
+
+/// Whether a create failed for its template: a 404 (a create names no sandbox; the local
+/// provider and E2B answer an unknown template so), or E2B's 400 naming the template.
+fn is_unknown_template(err: &crate::e2b::E2bError) -> bool {
+    match err {
+        crate::e2b::E2bError::NotFound { sandbox_id: None, .. } => true,
+        crate::e2b::E2bError::Api { status: 400, message, .. } => {
+            let text = message.to_lowercase();
+            text.contains("template") && text.contains("not found")
+        }
+        _ => false,
+    }
 }
 
 /// Most entries in each of `allow_out` and `deny_out`.
@@ -323,12 +337,12 @@ impl Gateway {
             ..Default::default()
         };
         let _create_guard = self.check_tenant_sandboxes(&call.tenant).await?;
-        let sandbox = self
-            .core
-            .provider
-            .create_sandbox(&request)
-            .await
-            .map_err(|err| ToolError::provider(format!("create a sandbox from template {template:?}"), err))?;
+        let sandbox = self.core.provider.create_sandbox(&request).await.map_err(|err| {
+            if is_unknown_template(&err) {
+                return ToolError::UnknownTemplate { template: template.clone() };
+            }
+            ToolError::provider(format!("create a sandbox from template {template:?}"), err)
+        })?;
         let id = sandbox.sandbox_id.clone();
         call.set_sandbox(&id);
         self.core.note_deadline(&id, SystemTime::now() + Duration::from_secs(timeout));

@@ -25,7 +25,7 @@ use crate::e2b::{CallOptions, E2bError, OutputLimits, wire};
 use crate::tasks::TaskId;
 use crate::tasks::launch::{self, TaskSpec};
 use crate::tasks::page::{self, PageRequest};
-use crate::tasks::service::{ExecOutput, FileSlice, SupervisorTransport, TaskService, TransportError};
+use crate::tasks::service::{ExecOutput, FileSlice, SupervisorTransport, TaskError, TaskService, TransportError};
 use crate::tasks::view::{StartedTask, TaskListView, TaskView};
 
 /// The sandbox user the supervisor runs as.
@@ -199,17 +199,25 @@ impl Gateway {
 
         let sandbox = self.task_sandbox(call, args.sandbox_id.as_deref()).await?;
         // Retain before launching: even an uncertain launch keeps the sandbox past the session.
+        let mut newly_retained = false;
         if let Some(session_id) = call.session_id.as_deref() {
             let id = sandbox.id.clone();
-            self.core
-                .sessions
-                .update(session_id, &call.tenant, move |s| {
-                    s.retained.insert(id);
-                })
-                .await?;
+            newly_retained =
+                self.core.sessions.update(session_id, &call.tenant, move |s| s.retained.insert(id)).await?;
         }
         let transport = EnvdTransport { gateway: self, sandbox: &sandbox };
-        self.tasks().start(&transport, &sandbox.id, &task_id, &spec).await.map_err(ToolError::from)
+        match self.tasks().start(&transport, &sandbox.id, &task_id, &spec).await {
+            Err(TaskError::NoPython { sandbox_id, found, .. }) => {
+                // Nothing started: the sandbox is not kept for a task it never ran.
+                if let (true, Some(session_id)) = (newly_retained, call.session_id.as_deref()) {
+                    let id = sandbox.id.clone();
+                    let _ = self.core.sessions.update(session_id, &call.tenant, move |s| s.retained.remove(&id)).await;
+                }
+                let template = self.core.provider.get_sandbox(&sandbox_id).await.ok().map(|d| d.template_id);
+                Err(TaskError::NoPython { sandbox_id, template, found }.into())
+            }
+            other => other.map_err(ToolError::from),
+        }
     }
 
     async fn get_task_impl(&self, call: &CallContext, args: GetTaskArgs) -> Result<TaskView, ToolError> {

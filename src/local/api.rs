@@ -16,6 +16,8 @@ use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
 use subtle::ConstantTimeEq;
 
+mod templates;
+
 use super::control_error::ControlError;
 use super::record::{SandboxRecord, rfc3339_ms};
 use super::sandbox_table::{CreateParams, Provider};
@@ -45,6 +47,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/sandboxes/{id}/pause", post(pause))
         .route("/sandboxes/{id}/metrics", get(metrics))
         .route("/sandboxes/{id}/network", put(update_network))
+        .route("/templates", get(templates::list))
         .fallback(|| async { ControlError::new(StatusCode::NOT_FOUND, "no such route") })
         .method_not_allowed_fallback(|| async {
             ControlError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")

@@ -223,6 +223,16 @@ impl Provider {
         Ok(TemplateRoot::stacked(store.lowers(&record).map_err(internal)?))
     }
 
+    /// The `base` template's root (for `GET /templates`).
+    pub fn base_template(&self) -> &TemplateRoot {
+        &self.base
+    }
+
+    /// The template store, when it could be opened.
+    pub fn template_store(&self) -> Option<&super::store::Store> {
+        self.store.as_ref()
+    }
+
     /// The per-sandbox disk limit in bytes, when enforced.
     pub fn disk_limit_bytes(&self) -> Option<u64> {
         self.disks.as_ref().map(|pool| pool.size_bytes())

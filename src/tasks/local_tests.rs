@@ -356,3 +356,54 @@ async fn get_task_of_a_running_task_starts_no_process() {
     assert_eq!(t.execs.load(Ordering::SeqCst), before + 1, "one cat of /proc/PID/stat");
     assert_eq!(svc.cancel(&t, "sbx", &id, &page(0, 0, 1)).await.unwrap().state, TaskState::Cancelled);
 }
+
+/// A sandbox without python3 (`None`), or whose python3 is this version.
+struct PythonLess {
+    version: Option<&'static str>,
+    installs: AtomicUsize,
+}
+
+impl SupervisorTransport for PythonLess {
+    async fn exec(&self, argv: Vec<String>, _: Option<Vec<u8>>, _: Duration) -> Result<ExecOutput, TransportError> {
+        let Some(version) = self.version else {
+            // What envd answers when the program does not exist.
+            return Err(TransportError::Uncertain(format!(
+                "process.Start: invalid_argument: failed to start '{}': No such file or directory (os error 2)",
+                argv[0]
+            )));
+        };
+        let probe = argv.iter().any(|a| a.contains("version_info"));
+        Ok(ExecOutput {
+            exit_code: if probe { 0 } else { 1 },
+            stdout: if probe { format!("{version}\n").into_bytes() } else { Vec::new() },
+            stderr: if probe { Vec::new() } else { b"SyntaxError: invalid syntax".to_vec() },
+        })
+    }
+
+    async fn install(&self, _: &str, _: &'static [u8]) -> Result<(), TransportError> {
+        self.installs.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    async fn read_range(&self, _: &str, _: u64, _: u64) -> Result<Option<FileSlice>, TransportError> {
+        Ok(None)
+    }
+}
+
+#[tokio::test]
+async fn start_without_python3_3_8_is_refused_before_anything_is_installed() {
+    let spec = TaskSpec::new("echo hi".into(), None, BTreeMap::new(), None).unwrap();
+    for (version, found) in [(None, None), (Some("3.7"), Some("3.7"))] {
+        let t = PythonLess { version, installs: AtomicUsize::new(0) };
+        let service = TaskService::new(Masker::new(&[] as &[&str]).unwrap());
+        let err = service.start(&t, "sbx1", &TaskId::generate(), &spec).await.unwrap_err();
+        match &err {
+            super::service::TaskError::NoPython { sandbox_id, found: f, .. } => {
+                assert_eq!((sandbox_id.as_str(), f.as_deref()), ("sbx1", found));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(err.to_string().contains("3.8 or newer") && err.to_string().contains("Nothing was started"), "{err}");
+        assert_eq!(t.installs.load(Ordering::SeqCst), 0, "nothing installed");
+    }
+}

@@ -41,6 +41,9 @@ pub enum TransportError {
     /// The request may have reached the sandbox (timeout, reset, bad answer).
     #[error("{0}")]
     Uncertain(String),
+    /// The sandbox has no python3 3.8+ to run the supervisor (`found`: the version it has).
+    #[error("no python3 3.8 or newer in the sandbox")]
+    NoPython { found: Option<String> },
 }
 
 /// Part of a file in the sandbox, and the file's size.
@@ -92,6 +95,33 @@ pub enum TaskError {
     Unavailable { sandbox_id: String, message: String },
     #[error("the task supervisor in sandbox {sandbox_id} failed: {message}")]
     Supervisor { sandbox_id: String, message: String },
+    /// Nothing was started: the supervisor needs python3 3.8+. `template` is filled in by the
+    /// caller that knows it.
+    #[error("{}", no_python_sentence(.sandbox_id, .template.as_deref(), .found.as_deref()))]
+    NoPython { sandbox_id: String, template: Option<String>, found: Option<String> },
+}
+
+fn no_python_sentence(sandbox_id: &str, template: Option<&str>, found: Option<&str>) -> String {
+    let template = template.map(|t| format!(" (template {t:?})")).unwrap_or_default();
+    let has = match found {
+        Some(version) => format!("its python3 is {version}"),
+        None => "it has no python3 on its PATH".to_owned(),
+    };
+    format!(
+        "cannot start a background task in sandbox {sandbox_id}{template}: {has}, and the task supervisor \
+         (start_task, get_task, run_command as an MCP task) needs python3 3.8 or newer. Nothing was started. Use \
+         run_command, or a template whose tasks field is true (list_templates), or install python3 in this \
+         sandbox first (for example run_command \"apt-get install -y python3\" as root)"
+    )
+}
+
+/// The interpreter's version, printed by [`TaskService::check_python`]'s probe.
+const PYTHON_PROBE: &str = "import sys; print('%d.%d' % sys.version_info[:2])";
+
+/// Whether a failed exec of `python3` says the program does not exist (our envd: "failed to start
+/// 'python3': No such file or directory"; Go envd: "executable file not found in $PATH").
+fn python_missing(message: &str) -> bool {
+    message.contains("python3") && (message.contains("No such file") || message.contains("not found"))
 }
 
 const VERSION_TIMEOUT: Duration = Duration::from_secs(20);
@@ -191,7 +221,12 @@ impl TaskService {
         if self.is_installed(sandbox_id) {
             return Ok(());
         }
-        let out = t.exec(self.argv(&["version".to_owned()]), None, VERSION_TIMEOUT).await?;
+        let out = match t.exec(self.argv(&["version".to_owned()]), None, VERSION_TIMEOUT).await {
+            Err(TransportError::NotSent(m) | TransportError::Uncertain(m)) if python_missing(&m) => {
+                return Err(TransportError::NoPython { found: None });
+            }
+            other => other?,
+        };
         let current = match protocol::parse_reply(out.exit_code, &out.stdout, &out.stderr) {
             Reply::Ok(obj) => serde_json::from_value::<VersionReply>(obj.into())
                 .map(|v| v.version == supervisor_version())
@@ -202,7 +237,34 @@ impl TaskService {
             self.mark_installed(sandbox_id, true);
             Ok(())
         } else {
+            self.check_python(t).await?;
             self.install(t, sandbox_id).await
+        }
+    }
+
+    /// Before the first install in a sandbox: is there a python3 3.8+ to run the supervisor? One
+    /// short process; an answer that is not understood lets the install go on (and fail as it will).
+    async fn check_python<T: SupervisorTransport>(&self, t: &T) -> Result<(), TransportError> {
+        let argv = ["python3", "-I", "-S", "-c", PYTHON_PROBE].map(str::to_owned).to_vec();
+        let out = match t.exec(argv, None, VERSION_TIMEOUT).await {
+            Ok(out) => out,
+            Err(TransportError::NotSent(m) | TransportError::Uncertain(m)) if python_missing(&m) => {
+                return Err(TransportError::NoPython { found: None });
+            }
+            Err(err) => return Err(err),
+        };
+        if out.exit_code == 127 {
+            return Err(TransportError::NoPython { found: None });
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let version = text.trim();
+        let minor = version.strip_prefix("3.").and_then(|m| m.parse::<u32>().ok());
+        match minor {
+            Some(minor) if minor < 8 => Err(TransportError::NoPython { found: Some(version.to_owned()) }),
+            None if out.exit_code == 0 && version.starts_with('2') => {
+                Err(TransportError::NoPython { found: Some(version.to_owned()) })
+            }
+            _ => Ok(()),
         }
     }
 
@@ -255,6 +317,9 @@ impl TaskService {
                 return Err(TaskError::Unavailable { sandbox_id: sandbox_id.to_owned(), message: m });
             }
             Err(TransportError::Uncertain(m)) => return uncertain(m),
+            Err(TransportError::NoPython { found }) => {
+                return Err(TaskError::NoPython { sandbox_id: sandbox_id.to_owned(), template: None, found });
+            }
         };
         match reply {
             Reply::Ok(obj) => match serde_json::from_value::<SupervisorStatus>(obj.into()) {
@@ -528,6 +593,9 @@ impl TaskService {
             TransportError::SandboxGone => TaskError::SandboxGone(sandbox_id.to_owned()),
             TransportError::NotSent(m) | TransportError::Uncertain(m) => {
                 TaskError::Unavailable { sandbox_id: sandbox_id.to_owned(), message: self.masker.mask(&m).into_owned() }
+            }
+            TransportError::NoPython { found } => {
+                TaskError::NoPython { sandbox_id: sandbox_id.to_owned(), template: None, found }
             }
         }
     }

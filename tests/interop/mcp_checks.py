@@ -21,6 +21,7 @@ PRODUCT_TOOLS = frozenset(
         "connect_sandbox",
         "kill_sandbox",
         "list_sandboxes",
+        "list_templates",
         "run_command",
         "read_file",
         "write_file",

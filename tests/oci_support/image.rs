@@ -13,15 +13,25 @@ use sha2::{Digest, Sha256};
 
 /// A Debian bookworm root filesystem tar (`mmdebstrap --variant=apt`), built once per checkout.
 pub fn debian_rootfs() -> Option<PathBuf> {
+    debian_rootfs_with("debian-bookworm", &[])
+}
+
+/// The same with python3 (`--include=python3`: 3.11), built once per checkout.
+pub fn debian_python_rootfs() -> Option<PathBuf> {
+    debian_rootfs_with("debian-bookworm-python3", &["--include=python3"])
+}
+
+fn debian_rootfs_with(name: &str, extra: &[&str]) -> Option<PathBuf> {
     let cache = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/oci-test-cache");
-    let tar = cache.join("debian-bookworm.tar");
+    let tar = cache.join(format!("{name}.tar"));
     if tar.is_file() {
         return Some(tar);
     }
     std::fs::create_dir_all(&cache).unwrap();
-    let tmp = cache.join(format!("debian-bookworm.tar.{}", std::process::id()));
+    let tmp = cache.join(format!("{name}.tar.{}", std::process::id()));
     let status = Command::new("mmdebstrap")
         .args(["--variant=apt", "--mode=root", "--format=tar", "--quiet"])
+        .args(extra)
         // The mirror's Release files may look expired to a host clock that is ahead.
         .arg("--aptopt=Acquire::Check-Valid-Until \"false\"")
         .arg("bookworm")
@@ -112,6 +122,24 @@ pub fn second_layer() -> Vec<u8> {
     add("etc/.wh.motd", b"");
     add("var/cache/apt/.wh..wh..opq", b"");
     add("opt/layer2/hello", b"from the second layer\n");
+    builder.into_inner().unwrap()
+}
+
+/// A layer of whiteouts removing `paths` (relative, e.g. `usr/bin/python3`).
+pub fn whiteout_layer(paths: &[&str]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for path in paths {
+        let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+        let mut header = tar::Header::new_gnu();
+        header.set_size(0);
+        header.set_mode(0o644);
+        header.set_uid(0);
+        header.set_gid(0);
+        header.set_mtime(0);
+        header.set_cksum();
+        let entry = if dir.is_empty() { format!(".wh.{name}") } else { format!("{dir}/.wh.{name}") };
+        builder.append_data(&mut header, entry, &b""[..]).unwrap();
+    }
     builder.into_inner().unwrap()
 }
 
