@@ -260,7 +260,9 @@ fn redis_outage_fails_readiness_and_calls_retryably_then_recovers() {
         let body = call.text().await.unwrap();
         assert!(body.contains("retry") && body.contains("Redis"), "{body}");
         // The replica's log says why it answered 503 (the client's error alone does not).
-        assert!(r1.log_text().contains("cannot refresh the session in Redis; answered 503"), "{}", r1.log_text());
+        // (Its log reaches the test through a reader thread: wait for the line, do not race it.)
+        let logged = r1.wait_log("cannot refresh the session in Redis; answered 503", Duration::from_secs(10)).await;
+        assert!(logged, "{}", r1.log_text());
         let init = http
             .post(r1.mcp_url())
             .header("accept", "application/json, text/event-stream")
