@@ -170,6 +170,11 @@ pub fn extract(stream: impl Read, layer: &Path, limits: Limits) -> Result<Extrac
         rel.push(name.clone());
         let chown = |fd: &OwnedFd| fchown(fd.as_fd(), Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)));
         let chmod = |fd: &OwnedFd| nix::sys::stat::fchmod(fd.as_fd(), Mode::from_bits_truncate(mode));
+        // The entry itself, never what a symlink names.
+        let chown_entry = || {
+            let (owner, group) = (Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)));
+            fchownat(parent.as_fd(), name.as_os_str(), owner, group, AtFlags::AT_SYMLINK_NOFOLLOW)
+        };
         use tar::EntryType as T;
         match kind {
             T::Regular | T::Continuous => {
@@ -200,14 +205,7 @@ pub fn extract(stream: impl Read, layer: &Path, limits: Limits) -> Result<Extrac
                 }
                 remove(&parent, &name, layer, &rel, &raw)?;
                 symlinkat(OsStr::from_bytes(&target), parent.as_fd(), name.as_os_str()).map_err(|e| errno(&raw, e))?;
-                fchownat(
-                    parent.as_fd(),
-                    name.as_os_str(),
-                    Some(Uid::from_raw(uid)),
-                    Some(Gid::from_raw(gid)),
-                    AtFlags::AT_SYMLINK_NOFOLLOW,
-                )
-                .map_err(|e| errno(&raw, e))?;
+                chown_entry().map_err(|e| errno(&raw, e))?;
             }
             T::Link => {
                 let target = entry.link_name_bytes().ok_or_else(|| hostile(&raw, "hard link without a target"))?;
@@ -231,14 +229,7 @@ pub fn extract(stream: impl Read, layer: &Path, limits: Limits) -> Result<Extrac
                 remove(&parent, &name, layer, &rel, &raw)?;
                 mknodat(parent.as_fd(), name.as_os_str(), SFlag::S_IFIFO, Mode::from_bits_truncate(mode & 0o777), 0)
                     .map_err(|e| errno(&raw, e))?;
-                fchownat(
-                    parent.as_fd(),
-                    name.as_os_str(),
-                    Some(Uid::from_raw(uid)),
-                    Some(Gid::from_raw(gid)),
-                    AtFlags::AT_SYMLINK_NOFOLLOW,
-                )
-                .map_err(|e| errno(&raw, e))?;
+                chown_entry().map_err(|e| errno(&raw, e))?;
             }
             T::Char | T::Block => {
                 // The sandbox's user namespace cannot use device nodes of its own (its /dev is
