@@ -22,24 +22,7 @@ async fn tools_work_end_to_end_with_session_defaults_and_ownership() {
     let tools = client.list_all_tools().await.unwrap();
     let mut names: Vec<_> = tools.iter().map(|t| t.name.to_string()).collect();
     names.sort();
-    assert_eq!(
-        names,
-        [
-            "cancel_task",
-            "connect_sandbox",
-            "create_sandbox",
-            "get_task",
-            "kill_sandbox",
-            "list_files",
-            "list_sandboxes",
-            "list_tasks",
-            "list_templates",
-            "read_file",
-            "run_command",
-            "start_task",
-            "write_file"
-        ]
-    );
+    assert_eq!(names, TOOLS);
     for tool in &tools {
         assert_eq!(
             tool.input_schema.get("additionalProperties"),

@@ -25,7 +25,7 @@ fn run_client(mode: &str) -> Option<Value> {
         run_checked(node.arg(script).arg(gateway.mcp_url()).arg(token).arg(&client_dir).arg(mode), Some(&gateway));
     let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("summary line");
     println!("{seen}");
-    assert_eq!(seen["tools"], 12, "{seen}");
+    assert_eq!(seen["tools"], TOOLS.len(), "{seen}");
     assert_eq!(seen["stdout"], "ts\n", "{seen}");
     assert_eq!(seen["exit_code"], 0, "{seen}");
     assert_eq!(seen["cancelled_state"], "cancelled", "{seen}");

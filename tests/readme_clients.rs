@@ -184,7 +184,7 @@ fn readme_inspector_cli_snippet_runs_without_portability_findings() {
     // when there is any).
     for era_line in [lines[0].to_string(), lines[0].replace("--protocol-era modern", "--protocol-era legacy")] {
         let (stdout, stderr) = run(&era_line, "");
-        assert_eq!(inspector_json(&stdout)["tools"].as_array().map(Vec::len), Some(12), "{stdout}");
+        assert_eq!(inspector_json(&stdout)["tools"].as_array().map(Vec::len), Some(TOOLS.len()), "{stdout}");
         assert!(!stderr.contains("portability"), "schema-portability findings: {stderr}");
         // --strict: the full lint, which fails (exit 6) on any error-severity finding.
         let (stdout, stderr) = run(&format!("{era_line} --strict --format json"), "");

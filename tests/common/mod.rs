@@ -26,6 +26,23 @@ pub mod testnet;
 use std::time::{Duration, Instant};
 
 pub use gateway::{Gateway, GatewayBuilder, e2b_config, with_free_port};
+
+/// The gateway's tools, sorted: the one list the tests compare a live `tools/list` with.
+pub const TOOLS: [&str; 13] = [
+    "cancel_task",
+    "connect_sandbox",
+    "create_sandbox",
+    "get_task",
+    "kill_sandbox",
+    "list_files",
+    "list_sandboxes",
+    "list_tasks",
+    "list_templates",
+    "read_file",
+    "run_command",
+    "start_task",
+    "write_file",
+];
 pub use mcp::{McpClient, call, close, connect, connect_latest, empty, err, ok, text};
 pub use process::{Log, ProcessGuard, binary, eventually, host_processes_with, rss_kib, wait_until};
 pub use provider::{API_KEY, Provider, ProviderBuilder, agent_alive, agent_pid};
