@@ -10,9 +10,10 @@
 //! response, a stream still open at the deadline, an event type, too many bytes) passes through as
 //! SSE with the bytes already read put back in front: nothing is lost or reordered.
 //!
-//! Only POSTs with an `Mcp-Session-Id` that accept `application/json`, and never a request carrying a
-//! `progressToken` (its client wants progress as it happens, not held back). GET streams and stateless
-//! (2026-07-28) answers, JSON already, are not touched. Off with Redis sessions: there every answer
+//! Only POSTs with an `Mcp-Session-Id` that accept `application/json`, and never a request whose
+//! `params._meta` carries a `progressToken` (its client wants progress as it happens, not held
+//! back; `parse_guard` marks it). GET streams and stateless (2026-07-28) answers, JSON already, are
+//! not touched. Off with Redis sessions: there every answer
 //! keeps its SSE event id, which clients use to resume and replay a stream on another replica.
 
 use std::time::Duration;
@@ -24,6 +25,8 @@ use axum::response::Response;
 use futures_util::StreamExt;
 use http::{HeaderValue, Method, header};
 use serde::Deserialize;
+
+use super::parse_guard::AsksProgress;
 
 /// Past this many bytes read the stream passes through (a result is at most about 1 MiB).
 const MAX_BUFFERED_BYTES: usize = 2 * 1024 * 1024;
@@ -37,14 +40,9 @@ pub async fn answer_json(State(window): State<JsonWindow>, request: Request, nex
     if !eligible(&request) {
         return next.run(request).await;
     }
-    // The body was read and checked by `parse_guard` (outside this layer): collecting it again is a copy
-    // of a reference.
-    let (parts, body) = request.into_parts();
-    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
-        return next.run(Request::from_parts(parts, Body::empty())).await;
-    };
-    let wants_progress = contains_bytes(&bytes, b"\"progressToken\"");
-    let response = next.run(Request::from_parts(parts, Body::from(bytes))).await;
+    // `parse_guard` (outside this layer) read the body once and marked a request asking for progress.
+    let wants_progress = request.extensions().get::<AsksProgress>().is_some();
+    let response = next.run(request).await;
     if wants_progress || !is_event_stream(&response) {
         return response;
     }
@@ -69,10 +67,6 @@ fn is_event_stream(response: &Response) -> bool {
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("text/event-stream"))
-}
-
-fn contains_bytes(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// Reads the stream for up to `window`; the JSON answer, or the stream with what was read put back.
