@@ -80,6 +80,10 @@ fn large_results(mode: &str) {
     assert_eq!(read["size"], 5 * 1024 * 1024, "{seen}");
     assert_eq!(read["sha_ok"], true, "{seen}");
     assert!(read["pages"].as_u64().unwrap() >= 10, "{seen}");
+    // About 1100 bytes an entry as sent: about 900 of the 3000 fit.
+    let listed = &seen["list_files"];
+    assert_eq!(listed["truncated"], true, "{seen}");
+    assert!((700..3000).contains(&listed["entries"].as_u64().unwrap()), "{seen}");
 }
 
 #[test]
