@@ -14,17 +14,24 @@ mod common;
 use common::*;
 use serde_json::Value;
 
-fn run_client(mode: &str) {
-    let python = require_env!("SANDBOX_MCP_PYTHON_V2", "a python with mcp==2.3.0");
-    require_root!();
+/// Runs `tests/interop/SCRIPT URL TOKEN MODE` with the v2 python against a gateway of its own; its
+/// summary line (None when the test is skipped) and its stderr.
+fn run_script(script: &str, mode: &str) -> Option<(Value, String)> {
+    let python = require_env!("SANDBOX_MCP_PYTHON_V2", "a python with mcp==2.3.0", None);
+    require_root!(None);
     let token = "interop-v2-token-0123456789";
     let gateway = gateway_with_token("interop", token);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/mcp_v2_client.py");
+    let script = format!("{}/tests/interop/{script}", env!("CARGO_MANIFEST_DIR"));
     let mut python = std::process::Command::new(python);
     let (stdout, stderr) = run_checked(python.arg(script).arg(gateway.mcp_url()).arg(token).arg(mode), Some(&gateway));
-    assert!(!stderr.contains("Session termination failed"), "{stderr}");
     let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("summary line");
     println!("{seen}");
+    Some((seen, stderr))
+}
+
+fn run_client(mode: &str) {
+    let Some((seen, stderr)) = run_script("mcp_v2_client.py", mode) else { return };
+    assert!(!stderr.contains("Session termination failed"), "{stderr}");
     assert_eq!(seen["run_stdout"], "hi\n", "{seen}");
     assert_eq!(seen["cancelled_state"], "cancelled", "{seen}");
     assert_eq!(seen["killed"], true, "{seen}");
@@ -52,15 +59,7 @@ fn python_sdk_v2_legacy_mode() {
 /// transport refuses a message over 1 MiB: nothing fails, cuts carry the truncation flags and counts,
 /// and paging reads every byte.
 fn large_results(mode: &str) {
-    let python = require_env!("SANDBOX_MCP_PYTHON_V2", "a python with mcp==2.3.0");
-    require_root!();
-    let token = "large-results-token-0123456789";
-    let gateway = gateway_with_token("large", token);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/large_results_v2.py");
-    let mut python = std::process::Command::new(python);
-    let (stdout, _) = run_checked(python.arg(script).arg(gateway.mcp_url()).arg(token).arg(mode), Some(&gateway));
-    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("summary line");
-    println!("{seen}");
+    let Some((seen, _)) = run_script("large_results_v2.py", mode) else { return };
     let mut runs = vec![&seen["run"]];
     if mode != "legacy" {
         runs.push(&seen["task_run"]);
@@ -81,6 +80,10 @@ fn large_results(mode: &str) {
     assert_eq!(read["size"], 5 * 1024 * 1024, "{seen}");
     assert_eq!(read["sha_ok"], true, "{seen}");
     assert!(read["pages"].as_u64().unwrap() >= 10, "{seen}");
+    // About 1100 bytes an entry as sent: about 900 of the 3000 fit.
+    let listed = &seen["list_files"];
+    assert_eq!(listed["truncated"], true, "{seen}");
+    assert!((700..3000).contains(&listed["entries"].as_u64().unwrap()), "{seen}");
 }
 
 #[test]

@@ -153,16 +153,25 @@ async fn tools_work_end_to_end_with_session_defaults_and_ownership() {
     assert!(!log.contains(&provider.api_key), "the provider API key leaked into the log");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn configured_secrets_and_the_provider_key_are_masked_in_output_files_and_errors() {
-    require_root!();
-    const SECRET: &str = "gateway-configured-secret-42";
-    const MASK: &str = "***"; // sandbox_mcp::masking::MASK
+/// The secret the masking tests configure, and what replaces it (sandbox_mcp::masking::MASK).
+const SECRET: &str = "gateway-configured-secret-42";
+const MASK: &str = "***";
+
+/// A gateway configured with [`SECRET`], a client and its session's default sandbox (the provider's
+/// key is masked too).
+async fn masking_gateway() -> (Provider, Gateway, McpClient, String) {
     let provider = Provider::start();
-    let key = provider.api_key.clone();
     let gateway = Gateway::start_e2b(&provider, &format!("[tasks]\nsecrets = [\"{SECRET}\"]\n"), &[]);
     let client = connect(&gateway.mcp_url(), None).await;
     let id = ok(&client, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_string();
+    (provider, gateway, client, id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_secrets_and_the_provider_key_are_masked_in_output_files_and_errors() {
+    require_root!();
+    let (provider, gateway, client, id) = masking_gateway().await;
+    let key = provider.api_key.clone();
 
     // run_command: both streams, the configured secret and the provider key; a look-alike is kept.
     let command = format!("echo \"a {SECRET} b gateway-configured-secret-4X\"; echo {key}; echo \"err {SECRET}\" >&2");
@@ -218,13 +227,8 @@ async fn secrets_are_masked_in_base64_reads_also_across_page_edges() {
     use base64::Engine;
     use base64::engine::general_purpose::STANDARD as BASE64;
     require_root!();
-    const SECRET: &str = "gateway-configured-secret-42";
-    const MASK: &str = "***"; // sandbox_mcp::masking::MASK
-    let provider = Provider::start();
+    let (provider, _gateway, client, _) = masking_gateway().await;
     let key = provider.api_key.clone();
-    let gateway = Gateway::start_e2b(&provider, &format!("[tasks]\nsecrets = [\"{SECRET}\"]\n"), &[]);
-    let client = connect(&gateway.mcp_url(), None).await;
-    ok(&client, "create_sandbox", json!({})).await;
     let decode = |page: &serde_json::Value| {
         assert_eq!(page["encoding"], json!("base64"), "{page}");
         BASE64.decode(page["content"].as_str().unwrap()).unwrap()

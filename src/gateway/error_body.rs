@@ -11,6 +11,9 @@ use axum::middleware::Next;
 use axum::response::Response;
 use http::{HeaderValue, StatusCode, header};
 
+// JSON-RPC "Invalid Request": the HTTP request was refused as a whole.
+use super::parse_guard::INVALID_REQUEST;
+
 /// The refusals rewritten.
 const REWRITTEN: [StatusCode; 6] = [
     StatusCode::UNAUTHORIZED,
@@ -22,8 +25,6 @@ const REWRITTEN: [StatusCode; 6] = [
 ];
 /// A refusal's text is a sentence; anything longer is not read past this.
 const MAX_TEXT_BYTES: usize = 4096;
-/// JSON-RPC "Invalid Request": the HTTP request was refused as a whole.
-const INVALID_REQUEST: i64 = -32600;
 
 /// The middleware (see the module docs).
 pub async fn json_refusals(request: Request, next: Next) -> Response {
@@ -49,7 +50,7 @@ pub async fn json_refusals(request: Request, next: Next) -> Response {
 }
 
 /// The JSON-RPC error document for a refusal: the server's sentence, or the status's reason.
-pub fn refusal_body(status: StatusCode, text: &str) -> String {
+fn refusal_body(status: StatusCode, text: &str) -> String {
     let reason = status.canonical_reason().unwrap_or("refused");
     let message = if text.is_empty() {
         format!("HTTP {}: {reason}", status.as_u16())

@@ -140,7 +140,7 @@ pub struct ListFilesResult {
     pub sandbox_id: String,
     pub path: String,
     pub entries: Vec<FileEntry>,
-    /// True if there were more than 5000 entries and the list was cut.
+    /// True if the list was cut: past 5000 entries, or to keep the answer under the 1 MiB message limit.
     pub truncated: bool,
 }
 
@@ -342,6 +342,8 @@ impl Gateway {
                 symlink_target: e.symlink_target,
             })
             .collect();
-        Ok(ListFilesResult { sandbox_id: sandbox.id, path, entries, truncated })
+        let mut result = ListFilesResult { sandbox_id: sandbox.id, path, entries, truncated };
+        result.truncated |= result_size::fit_list(&mut result, |r| &mut r.entries);
+        Ok(result)
     }
 }

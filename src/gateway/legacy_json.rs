@@ -10,9 +10,10 @@
 //! response, a stream still open at the deadline, an event type, too many bytes) passes through as
 //! SSE with the bytes already read put back in front: nothing is lost or reordered.
 //!
-//! Only POSTs with an `Mcp-Session-Id` that accept `application/json`, and never a request carrying a
-//! `progressToken` (its client wants progress as it happens, not held back). GET streams and stateless
-//! (2026-07-28) answers, JSON already, are not touched. Off with Redis sessions: there every answer
+//! Only POSTs with an `Mcp-Session-Id` that accept `application/json`, and never a request whose
+//! `params._meta` carries a `progressToken` (its client wants progress as it happens, not held
+//! back; `parse_guard` marks it). GET streams and stateless (2026-07-28) answers, JSON already, are
+//! not touched. Off with Redis sessions: there every answer
 //! keeps its SSE event id, which clients use to resume and replay a stream on another replica.
 
 use std::time::Duration;
@@ -23,6 +24,9 @@ use axum::middleware::Next;
 use axum::response::Response;
 use futures_util::StreamExt;
 use http::{HeaderValue, Method, header};
+use serde::Deserialize;
+
+use super::parse_guard::AsksProgress;
 
 /// Past this many bytes read the stream passes through (a result is at most about 1 MiB).
 const MAX_BUFFERED_BYTES: usize = 2 * 1024 * 1024;
@@ -36,14 +40,9 @@ pub async fn answer_json(State(window): State<JsonWindow>, request: Request, nex
     if !eligible(&request) {
         return next.run(request).await;
     }
-    // The body was read and checked by `parse_guard` (outside this layer): collecting it again is a copy
-    // of a reference.
-    let (parts, body) = request.into_parts();
-    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
-        return next.run(Request::from_parts(parts, Body::empty())).await;
-    };
-    let wants_progress = contains_bytes(&bytes, b"\"progressToken\"");
-    let response = next.run(Request::from_parts(parts, Body::from(bytes))).await;
+    // `parse_guard` (outside this layer) read the body once and marked a request asking for progress.
+    let wants_progress = request.extensions().get::<AsksProgress>().is_some();
+    let response = next.run(request).await;
     if wants_progress || !is_event_stream(&response) {
         return response;
     }
@@ -68,10 +67,6 @@ fn is_event_stream(response: &Response) -> bool {
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("text/event-stream"))
-}
-
-fn contains_bytes(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// Reads the stream for up to `window`; the JSON answer, or the stream with what was read put back.
@@ -101,7 +96,7 @@ async fn collect(response: Response, window: Duration) -> Response {
             Err(_) => break false,
         }
     };
-    if ended && let Some(json) = sole_response(&read.concat()) {
+    if ended && let Some(json) = sole_response(&Bytes::from(read.concat())) {
         parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         parts.headers.remove(header::CONTENT_LENGTH);
         return Response::from_parts(parts, Body::from(json));
@@ -112,42 +107,97 @@ async fn collect(response: Response, window: Duration) -> Response {
 
 /// The data of the stream's only non-empty event when it is a JSON-RPC response (or error);
 /// `None` for anything else (more events, a named event, a notification or request, not JSON).
-fn sole_response(stream: &[u8]) -> Option<String> {
-    let text = std::str::from_utf8(stream).ok()?;
-    let text = text.replace("\r\n", "\n").replace('\r', "\n");
-    let mut found: Option<String> = None;
-    for event in text.split("\n\n") {
-        let mut data: Option<String> = None;
-        for line in event.lines() {
-            if line.is_empty() || line.starts_with(':') {
-                continue;
+/// Lines end with LF, CRLF or CR (the SSE rules); a one-line `data:` field (what rmcp sends) is a
+/// slice of `stream`, not a copy, and the JSON is checked without building a document of it.
+fn sole_response(stream: &Bytes) -> Option<Bytes> {
+    let bytes = stream.as_ref();
+    let mut found: Option<Bytes> = None;
+    let mut data = EventData::None;
+    let mut at = 0;
+    loop {
+        let (line_end, next) = match bytes[at..].iter().position(|&b| b == b'\n' || b == b'\r') {
+            Some(i) if bytes[at + i] == b'\r' && bytes.get(at + i + 1) == Some(&b'\n') => (at + i, at + i + 2),
+            Some(i) => (at + i, at + i + 1),
+            None => (bytes.len(), bytes.len()),
+        };
+        let line = &bytes[at..line_end];
+        if line.is_empty() {
+            // A blank line (or the end of the stream) ends the event.
+            if let Some(event) = data.take(stream).filter(|d| !d.is_empty())
+                && found.replace(event).is_some()
+            {
+                return None;
             }
-            let (field, value) = line.split_once(':').unwrap_or((line, ""));
-            let value = value.strip_prefix(' ').unwrap_or(value);
+            if at == bytes.len() {
+                break;
+            }
+        } else if line[0] != b':' {
+            let (field, mut value) = match line.iter().position(|&b| b == b':') {
+                Some(colon) => (&line[..colon], at + colon + 1),
+                None => (line, line_end),
+            };
+            if value < line_end && bytes[value] == b' ' {
+                value += 1;
+            }
             match field {
-                "data" => match &mut data {
-                    Some(data) => {
-                        data.push('\n');
-                        data.push_str(value);
-                    }
-                    None => data = Some(value.to_string()),
-                },
-                "event" if value != "message" => return None,
+                b"data" => data.push(value..line_end, bytes),
+                b"event" if &bytes[value..line_end] != b"message" => return None,
                 _ => {}
             }
         }
-        if let Some(data) = data.filter(|d| !d.is_empty())
-            && found.replace(data).is_some()
-        {
-            return None;
-        }
+        at = next;
     }
     let json = found?;
-    let message: serde_json::Value = serde_json::from_str(&json).ok()?;
-    let is_response = message.get("method").is_none()
-        && message.get("id").is_some()
-        && (message.get("result").is_some() || message.get("error").is_some());
+    std::str::from_utf8(&json).ok()?;
+    let message: Message = serde_json::from_slice(&json).ok()?;
+    let is_response = !message.method && message.id && (message.result || message.error);
     is_response.then_some(json)
+}
+
+/// The `data` of one event being read: one line (a range of the stream), or several joined by LF.
+enum EventData {
+    None,
+    Line(std::ops::Range<usize>),
+    Lines(Vec<u8>),
+}
+
+impl EventData {
+    fn push(&mut self, value: std::ops::Range<usize>, bytes: &[u8]) {
+        *self = match std::mem::replace(self, EventData::None) {
+            EventData::None => EventData::Line(value),
+            EventData::Line(first) => EventData::Lines([&bytes[first], b"\n", &bytes[value]].concat()),
+            EventData::Lines(mut lines) => {
+                lines.push(b'\n');
+                lines.extend_from_slice(&bytes[value]);
+                EventData::Lines(lines)
+            }
+        };
+    }
+
+    fn take(&mut self, stream: &Bytes) -> Option<Bytes> {
+        match std::mem::replace(self, EventData::None) {
+            EventData::None => None,
+            EventData::Line(range) => Some(stream.slice(range)),
+            EventData::Lines(lines) => Some(Bytes::from(lines)),
+        }
+    }
+}
+
+/// Which of a JSON-RPC message's members are present (`null` counts), the values skipped unread.
+#[derive(Deserialize)]
+struct Message {
+    #[serde(default, deserialize_with = "present")]
+    method: bool,
+    #[serde(default, deserialize_with = "present")]
+    id: bool,
+    #[serde(default, deserialize_with = "present")]
+    result: bool,
+    #[serde(default, deserialize_with = "present")]
+    error: bool,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+    serde::de::IgnoredAny::deserialize(deserializer).map(|_| true)
 }
 
 #[cfg(test)]
@@ -159,14 +209,25 @@ mod tests {
     #[test]
     fn only_a_lone_response_becomes_json() {
         let primed = format!("id: 0\nretry: 3000\ndata:\n\n:ping\n\nid: 1\ndata: {RESPONSE}\n\n");
-        assert_eq!(sole_response(primed.as_bytes()).as_deref(), Some(RESPONSE));
-        assert_eq!(sole_response(format!("data: {RESPONSE}\r\n\r\n").as_bytes()).as_deref(), Some(RESPONSE));
+        let sole = |stream: &str| sole_response(&Bytes::copy_from_slice(stream.as_bytes()));
+        assert_eq!(sole(&primed).as_deref(), Some(RESPONSE.as_bytes()));
+        assert_eq!(sole(&format!("data: {RESPONSE}\r\n\r\n")).as_deref(), Some(RESPONSE.as_bytes()));
+        assert_eq!(sole(&format!(":x\rdata: {RESPONSE}\r\r")).as_deref(), Some(RESPONSE.as_bytes()));
+        assert_eq!(sole(&format!("event: message\ndata: {RESPONSE}")).as_deref(), Some(RESPONSE.as_bytes()));
+        let error = r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"parse"}}"#;
+        assert_eq!(sole(&format!("data: {error}\n\n")).as_deref(), Some(error.as_bytes()));
+        // Data split over lines is joined by LF (still one event, still valid JSON).
+        let split = "data: {\"jsonrpc\":\"2.0\",\ndata: \"id\":1,\"result\":{}}\n\n";
+        assert_eq!(sole(split).as_deref(), Some(&b"{\"jsonrpc\":\"2.0\",\n\"id\":1,\"result\":{}}"[..]));
         let note = r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progress":1}}"#;
-        assert_eq!(sole_response(format!("data: {note}\n\ndata: {RESPONSE}\n\n").as_bytes()), None);
-        assert_eq!(sole_response(format!("data: {note}\n\n").as_bytes()), None);
-        assert_eq!(sole_response(format!("event: other\ndata: {RESPONSE}\n\n").as_bytes()), None);
-        assert_eq!(sole_response(b"data: not json\n\n"), None);
-        assert_eq!(sole_response(b"id: 0\ndata:\n\n"), None);
+        assert_eq!(sole(&format!("data: {note}\n\ndata: {RESPONSE}\n\n")), None);
+        assert_eq!(sole(&format!("data: {RESPONSE}\n\ndata: {RESPONSE}\n\n")), None);
+        assert_eq!(sole(&format!("data: {note}\n\n")), None);
+        assert_eq!(sole(&format!("event: other\ndata: {RESPONSE}\n\n")), None);
+        assert_eq!(sole(r#"data: {"jsonrpc":"2.0","id":1}"#), None, "neither result nor error");
+        assert_eq!(sole(r#"data: [1, 2]"#), None);
+        assert_eq!(sole("data: not json\n\n"), None);
+        assert_eq!(sole("id: 0\ndata:\n\n"), None);
     }
 
     fn sse(chunks: Vec<&'static str>, hold_open: bool) -> Response {

@@ -39,23 +39,29 @@ pub fn clip(text: &str, budget: usize) -> (&str, bool) {
     (text, false)
 }
 
-/// Bytes of one JSON string's escaped form, quotes included.
-fn escaped_len(text: &str) -> usize {
-    2 + text
-        .chars()
-        .map(|c| match c {
-            '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
-            c if (c as u32) < 0x20 => 6,
-            c => c.len_utf8(),
-        })
-        .sum::<usize>()
+/// Counts the bytes of compact JSON written to it twice: as written, and escaped once more as the
+/// text copy's string. serde_json's compact output holds no raw control character, so only `"` and
+/// `\` grow when escaped (every other byte, UTF-8 ones included, stays one byte).
+struct SizeCounter(usize);
+
+impl std::io::Write for SizeCounter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.iter().map(|&b| if b == b'"' || b == b'\\' { 3 } else { 2 }).sum::<usize>();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// What a tool result with this structured content costs as sent: the compact JSON once, plus its
-/// text copy as an escaped JSON string.
+/// text copy as an escaped JSON string. Counted as it is serialised: no copy of the result is made.
 pub fn encoded_size<T: Serialize>(value: &T) -> usize {
-    match serde_json::to_string(value) {
-        Ok(json) => json.len() + escaped_len(&json),
+    // The text copy's two quotes.
+    let mut counter = SizeCounter(2);
+    match serde_json::to_writer(&mut counter, value) {
+        Ok(()) => counter.0,
         Err(_) => 0,
     }
 }
@@ -111,6 +117,8 @@ mod tests {
             let empty = sent(&json!({"stdout": ""}));
             assert_eq!(sent(&json!({"stdout": text})) - empty, cost(text), "{text:?}");
             let value = json!({"stdout": text, "n": 1});
+            let compact = value.to_string();
+            assert_eq!(encoded_size(&value), compact.len() + json!(compact).to_string().len(), "{text:?}");
             let overhead = sent(&value) - encoded_size(&value);
             assert!(overhead < 200, "{overhead}");
         }

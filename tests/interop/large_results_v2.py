@@ -7,7 +7,8 @@ run_command writing 64 KiB of \\x01 to stdout and to stderr (13 bytes each as se
 with the truncation flags); in 2026-07-28 mode also as an MCP task (resolved through tasks/get); a
 task log of the same bytes read with get_task at the largest limit, paged to its end; and a 5 MiB
 file of escape-heavy text read with read_file(length=5 MiB) page after page, checked against its
-SHA-256. Prints one JSON line with what it saw.
+SHA-256; and list_files of a directory whose listing is over 1 MiB as sent. Prints one JSON line
+with what it saw.
 """
 
 from __future__ import annotations
@@ -72,6 +73,11 @@ async def main(url: str, token: str, mode: str) -> dict[str, Any]:
             "sha_ok": hashlib.sha256(data).hexdigest() == expected,
             "biggest_page": biggest,
         }
+        # 3000 entries of 200-character names: over 1 MiB as sent, the listing is cut to fit.
+        wide = "mkdir -p /home/user/wide && cd /home/user/wide && for i in $(seq 3000); do : > $(printf '%0200d' $i); done"
+        await call("run_command", {"command": wide})
+        listed = structured(await call("list_files", {"path": "/home/user/wide"}))
+        seen["list_files"] = {"entries": len(listed["entries"]), "truncated": listed["truncated"]}
         await call("kill_sandbox", {})
 
     if mode != "legacy":
