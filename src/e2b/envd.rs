@@ -79,6 +79,25 @@ impl EnvdClient {
         Self { inner: Arc::new(EnvdInner { http, base, sandbox_id, access_token, request_timeout }) }
     }
 
+    /// A client that reaches a local sandbox's agent directly over its Unix socket (the local
+    /// provider's own calls into its sandboxes: template builds, start commands); no access
+    /// token, as the agent's socket is reachable only by the provider.
+    pub fn over_unix_socket(
+        socket: &std::path::Path,
+        sandbox_id: String,
+        request_timeout: Duration,
+    ) -> Result<Self, E2bError> {
+        let http =
+            reqwest::Client::builder().unix_socket(socket.to_path_buf()).no_proxy().http1_only().build().map_err(
+                |e| E2bError::Config {
+                    op: "configure_client",
+                    sandbox_id: Some(sandbox_id.clone()),
+                    detail: format!("cannot build a client for the agent's socket: {e}"),
+                },
+            )?;
+        Ok(Self::new(http, "http://localhost".to_owned(), sandbox_id, None, request_timeout))
+    }
+
     /// The sandbox this client talks to.
     pub fn sandbox_id(&self) -> &str {
         &self.inner.sandbox_id

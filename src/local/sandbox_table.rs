@@ -20,6 +20,7 @@ use super::record::{
     process_start_time, write_json_atomic,
 };
 use super::template::TemplateRoot;
+use crate::e2b::EnvdClient;
 use crate::e2b::wire::SandboxState;
 
 /// How long a new agent may take to report ready.
@@ -244,6 +245,14 @@ impl Provider {
 
     pub fn get(&self, id: &str) -> Option<Arc<SandboxEntry>> {
         self.table().get(id).cloned()
+    }
+
+    /// An envd client that reaches sandbox `id`'s agent over its Unix socket, for the provider's
+    /// own calls into a sandbox (template builds, a template's start command).
+    pub fn agent_client(&self, id: &str, request_timeout: Duration) -> Result<EnvdClient, ProviderError> {
+        let entry = self.get(id).ok_or_else(|| ProviderError::NotFound(id.to_owned()))?;
+        EnvdClient::over_unix_socket(&entry.dir.join(record::SOCKET_FILE), id.to_owned(), request_timeout)
+            .map_err(|e| ProviderError::Internal(e.to_string()))
     }
 
     /// Every live sandbox.
