@@ -366,6 +366,7 @@ impl Provider {
         }
         let spec = SandboxSpec {
             sandbox_id: id.clone(),
+            home_from_template: template.stored,
             template_root: template.root,
             template_layers: template.layers,
             template_lowers: template.lowers,
