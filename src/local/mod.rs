@@ -35,6 +35,7 @@ pub mod shell_profile;
 pub mod state_lock;
 pub mod store;
 pub mod template;
+pub mod template_start;
 #[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 pub mod userns;
 
