@@ -296,7 +296,8 @@ impl Provider {
     /// Creates a sandbox and returns once its agent accepts connections.
     pub async fn create(&self, mut params: CreateParams) -> Result<SandboxRecord, ProviderError> {
         let template_root = match params.root.take() {
-            Some(root) => root,
+            // A build step's sandbox runs no start command (that is the built template's own).
+            Some(root) => (root, RunConfig::default()),
             None => self
                 .template(&params.template)?
                 .ok_or_else(|| ProviderError::TemplateNotFound(params.template.clone()))?,
