@@ -98,6 +98,7 @@ async fn poll_ready(
     let req = request(ready, config);
     let limits = OutputLimits { max_stdout: TAIL_BYTES, max_stderr: TAIL_BYTES };
     let mut last = "it was never tried".to_owned();
+    let mut completed = false;
     loop {
         let remaining = deadline.saturating_duration_since(Instant::now());
         if remaining.is_zero() {
@@ -111,8 +112,11 @@ async fn poll_ready(
                 tail.push(&out.stderr);
                 tail.end = Some(if out.exited { format!("exited with code {}", out.exit_code) } else { out.status });
                 last = format!("the last attempt {}", tail.render().unwrap_or_default());
+                completed = true;
             }
-            Err(err) => last = format!("the last attempt failed: {err}"),
+            // An attempt cut short by the deadline says less than the last one that finished.
+            Err(err) if !completed => last = format!("the last attempt failed: {err}"),
+            Err(err) => tracing::debug!(sandbox = client.sandbox_id(), %err, "a ready attempt failed"),
         }
         tokio::time::sleep_until((Instant::now() + READY_POLL).min(deadline)).await;
     }
