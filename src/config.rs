@@ -589,15 +589,19 @@ mod tests {
             (Some(2048), Some(1024), Some(10240))
         );
         assert_eq!((c.local.state_dir.as_deref(), c.local.domain.as_deref()), (None, None));
-        assert_eq!(c.local.template_store_limit_mb, 51200);
+        assert_eq!((c.local.template_store_limit_mb, c.local.template_ready_timeout_secs), (51200, 60));
         let c = load(
             "[local]\nmemory_limit_mb = 0\ndisk_limit_mb = 0\nstate_dir = \"\"\ndomain = \"\"\n",
-            &[("SANDBOX_MCP_LOCAL__PIDS_LIMIT", "0"), ("SANDBOX_MCP_LOCAL__TEMPLATE_STORE_LIMIT_MB", "7")],
+            &[
+                ("SANDBOX_MCP_LOCAL__PIDS_LIMIT", "0"),
+                ("SANDBOX_MCP_LOCAL__TEMPLATE_STORE_LIMIT_MB", "7"),
+                ("SANDBOX_MCP_LOCAL__TEMPLATE_READY_TIMEOUT_SECS", "3"),
+            ],
         )
         .unwrap();
         assert_eq!((c.local.memory_limit_mb, c.local.pids_limit, c.local.disk_limit_mb), (None, None, None));
         assert_eq!((c.local.state_dir.as_deref(), c.local.domain.as_deref()), (None, None));
-        assert_eq!(c.local.template_store_limit_mb, 7);
+        assert_eq!((c.local.template_store_limit_mb, c.local.template_ready_timeout_secs), (7, 3));
         let c = load("[local]\nstate_dir = \"/srv/state\"\npids_limit = 10\n", &[]).unwrap();
         assert_eq!(c.local.resolved_state_dir(), Path::new("/srv/state"));
         assert_eq!(c.local.pids_limit, Some(10));

@@ -199,6 +199,7 @@ domain = "sbx.example.com"
 id_range = "2000000000:65536"
 disk_limit_mb = 0
 template_store_limit_mb = 123
+template_ready_timeout_secs = 9
 
 [local.templates]
 debian = "/srv/rootfs/debian"
@@ -234,6 +235,8 @@ debian = "/srv/rootfs/debian"
         "0",
         "--template-store-limit-mb",
         "123",
+        "--template-ready-timeout-secs",
+        "9",
         "--template",
         "debian=/srv/rootfs/debian",
     ];
@@ -255,6 +258,7 @@ debian = "/srv/rootfs/debian"
             (Some(2048), Some(1024), Some(10240))
         );
         assert_eq!((serve.max_sandboxes, serve.template_store_limit_mb), (100, 51200));
+        assert_eq!(serve.template_ready_timeout_secs, 60);
         assert_eq!((serve.default_timeout_secs, serve.max_timeout_secs), (300, 86_400));
         assert_eq!(serve.id_map, crate::local::userns::IdMap::default());
         assert_eq!(serve.listen_limits, crate::listen::ListenLimits::default());
@@ -273,7 +277,7 @@ debian = "/srv/rootfs/debian"
         // The same settings as flags, without a file.
         assert_eq!(serve, standalone(SAMPLE_FLAGS, Config::default()), "{SAMPLE_FLAGS:?}");
         // What the file says reaches the embedded provider, 0 meaning no limit.
-        assert_eq!(serve.template_store_limit_mb, 123);
+        assert_eq!((serve.template_store_limit_mb, serve.template_ready_timeout_secs), (123, 9));
         assert_eq!((serve.memory_limit_mb, serve.pids_limit, serve.disk_limit_mb), (None, Some(64), None));
         assert_eq!((serve.max_sandboxes, serve.max_timeout_secs), (7, 7200));
         assert_eq!(serve.state_dir, std::path::Path::new("/var/tmp/sandbox-mcp-sample"));

@@ -35,6 +35,7 @@ pub mod shell_profile;
 pub mod state_lock;
 pub mod store;
 pub mod template;
+pub mod template_start;
 #[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 pub mod userns;
 
@@ -111,6 +112,9 @@ pub struct ProviderArgs {
     /// Most MiB the template store may take (`local.template_store_limit_mb`).
     #[arg(long)]
     pub template_store_limit_mb: Option<u64>,
+    /// Seconds a create waits for a stored template's ready command (`local.template_ready_timeout_secs`).
+    #[arg(long)]
+    pub template_ready_timeout_secs: Option<u64>,
     /// Most HTTP connections open at once, the longest-idle one closed to make room (`server.max_connections`).
     #[arg(long)]
     pub max_connections: Option<usize>,
@@ -152,6 +156,9 @@ impl ProviderArgs {
         }
         if let Some(n) = self.template_store_limit_mb {
             local.template_store_limit_mb = n;
+        }
+        if let Some(n) = self.template_ready_timeout_secs {
+            local.template_ready_timeout_secs = n;
         }
         local.templates.extend(self.templates.iter().cloned());
         if !self.dns_servers.is_empty() {

@@ -23,6 +23,9 @@ pub const DEFAULT_DISK_LIMIT_MB: u64 = 10240;
 pub const DEFAULT_ID_RANGE: &str = "1000000000:65536";
 /// Default `local.template_store_limit_mb`.
 pub const DEFAULT_TEMPLATE_STORE_LIMIT_MB: u64 = super::store::DEFAULT_STORE_LIMIT_MB;
+/// Default `local.template_ready_timeout_secs`: how long a create waits for a stored template's
+/// ready command.
+pub const DEFAULT_TEMPLATE_READY_TIMEOUT_SECS: u64 = 60;
 /// Lifetime of a sandbox created without `timeout`, seconds (E2B's default). The gateway always
 /// sends one (`sandbox.default_timeout_secs`), so this matters to direct API clients only.
 pub const DEFAULT_SANDBOX_TIMEOUT_SECS: u64 = 300;
@@ -66,6 +69,9 @@ pub struct LocalConfig {
     pub templates: BTreeMap<String, PathBuf>,
     /// Most MiB the template store's layers may take (`sandbox-mcp template import/pull`).
     pub template_store_limit_mb: u64,
+    /// Seconds a create waits for a stored template's ready command to succeed (its start command
+    /// runs at every create); past them the sandbox is killed and the create fails.
+    pub template_ready_timeout_secs: u64,
 }
 
 impl Default for LocalConfig {
@@ -82,6 +88,7 @@ impl Default for LocalConfig {
             disk_limit_mb: Some(DEFAULT_DISK_LIMIT_MB),
             templates: BTreeMap::new(),
             template_store_limit_mb: DEFAULT_TEMPLATE_STORE_LIMIT_MB,
+            template_ready_timeout_secs: DEFAULT_TEMPLATE_READY_TIMEOUT_SECS,
         }
     }
 }
@@ -127,6 +134,9 @@ pub struct LocalProviderConfig {
     pub templates: HashMap<String, PathBuf>,
     /// Most MiB the template store may take (`local.template_store_limit_mb`).
     pub template_store_limit_mb: u64,
+    /// How long a create waits for a stored template's ready command, seconds
+    /// (`local.template_ready_timeout_secs`).
+    pub template_ready_timeout_secs: u64,
     /// Host uid/gid range that ids inside every sandbox map to (`local.id_range`).
     pub id_map: super::userns::IdMap,
     /// Per-sandbox disk limit, MiB (`local.disk_limit_mb`); `None`: no limit.
@@ -161,6 +171,7 @@ impl Default for LocalProviderConfig {
             max_timeout_secs: DEFAULT_MAX_SANDBOX_TIMEOUT_SECS,
             templates: HashMap::new(),
             template_store_limit_mb: local.template_store_limit_mb,
+            template_ready_timeout_secs: local.template_ready_timeout_secs,
             id_map: local.id_range.parse().unwrap_or_default(),
             disk_limit_mb: local.disk_limit_mb,
             max_control_body_bytes: 1024 * 1024,
@@ -188,6 +199,7 @@ impl LocalProviderConfig {
             max_timeout_secs: config.sandbox.max_timeout_secs,
             templates: local.templates.clone().into_iter().collect(),
             template_store_limit_mb: local.template_store_limit_mb,
+            template_ready_timeout_secs: local.template_ready_timeout_secs,
             id_map: local.id_range.parse()?,
             disk_limit_mb: local.disk_limit_mb,
             network: local.network(),

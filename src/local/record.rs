@@ -85,6 +85,11 @@ pub struct SandboxSpec {
     /// The sandbox's disk image (`disk_limit_mb`), mounted at `DIR/disk`; all its writes go there.
     #[serde(default)]
     pub disk_image: Option<PathBuf>,
+    /// A stored template's sandbox: `/home` and `/root` come from the template's layers (the
+    /// overlay) instead of private empty binds; `/tmp` stays private. False (the default, and
+    /// what specs written before it mean) for `base` and directory templates.
+    #[serde(default)]
+    pub home_from_template: bool,
 }
 
 /// Errors of record I/O.

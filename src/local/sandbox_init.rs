@@ -1,10 +1,11 @@
 //! In-sandbox set-up, run by `sandbox-mcp envd` as PID 1 of the new PID
 //! namespace before any thread exists: private mounts, the copy-on-write root
 //! (overlayfs over the template), fresh `/proc`, a minimal `/dev`, private
-//! `/tmp` and `/home/user`, the user namespace (see `userns`), the `user`
-//! account (uid 1000), the hostname, the agent's Unix socket, `pivot_root`
-//! into the new root, and last the capability bounding set and the seccomp
-//! filter (see `seccomp`).
+//! `/tmp` (and private `/home`, `/root` unless the template is a stored one,
+//! whose own show), the user namespace (see `userns`), the `user` account
+//! (uid 1000), the hostname, the agent's Unix socket, `pivot_root` into the
+//! new root, and last the capability bounding set and the seccomp filter (see
+//! `seccomp`).
 //!
 //! Paths the kernel shows inside the sandbox (overlay options in
 //! `/proc/self/mountinfo`, the agent socket's name in `/proc/net/unix`) are
@@ -108,15 +109,19 @@ pub fn enter_sandbox(
     }
     build_dev(&root, &ids)?;
 
-    // Private /tmp, /home (with /home/user) and /root, backed by the sandbox directory.
+    // Private /tmp, backed by the sandbox's disk. `base` and directory templates (a directory may
+    // be a host's `/`) also get private, empty /home (with /home/user) and /root; a stored
+    // template shows its own, written through the overlay (see `ensure_user_home`).
     let (host_root, host_user) = (ids.host(0), ids.host(spec.user_uid));
     bind_private(&data, &root, "tmp", 0o1777, host_root, host_root)?;
-    let home = bind_private(&data, &root, "home", 0o755, host_root, host_root)?;
-    let user_home = home.join("user");
-    std::fs::DirBuilder::new().mode(0o755).recursive(true).create(&user_home).context("creating /home/user")?;
-    nix::unistd::chown(&user_home, Some(host_user.into()), Some(ids.host(spec.user_gid).into()))
-        .context("chown /home/user")?;
-    bind_private(&data, &root, "root", 0o700, host_root, host_root)?;
+    if !spec.home_from_template {
+        let home = bind_private(&data, &root, "home", 0o755, host_root, host_root)?;
+        let user_home = home.join("user");
+        std::fs::DirBuilder::new().mode(0o755).recursive(true).create(&user_home).context("creating /home/user")?;
+        nix::unistd::chown(&user_home, Some(host_user.into()), Some(ids.host(spec.user_gid).into()))
+            .context("chown /home/user")?;
+        bind_private(&data, &root, "root", 0o700, host_root, host_root)?;
+    }
 
     // A template that contains the provider's state directory (e.g. a custom template of `/`)
     // gets it hidden behind an empty read-only tmpfs.
@@ -151,8 +156,11 @@ pub fn enter_sandbox(
     drop(userns);
     let new_root = Path::new("/");
     write_accounts(new_root, spec)?;
+    if spec.home_from_template {
+        ensure_user_home(new_root, spec)?;
+    }
     let _ = std::fs::write("/etc/hostname", format!("{}\n", spec.sandbox_id));
-    append_hosts(new_root, &spec.sandbox_id);
+    write_hosts(new_root, &spec.sandbox_id);
     write_resolv_conf(new_root)?;
     drop_bounding_capabilities()?;
     seccomp::install().context("installing the seccomp filter")?;
@@ -391,10 +399,53 @@ fn rewrite_table(path: &Path, new_line: &str, replaces: impl Fn(&[&str]) -> bool
     Ok(())
 }
 
-fn append_hosts(root: &Path, sandbox_id: &str) {
+/// Gives a stored template's sandbox the `user` home E2B's SDKs expect: run inside the sandbox
+/// (after `pivot_root`, as the sandbox's root), so the paths resolve in the sandbox's own tree and
+/// the writes land in its overlay. A missing `/root` or `/home/user` is created (`/home/user`
+/// owned by `user`); an existing one is left as the image made it, owner included.
+fn ensure_user_home(root: &Path, spec: &SandboxSpec) -> anyhow::Result<()> {
+    let create = |rel: &str, mode: u32| -> anyhow::Result<bool> {
+        let path = root.join(rel);
+        if std::fs::symlink_metadata(&path).is_ok() {
+            return Ok(false);
+        }
+        std::fs::DirBuilder::new()
+            .mode(mode)
+            .recursive(true)
+            .create(&path)
+            .with_context(|| format!("creating /{rel}"))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+            .with_context(|| format!("chmod /{rel}"))?;
+        Ok(true)
+    };
+    create("root", 0o700)?;
+    create("home", 0o755)?;
+    if create("home/user", 0o755)? {
+        nix::unistd::chown(&root.join("home/user"), Some(spec.user_uid.into()), Some(spec.user_gid.into()))
+            .context("chown /home/user")?;
+    }
+    Ok(())
+}
+
+/// Names the sandbox in `/etc/hosts` as `127.0.1.1 <id>`, replacing an earlier `127.0.1.1` line
+/// (a template built from a sandbox carries its builder's).
+fn write_hosts(root: &Path, sandbox_id: &str) {
     let path = root.join("etc/hosts");
     let old = std::fs::read_to_string(&path).unwrap_or_default();
-    let _ = std::fs::write(&path, format!("{old}127.0.1.1\t{sandbox_id}\n"));
+    let _ = std::fs::write(&path, hosts_with_name(&old, sandbox_id));
+}
+
+/// `hosts` without its `127.0.1.1` lines, plus `127.0.1.1 <id>`.
+fn hosts_with_name(hosts: &str, sandbox_id: &str) -> String {
+    let mut out = String::with_capacity(hosts.len() + sandbox_id.len() + 12);
+    for line in hosts.lines() {
+        if line.split_whitespace().next() != Some("127.0.1.1") {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out.push_str(&format!("127.0.1.1\t{sandbox_id}\n"));
+    out
 }
 
 /// Points the sandbox's resolver at the provider's DNS forwarder (the far end of its `eth0`),
@@ -404,4 +455,21 @@ fn write_resolv_conf(root: &Path) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&path);
     let text = format!("nameserver {}\n", super::net::netns::GATEWAY_ADDR);
     std::fs::write(&path, text).context("writing /etc/resolv.conf")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hosts_with_name;
+
+    #[test]
+    fn the_sandbox_name_replaces_an_earlier_one_in_etc_hosts() {
+        let fresh = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n";
+        let once = hosts_with_name(fresh, "aaa");
+        assert_eq!(once, format!("{fresh}127.0.1.1\taaa\n"));
+        // A root committed by a build carries its builder's line (and maybe an image's own).
+        let twice = hosts_with_name(&format!("127.0.1.1 debian\n{once}# 127.0.1.1 stays\n"), "bbb");
+        assert_eq!(twice, format!("{fresh}# 127.0.1.1 stays\n127.0.1.1\tbbb\n"));
+        assert_eq!(hosts_with_name("", "ccc"), "127.0.1.1\tccc\n");
+        assert_eq!(hosts_with_name("127.0.0.1 localhost", "d"), "127.0.0.1 localhost\n127.0.1.1\td\n");
+    }
 }

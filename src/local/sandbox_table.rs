@@ -19,6 +19,7 @@ use super::record::{
     self, LOG_FILE, Liveness, RECORD_FILE, SOCKET_FILE, SPEC_FILE, SandboxRecord, SandboxSpec, now_ms, process_is,
     process_start_time, write_json_atomic,
 };
+use super::store::RunConfig;
 use super::template::TemplateRoot;
 use crate::e2b::EnvdClient;
 use crate::e2b::wire::SandboxState;
@@ -27,6 +28,8 @@ use crate::e2b::wire::SandboxState;
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a killed agent may take to disappear.
 const KILL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Deadline of the provider's own unary calls into an agent (a template's start command).
+const AGENT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Errors of provider operations, each with the HTTP status it maps to.
 #[derive(Debug, thiserror::Error)]
@@ -227,19 +230,21 @@ impl Provider {
         })
     }
 
-    /// The lower layers of a template, if it exists: `local.templates`, `base`, then the store
-    /// (by name, template id or alias; read on every create, so imports need no restart).
-    fn template(&self, name: &str) -> Result<Option<TemplateRoot>, ProviderError> {
+    /// The lower layers of a template, if it exists, and its process configuration (a stored
+    /// template's start and ready commands; empty for the others): `local.templates`, `base`,
+    /// then the store (by name, template id or alias; read on every create, so imports need no
+    /// restart).
+    fn template(&self, name: &str) -> Result<Option<(TemplateRoot, RunConfig)>, ProviderError> {
         if let Some(root) = self.cfg.templates.get(name) {
-            return Ok(Some(TemplateRoot::directory(root.clone())));
+            return Ok(Some((TemplateRoot::directory(root.clone()), RunConfig::default())));
         }
         if name == "base" {
-            return Ok(Some(self.base.clone()));
+            return Ok(Some((self.base.clone(), RunConfig::default())));
         }
         let Some(store) = &self.store else { return Ok(None) };
         let internal = |e: super::store::StoreError| ProviderError::Internal(format!("template store: {e}"));
         let Some(record) = store.lookup(name).map_err(internal)? else { return Ok(None) };
-        Ok(TemplateRoot::stacked(store.lowers(&record).map_err(internal)?))
+        Ok(TemplateRoot::stacked(store.lowers(&record).map_err(internal)?).map(|root| (root, record.config)))
     }
 
     /// The `base` template's root (for `GET /templates`).
@@ -269,8 +274,7 @@ impl Provider {
     /// own calls into a sandbox (template builds, a template's start command).
     pub fn agent_client(&self, id: &str, request_timeout: Duration) -> Result<EnvdClient, ProviderError> {
         let entry = self.get(id).ok_or_else(|| ProviderError::NotFound(id.to_owned()))?;
-        EnvdClient::over_unix_socket(&entry.dir.join(record::SOCKET_FILE), id.to_owned(), request_timeout)
-            .map_err(|e| ProviderError::Internal(e.to_string()))
+        agent_client_at(&entry.dir, id, request_timeout)
     }
 
     /// Every live sandbox.
@@ -292,7 +296,8 @@ impl Provider {
     /// Creates a sandbox and returns once its agent accepts connections.
     pub async fn create(&self, mut params: CreateParams) -> Result<SandboxRecord, ProviderError> {
         let template_root = match params.root.take() {
-            Some(root) => root,
+            // A build step's sandbox runs no start command (that is the built template's own).
+            Some(root) => (root, RunConfig::default()),
             None => self
                 .template(&params.template)?
                 .ok_or_else(|| ProviderError::TemplateNotFound(params.template.clone()))?,
@@ -316,7 +321,7 @@ impl Provider {
     async fn create_reserved(
         &self,
         params: CreateParams,
-        template: TemplateRoot,
+        template: (TemplateRoot, RunConfig),
         lifetime_ms: i64,
         policy: EgressPolicy,
     ) -> Result<SandboxRecord, ProviderError> {
@@ -330,7 +335,7 @@ impl Provider {
     async fn create_in_dir(
         &self,
         params: CreateParams,
-        template: TemplateRoot,
+        template: (TemplateRoot, RunConfig),
         lifetime_ms: i64,
         policy: EgressPolicy,
         id: String,
@@ -364,8 +369,10 @@ impl Provider {
                 }
             }
         }
+        let (template, run_config) = template;
         let spec = SandboxSpec {
             sandbox_id: id.clone(),
+            home_from_template: template.stored,
             template_root: template.root,
             template_layers: template.layers,
             template_lowers: template.lowers,
@@ -451,7 +458,7 @@ impl Provider {
         }
         let now = now_ms();
         let traffic_access_token = (!params.network.allow_public_traffic).then(record::new_access_token);
-        let rec = SandboxRecord {
+        let mut rec = SandboxRecord {
             id: id.clone(),
             template: params.template,
             metadata: params.metadata,
@@ -475,6 +482,26 @@ impl Provider {
                 return Err(internal("cannot serve the sandbox's network", &e));
             }
         };
+        // A stored template's start command, and its ready command waited for (egress is on: a
+        // start command may download). Not yet in the table, so not listed while it waits.
+        if super::template_start::has_commands(&run_config) {
+            let timeout = Duration::from_secs(self.cfg.template_ready_timeout_secs);
+            let started = match agent_client_at(&dir, &id, AGENT_CALL_TIMEOUT) {
+                Ok(client) => super::template_start::start_and_wait(&client, &rec.template, &run_config, timeout)
+                    .await
+                    .map_err(|e| ProviderError::Internal(e.to_string())),
+                Err(e) => Err(e),
+            };
+            if let Err(err) = started {
+                tracing::warn!(sandbox = %id, template = %rec.template, %err, "sandbox not ready; killing it");
+                drop(net);
+                self.destroy(&rec, &dir).await;
+                return Err(err);
+            }
+            // The lifetime starts when the sandbox is ready.
+            rec.started_at_ms = now_ms();
+            rec.end_at_ms = rec.started_at_ms + lifetime_ms;
+        }
         if let Err(e) = write_json_atomic(&dir.join(RECORD_FILE), &rec) {
             drop(net);
             self.destroy(&rec, &dir).await;
@@ -774,6 +801,12 @@ impl Provider {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+}
+
+/// An envd client over the Unix socket of the agent of the sandbox in `dir`.
+fn agent_client_at(dir: &Path, id: &str, request_timeout: Duration) -> Result<EnvdClient, ProviderError> {
+    EnvdClient::over_unix_socket(&dir.join(SOCKET_FILE), id.to_owned(), request_timeout)
+        .map_err(|e| ProviderError::Internal(e.to_string()))
 }
 
 /// Waits for a killed agent to be gone, then removes its cgroups and directory.

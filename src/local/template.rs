@@ -7,7 +7,8 @@
 //! `/opt`, `/srv`, and the host's programs (`/usr` and the merged-`/usr`
 //! links) as extra copy-on-write layers. It is built once per input set and
 //! cached in `STATE/templates/base-<fingerprint>`. Other templates are root
-//! filesystem directories named in `[local.templates]`.
+//! filesystem directories named in `[local.templates]`, or stored templates
+//! (the template store's layers, stacked).
 
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
@@ -100,12 +101,16 @@ pub struct TemplateRoot {
     pub root: PathBuf,
     pub layers: Vec<Layer>,
     pub lowers: Vec<PathBuf>,
+    /// A stored template: its sandboxes see the image's own `/home` and `/root` (through the
+    /// overlay, not private binds). False for `base` and directory templates (a directory may be
+    /// a host's `/`).
+    pub stored: bool,
 }
 
 impl TemplateRoot {
     /// A one-layer template: a root filesystem directory.
     pub fn directory(root: PathBuf) -> TemplateRoot {
-        TemplateRoot { root, layers: Vec::new(), lowers: Vec::new() }
+        TemplateRoot { root, layers: Vec::new(), lowers: Vec::new(), stored: false }
     }
 
     /// A stored template: its layers, bottom first (at least one).
@@ -114,7 +119,7 @@ impl TemplateRoot {
             return None;
         }
         let root = lowers.remove(0);
-        Some(TemplateRoot { root, layers: Vec::new(), lowers })
+        Some(TemplateRoot { root, layers: Vec::new(), lowers, stored: true })
     }
 }
 
@@ -138,7 +143,7 @@ pub fn build_base(state_dir: &Path, host_root: &Path) -> Result<TemplateRoot, Te
     let root = dir.join(format!("base-{}", &fingerprint[..16]));
     let marker = root.join(".sandbox-mcp-template");
     if marker.exists() {
-        return Ok(TemplateRoot { root, layers, lowers: Vec::new() });
+        return Ok(TemplateRoot { root, layers, lowers: Vec::new(), stored: false });
     }
     let tmp = dir.join(format!(".base-{}.tmp-{}", &fingerprint[..16], std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
@@ -155,7 +160,7 @@ pub fn build_base(state_dir: &Path, host_root: &Path) -> Result<TemplateRoot, Te
         }
     }
     tracing::info!(root = %root.display(), "built the base template root");
-    Ok(TemplateRoot { root, layers, lowers: Vec::new() })
+    Ok(TemplateRoot { root, layers, lowers: Vec::new(), stored: false })
 }
 
 /// The fingerprint of everything `base` is made of, its program layers and its top-level links.

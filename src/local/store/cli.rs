@@ -23,11 +23,18 @@ pub struct TemplateArgs {
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum TemplateAction {
     /// Import an OCI image layout (directory or tar) or a `docker save` tarball as template NAME.
-    Import { name: String, source: PathBuf },
+    Import {
+        name: String,
+        source: PathBuf,
+        #[command(flatten)]
+        commands: StartCommands,
+    },
     /// Pull REF (e.g. `docker.io/library/debian:bookworm`) from a registry as template NAME.
     Pull {
         name: String,
         reference: String,
+        #[command(flatten)]
+        commands: StartCommands,
         /// A registry (HOST[:PORT]) that may be reached over plain HTTP (repeatable).
         #[arg(long = "insecure-registry")]
         insecure_registries: Vec<String>,
@@ -43,6 +50,40 @@ pub enum TemplateAction {
     Gc,
 }
 
+/// A template's start and ready commands (E2B's `set_start_cmd` / `set_ready_cmd`), stored in its
+/// record's config.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct StartCommands {
+    /// Command started (`/bin/sh -c`, in the background) in every new sandbox of the template.
+    #[arg(long, value_name = "CMD")]
+    pub start_cmd: Option<String>,
+    /// Command a create waits for to exit 0 (tried every 150 ms, within
+    /// `local.template_ready_timeout_secs`).
+    #[arg(long, value_name = "CMD")]
+    pub ready_cmd: Option<String>,
+}
+
+impl StartCommands {
+    /// Stores the commands given in template `record`'s config (the others stay as they are).
+    fn apply(&self, store: &Store, record: &mut super::TemplateRecord) -> anyhow::Result<()> {
+        if self.start_cmd.is_none() && self.ready_cmd.is_none() {
+            return Ok(());
+        }
+        let _lock = store.lock()?;
+        if let Some(current) = store.layout.read_record(&record.name)? {
+            *record = current;
+        }
+        if let Some(cmd) = &self.start_cmd {
+            record.config.start_cmd = Some(cmd.clone()).filter(|c| !c.trim().is_empty());
+        }
+        if let Some(cmd) = &self.ready_cmd {
+            record.config.ready_cmd = Some(cmd.clone()).filter(|c| !c.trim().is_empty());
+        }
+        store.layout.write_record(record)?;
+        Ok(())
+    }
+}
+
 /// Runs one `sandbox-mcp template` command.
 pub fn run(args: TemplateArgs) -> anyhow::Result<()> {
     crate::logging::init(crate::logging::LogFormat::Auto);
@@ -51,8 +92,9 @@ pub fn run(args: TemplateArgs) -> anyhow::Result<()> {
     let store = Store::open(&state_dir, config.local.template_store_limit_mb)
         .with_context(|| format!("opening the template store of {}", state_dir.display()))?;
     match args.action {
-        TemplateAction::Import { name, source } => {
-            let record = store.import(&name, &source)?;
+        TemplateAction::Import { name, source, commands } => {
+            let mut record = store.import(&name, &source)?;
+            commands.apply(&store, &mut record)?;
             println!(
                 "imported {} ({} layers, {} MiB, id {})",
                 record.name,
@@ -61,7 +103,7 @@ pub fn run(args: TemplateArgs) -> anyhow::Result<()> {
                 record.template_id
             );
         }
-        TemplateAction::Pull { name, reference, insecure_registries, username } => {
+        TemplateAction::Pull { name, reference, commands, insecure_registries, username } => {
             let password = std::env::var("SANDBOX_MCP_REGISTRY_PASSWORD").ok();
             let credentials = match (username, password) {
                 (Some(user), Some(password)) => Some(super::registry::Credentials { username: user, password }),
@@ -70,7 +112,8 @@ pub fn run(args: TemplateArgs) -> anyhow::Result<()> {
             };
             let options = super::registry::PullOptions { insecure_registries, credentials };
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
-            let record = runtime.block_on(super::registry::pull(&store, &name, &reference, &options))?;
+            let mut record = runtime.block_on(super::registry::pull(&store, &name, &reference, &options))?;
+            commands.apply(&store, &mut record)?;
             println!(
                 "pulled {} ({} layers, {} MiB, id {})",
                 record.name,
