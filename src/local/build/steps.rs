@@ -255,7 +255,7 @@ pub fn cache_key(previous: &str, step: &Step, context: &Context) -> String {
         hash.update((bytes.len() as u64).to_le_bytes());
         hash.update(bytes);
     };
-    field(b"sandbox-mcp-build-step-v1");
+    field(b"sandbox-mcp-build-step-v2");
     field(previous.as_bytes());
     field(format!("{step:?}").as_bytes());
     field(context.user.as_bytes());
