@@ -146,10 +146,11 @@ pub fn run(args: TemplateArgs) -> anyhow::Result<()> {
             let _lock = store.lock()?;
             let report = store.gc(&state_dir)?;
             println!(
-                "removed {} layers ({} MiB), kept {}",
+                "removed {} layers ({} MiB), kept {}; removed {} build cache entries and old uploads",
                 report.removed_layers,
                 report.freed_bytes >> 20,
-                report.kept_layers
+                report.kept_layers,
+                report.removed_build_files
             );
         }
     }

@@ -1,5 +1,7 @@
 //! Garbage collection: layers that no template record and no sandbox (its
-//! `spec.json` under `STATE/sandboxes/`) uses are removed.
+//! `spec.json` under `STATE/sandboxes/`) uses are removed, then the build cache
+//! entries whose layer went with them, and uploaded build files older than a day
+//! (an SDK uploads them again when a build needs them).
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -13,7 +15,12 @@ pub struct GcReport {
     pub removed_layers: usize,
     pub freed_bytes: u64,
     pub kept_layers: usize,
+    /// Build cache entries and uploaded build files removed.
+    pub removed_build_files: usize,
 }
+
+/// Uploaded build files older than this are removed.
+const UPLOAD_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 pub fn collect(store: &Store, state_dir: &Path) -> Result<GcReport, StoreError> {
     let layers_dir = store.layout.dir.join(super::layout::LAYERS);
@@ -51,5 +58,37 @@ pub fn collect(store: &Store, state_dir: &Path) -> Result<GcReport, StoreError> 
         report.removed_layers += 1;
         report.freed_bytes += size;
     }
+    report.removed_build_files = collect_build_files(store);
     Ok(report)
+}
+
+/// Removes cache entries that name a missing layer and old uploads; returns how many.
+fn collect_build_files(store: &Store) -> usize {
+    let mut removed = 0;
+    let cache = store.layout.dir.join("cache");
+    for entry in std::fs::read_dir(&cache).into_iter().flatten().flatten() {
+        let layer = std::fs::read(entry.path())
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+            .map(|v| v.get("layer").and_then(|l| l.as_str()).map(str::to_owned));
+        let keep = match layer {
+            Some(None) => true,
+            Some(Some(digest)) => Digest::parse(&digest).ok().is_some_and(|d| store.layout.layer_meta(&d).is_some()),
+            None => false,
+        };
+        if !keep && std::fs::remove_file(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    let files = store.layout.dir.join("files");
+    for template in std::fs::read_dir(&files).into_iter().flatten().flatten() {
+        for upload in std::fs::read_dir(template.path()).into_iter().flatten().flatten() {
+            let old = upload.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+            if old.is_some_and(|age| age > UPLOAD_MAX_AGE) && std::fs::remove_file(upload.path()).is_ok() {
+                removed += 1;
+            }
+        }
+        let _ = std::fs::remove_dir(template.path()); // only when empty
+    }
+    removed
 }

@@ -236,8 +236,19 @@ fn import_shares_layers_verifies_digests_enforces_the_limit_and_gc_frees_unused_
 
     let _lock = store.lock().unwrap();
     store.remove("one").unwrap();
+    // Build cache entries: one naming a layer gc removes, one without a layer, one unreadable.
+    let cache = store.layout.dir.join("cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    let one_layer = store.layout.read_record("two").unwrap().unwrap().layers.len();
+    assert_eq!(one_layer, 1);
+    let gone = format!("sha256:{}", "0".repeat(64));
+    std::fs::write(cache.join("a.json"), serde_json::json!({"layer": gone}).to_string()).unwrap();
+    std::fs::write(cache.join("b.json"), r#"{"layer": null, "user": "u", "workdir": "/", "env": []}"#).unwrap();
+    std::fs::write(cache.join("c.json"), "not json").unwrap();
     let report = store.gc(state.path()).unwrap();
     assert_eq!((report.removed_layers, report.kept_layers), (1, 1));
+    assert_eq!(report.removed_build_files, 2);
+    assert!(cache.join("b.json").exists() && !cache.join("a.json").exists());
     assert!(store.lookup("one").unwrap().is_none() && store.lookup("two").unwrap().is_some());
     assert!(matches!(validate_name("../x"), Err(StoreError::BadName(_))));
 }
