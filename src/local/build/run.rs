@@ -129,7 +129,8 @@ async fn execute(builds: &Builds, build: &Build, plan: Plan) -> Result<(), Stop>
                 let script = "[ -d \"$1\" ] || { mkdir -p -- \"$1\" && chown -- \"$2\" \"$1\"; }";
                 let args = vec![dir.clone(), context.user.clone()];
                 let layer =
-                    step_in_sandbox(builds, build, &store, &layers, &n, &context, "root", script, args, None).await?;
+                    step_in_sandbox(builds, build, &store, &layers, (&n, &key), &context, "root", script, args, None)
+                        .await?;
                 context.workdir = dir;
                 Some(layer)
             }
@@ -142,7 +143,7 @@ async fn execute(builds: &Builds, build: &Build, plan: Plan) -> Result<(), Stop>
                         build,
                         &store,
                         &layers,
-                        &n,
+                        (&n, &key),
                         &context,
                         &user,
                         script,
@@ -171,7 +172,7 @@ async fn execute(builds: &Builds, build: &Build, plan: Plan) -> Result<(), Stop>
                         build,
                         &store,
                         &layers,
-                        &n,
+                        (&n, &key),
                         &context,
                         "root",
                         COPY_SCRIPT,
@@ -320,11 +321,12 @@ fn remember(store: &Store, key: &str, entry: &CacheEntry) {
 /// Copies the files of a `COPY` step into place, run as root in the step sandbox:
 /// `$0` the uploaded tar (in the sandbox's private /tmp), `$1` the source (a path or a glob in
 /// the uploaded files), `$2` the destination (relative to the working directory), `$3` the
-/// owner, `$4` the mode. A directory's contents are merged into the destination; a file goes
+/// owner (`user[:group]`, the user's own group when none), `$4` the mode. A directory's contents are merged into the destination; a file goes
 /// into the destination when it ends with `/`, is a directory or several files match, else it
 /// becomes the destination.
 const COPY_SCRIPT: &str = r#"set -eu
 tar_file=$0; src=${1#./}; dest=$2; owner=$3; mode=$4
+case $owner in *:*) ;; *) group=$(id -g "$owner") && owner=$owner:$group ;; esac
 work=$(mktemp -d /tmp/.sandbox-mcp-copy.XXXXXX)
 tar -xf "$tar_file" -C "$work"
 rm -f "$tar_file"
@@ -356,7 +358,7 @@ async fn step_in_sandbox(
     build: &Build,
     store: &Store,
     layers: &[Digest],
-    n: &str,
+    (n, key): (&str, &str),
     context: &Context,
     user: &str,
     script: &str,
@@ -377,7 +379,7 @@ async fn step_in_sandbox(
     };
     let rec = provider.create(params).await.map_err(|e| stop(n, format!("cannot start the step's sandbox: {e}")))?;
     let id = rec.id.clone();
-    let outcome = run_and_harvest(builds, build, store, n, context, user, script, args, tar, &id).await;
+    let outcome = run_and_harvest(builds, build, store, (n, key), context, user, script, args, tar, &id).await;
     if let Err(err) = provider.kill(&id).await {
         tracing::warn!(sandbox = %id, %err, "cannot kill a build step's sandbox");
     }
@@ -389,7 +391,7 @@ async fn run_and_harvest(
     builds: &Builds,
     build: &Build,
     store: &Store,
-    n: &str,
+    (n, key): (&str, &str),
     context: &Context,
     user: &str,
     script: &str,
@@ -474,10 +476,11 @@ async fn run_and_harvest(
     if frozen.as_deref() != Some("freezer") {
         return Err(stop(n, "template builds need the cgroup freezer (to read a step's files while nothing runs)"));
     }
-    let (store2, upper, id_base) = (store.clone(), data.join("upper"), provider.cfg.id_map.host(0));
+    let (store2, upper, id_base, salt) =
+        (store.clone(), data.join("upper"), provider.cfg.id_map.host(0), key.to_owned());
     let layer = tokio::task::spawn_blocking(move || {
         let _lock = store2.lock()?;
-        let layer = harvest::upper_to_layer(&store2, &upper, id_base);
+        let layer = harvest::upper_to_layer(&store2, &upper, id_base, &salt);
         drop(disk);
         layer
     })
