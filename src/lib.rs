@@ -24,3 +24,10 @@ pub mod masking;
 pub mod sync;
 pub mod tasks;
 pub mod tenant;
+
+/// The integration tests' skip gate for unit tests too (`SANDBOX_MCP_NO_SKIP=1` turns a skip
+/// into a failure).
+#[cfg(test)]
+#[path = "../tests/common/gate.rs"]
+#[allow(dead_code)]
+pub(crate) mod skip_gate;

@@ -16,6 +16,7 @@ use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
 use subtle::ConstantTimeEq;
 
+mod builds;
 mod templates;
 
 use super::control_error::ControlError;
@@ -29,6 +30,21 @@ use crate::e2b::wire::{
 /// Shared state of the HTTP layer.
 pub struct AppState {
     pub provider: Arc<Provider>,
+    /// Template builds; `None` when the template store could not be opened.
+    pub builds: Option<Arc<crate::local::build::Builds>>,
+}
+
+impl AppState {
+    pub fn new(provider: Arc<Provider>) -> AppState {
+        let builds = match crate::local::build::Builds::new(provider.clone()) {
+            Ok(builds) => Some(builds),
+            Err(err) => {
+                tracing::warn!(%err, "template builds are off");
+                None
+            }
+        };
+        AppState { provider, builds }
+    }
 }
 
 type ApiResult<T> = Result<T, ControlError>;
@@ -48,6 +64,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/sandboxes/{id}/metrics", get(metrics))
         .route("/sandboxes/{id}/network", put(update_network))
         .route("/templates", get(templates::list))
+        .route("/v3/templates", post(builds::request))
+        .route("/templates/{id}", axum::routing::delete(builds::delete))
+        .route("/templates/{id}/files/{hash}", get(builds::file_link).put(builds::upload))
+        .route("/v2/templates/{id}/builds/{build}", post(builds::start))
+        .route("/templates/{id}/builds/{build}/status", get(builds::status))
+        .route("/templates/aliases/{alias}", get(builds::alias))
+        .route("/templates/tags", post(builds::assign_tags).delete(builds::delete_tags))
+        .route("/templates/{id}/tags", get(builds::list_tags))
         .fallback(|| async { ControlError::new(StatusCode::NOT_FOUND, "no such route") })
         .method_not_allowed_fallback(|| async {
             ControlError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
@@ -112,7 +136,8 @@ async fn inbound(entry: &super::sandbox_table::SandboxEntry, id: &str, port: u16
 }
 
 async fn check_api_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    if req.uri().path() == "/health" {
+    // A build file upload carries its own token (E2B's presigned upload URLs need no API key).
+    if req.uri().path() == "/health" || builds::is_upload(&req) {
         return next.run(req).await;
     }
     let given = req.headers().get(HEADER_API_KEY).map(HeaderValue::as_bytes);
@@ -228,6 +253,7 @@ async fn create(State(state): State<Arc<AppState>>, body: Body) -> ApiResult<Res
             // (the gateway always says: false unless its tool call asks for public traffic).
             allow_public_traffic: network.allow_public_traffic.unwrap_or(true),
         },
+        ..CreateParams::default()
     };
     let rec = state.provider.create(params).await?;
     Ok((StatusCode::CREATED, Json(sandbox_view(&rec, state.provider.cfg.network.domain.as_deref()))).into_response())

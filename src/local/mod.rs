@@ -12,6 +12,7 @@ pub mod agent_process;
 #[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 pub mod agent_spawn;
 pub mod api;
+pub mod build;
 pub mod cgroups;
 pub mod control_error;
 #[allow(unsafe_code)] // system calls; every block has a SAFETY comment
@@ -306,7 +307,7 @@ pub async fn start_provider(
     });
 
     let limits = provider.cfg.listen_limits;
-    let app = api::router(Arc::new(api::AppState { provider: provider.clone() }));
+    let app = api::router(Arc::new(api::AppState::new(provider.clone())));
     let stop = shutdown.clone();
     // Connection cap, header-read and idle timeouts, accept back-off (see `crate::listen`);
     // TCP_NODELAY so small Connect frames never wait for Nagle's algorithm.

@@ -64,6 +64,9 @@ pub struct SandboxEntry {
     op: tokio::sync::Mutex<()>,
     /// The sandbox's network; taken (and so torn down) when the sandbox is killed.
     net: Mutex<Option<SandboxNet>>,
+    /// The provider's own descriptor of the sandbox's disk, kept when the create asked for it
+    /// (a template build reads the overlay's upper layer through it once the sandbox stopped).
+    kept_disk: Mutex<Option<OwnedFd>>,
 }
 
 impl SandboxEntry {
@@ -80,7 +83,18 @@ impl SandboxEntry {
         net.as_ref().and_then(|n| n.netns.try_clone().ok())
     }
     fn new(dir: PathBuf, rec: SandboxRecord, net: Option<SandboxNet>) -> SandboxEntry {
-        SandboxEntry { dir, record: Mutex::new(rec), op: tokio::sync::Mutex::new(()), net: Mutex::new(net) }
+        SandboxEntry {
+            dir,
+            record: Mutex::new(rec),
+            op: tokio::sync::Mutex::new(()),
+            net: Mutex::new(net),
+            kept_disk: Mutex::new(None),
+        }
+    }
+    /// The sandbox's disk (a detached ext4 mount) when the create kept it: the directory that
+    /// holds its `upper` layer. `None` without a disk limit: the layers are in [`SandboxEntry::dir`].
+    pub fn take_kept_disk(&self) -> Option<OwnedFd> {
+        crate::sync::lock(&self.kept_disk).take()
     }
     fn take_net(&self) -> Option<SandboxNet> {
         crate::sync::lock(&self.net).take()
@@ -102,6 +116,10 @@ pub struct CreateParams {
     pub allow_internet_access: bool,
     /// Egress rules and inbound access (validated by the HTTP layer with [`EgressPolicy::new`]).
     pub network: NetworkConfig,
+    /// The layers to stack instead of looking `template` up (a template build's step sandbox).
+    pub root: Option<TemplateRoot>,
+    /// Keep the provider's descriptor of the sandbox's disk ([`SandboxEntry::take_kept_disk`]).
+    pub keep_disk: bool,
 }
 
 /// The provider's shared state.
@@ -272,9 +290,13 @@ impl Provider {
     }
 
     /// Creates a sandbox and returns once its agent accepts connections.
-    pub async fn create(&self, params: CreateParams) -> Result<SandboxRecord, ProviderError> {
-        let template_root =
-            self.template(&params.template)?.ok_or_else(|| ProviderError::TemplateNotFound(params.template.clone()))?;
+    pub async fn create(&self, mut params: CreateParams) -> Result<SandboxRecord, ProviderError> {
+        let template_root = match params.root.take() {
+            Some(root) => root,
+            None => self
+                .template(&params.template)?
+                .ok_or_else(|| ProviderError::TemplateNotFound(params.template.clone()))?,
+        };
         let lifetime_ms = self.timeout_ms(params.timeout_secs)?;
         let policy = EgressPolicy::new(&params.network, params.allow_internet_access)
             .map_err(|e| ProviderError::BadRequest(e.to_string()))?;
@@ -393,6 +415,10 @@ impl Provider {
             },
         );
         // The agent has its own copies of these descriptors now (or failed to start).
+        let kept_disk = if params.keep_disk { disk_mount.as_ref().and_then(|d| d.try_clone().ok()) } else { None };
+        if params.keep_disk && disk_mount.is_some() != kept_disk.is_some() {
+            tracing::warn!(sandbox = %id, "the sandbox's disk descriptor could not be kept");
+        }
         drop((disk_mount, userns));
         let spawned_ms = started.elapsed().as_secs_f64() * 1000.0;
         let agent = match spawned {
@@ -455,6 +481,7 @@ impl Provider {
             return Err(internal("cannot write the sandbox record", &e));
         }
         let entry = Arc::new(SandboxEntry::new(dir, rec.clone(), Some(net)));
+        *crate::sync::lock(&entry.kept_disk) = kept_disk;
         self.table().insert(id.clone(), entry);
         let ms = started.elapsed().as_secs_f64() * 1000.0;
         tracing::info!(sandbox = %id, pid, ms, spawned_ms, "sandbox created");

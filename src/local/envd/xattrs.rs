@@ -86,12 +86,6 @@ pub fn read_metadata(path: &Path) -> BTreeMap<String, String> {
     metadata
 }
 
-/// The integration tests' skip gate (`SANDBOX_MCP_NO_SKIP=1` turns a skip into a failure).
-#[cfg(test)]
-#[path = "../../../tests/common/gate.rs"]
-#[allow(dead_code)]
-mod skip_gate;
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,7 +108,7 @@ mod tests {
         match write_metadata(&file, &metadata) {
             Ok(()) => assert_eq!(read_metadata(&file), metadata),
             // Some temp filesystems have no user xattrs; nothing to check there.
-            Err(err) => super::skip_gate::skip(&format!("the temp filesystem has no user xattrs: {err}")),
+            Err(err) => crate::skip_gate::skip(&format!("the temp filesystem has no user xattrs: {err}")),
         }
     }
 }

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 pub use digest::Digest;
 pub use gc::GcReport;
-pub use layout::{LayerMeta, Layout, RunConfig, StoreLock, TemplateRecord};
+pub use layout::{LayerMeta, Layout, RunConfig, StoreLock, TemplateRecord, write_atomic};
 
 /// Default `local.template_store_limit_mb`.
 pub const DEFAULT_STORE_LIMIT_MB: u64 = 51200;
@@ -81,6 +81,32 @@ pub fn validate_name(name: &str) -> Result<(), StoreError> {
     if ok { Ok(()) } else { Err(StoreError::BadName(name.to_owned())) }
 }
 
+/// A template to register ([`Store::commit`]).
+#[derive(Debug, Default)]
+pub struct NewTemplate<'a> {
+    pub name: &'a str,
+    pub layers: Vec<Digest>,
+    pub config: RunConfig,
+    /// Where it came from (`import:FILE`, `pull:REF`, `build:ID`).
+    pub source: String,
+    pub template_id: Option<String>,
+    pub build_id: Option<String>,
+    pub tags: Option<Vec<String>>,
+    pub cpu_count: Option<u32>,
+    pub memory_mb: Option<u64>,
+}
+
+/// A new template id: 20 hex digits.
+pub fn new_template_id() -> String {
+    hex::encode(rand::random::<[u8; 10]>())
+}
+
+/// A new build id, a UUID as E2B's are.
+pub fn new_build_id() -> String {
+    let b = hex::encode(rand::random::<[u8; 16]>());
+    format!("{}-{}-{}-{}-{}", &b[..8], &b[8..12], &b[12..16], &b[16..20], &b[20..])
+}
+
 /// One provider state directory's template store.
 #[derive(Debug, Clone)]
 pub struct Store {
@@ -117,8 +143,11 @@ impl Store {
         StoreLock::take(&self.layout, true)?.ok_or_else(|| StoreError::Corrupt("store lock not taken".into()))
     }
 
-    /// A template by name, template id or alias.
+    /// A template by name, template id or alias, or `NAME:TAG` (the template when it has that tag).
     pub fn lookup(&self, name: &str) -> Result<Option<TemplateRecord>, StoreError> {
+        if let Some((name, tag)) = name.rsplit_once(':') {
+            return Ok(self.lookup(name)?.filter(|r| r.tags.iter().any(|t| t == tag)));
+        }
         if validate_name(name).is_ok()
             && let Some(record) = self.layout.read_record(name)?
         {
@@ -241,6 +270,13 @@ impl Store {
         config: RunConfig,
         source: String,
     ) -> Result<TemplateRecord, StoreError> {
+        self.commit(NewTemplate { name, layers, config, source, ..NewTemplate::default() })
+    }
+
+    /// Registers (or replaces) a template; what `new` leaves `None` is kept from a template of the
+    /// same name, else made up (ids) or defaulted (tags `default`). The caller holds the lock.
+    pub fn commit(&self, new: NewTemplate<'_>) -> Result<TemplateRecord, StoreError> {
+        let NewTemplate { name, layers, config, source, template_id, build_id, tags, cpu_count, memory_mb } = new;
         validate_name(name)?;
         let mut size = 0;
         for layer in &layers {
@@ -251,27 +287,22 @@ impl Store {
                 .ok_or_else(|| StoreError::Corrupt(format!("layer {layer} is not in the store")))?;
         }
         let previous = self.layout.read_record(name)?;
-        let random = |n: usize| hex::encode(rand::random::<[u8; 16]>())[..n].to_owned();
-        let build = random(32);
         let record = TemplateRecord {
             name: name.to_owned(),
-            template_id: previous.as_ref().map(|p| p.template_id.clone()).unwrap_or_else(|| random(20)),
+            template_id: template_id
+                .or_else(|| previous.as_ref().map(|p| p.template_id.clone()))
+                .unwrap_or_else(new_template_id),
             aliases: previous.as_ref().map(|p| p.aliases.clone()).unwrap_or_else(|| vec![name.to_owned()]),
-            tags: previous.as_ref().map(|p| p.tags.clone()).unwrap_or_else(|| vec!["default".to_owned()]),
-            build_id: format!(
-                "{}-{}-{}-{}-{}",
-                &build[..8],
-                &build[8..12],
-                &build[12..16],
-                &build[16..20],
-                &build[20..]
-            ),
+            tags: tags
+                .or_else(|| previous.as_ref().map(|p| p.tags.clone()))
+                .unwrap_or_else(|| vec!["default".to_owned()]),
+            build_id: build_id.unwrap_or_else(new_build_id),
             layers: layers.iter().map(|d| d.to_string()).collect(),
             config,
             size_bytes: size,
             created: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-            cpu_count: 2,
-            memory_mb: 512,
+            cpu_count: cpu_count.unwrap_or(2),
+            memory_mb: memory_mb.unwrap_or(512),
             source,
         };
         self.layout.write_record(&record)?;

@@ -15,6 +15,7 @@ use tokio::io::AsyncWriteExt;
 
 use super::digest::Digest;
 use super::image::{Document, ImageConfig, MAX_DOCUMENT, pick_manifest};
+use super::layout::RunConfig;
 use super::{Store, StoreError, TemplateRecord};
 
 const ACCEPT: &str = "application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json, \
@@ -260,6 +261,27 @@ pub async fn pull(
     options: &PullOptions,
 ) -> Result<TemplateRecord, StoreError> {
     super::validate_name(name)?;
+    let image = fetch(store, reference, options).await?;
+    let (store2, name2, label) = (store.clone(), name.to_owned(), format!("pull:{reference}"));
+    tokio::task::spawn_blocking(move || {
+        let _lock = store2.lock()?;
+        store2.commit_template(&name2, image.layers, image.config, label)
+    })
+    .await
+    .map_err(|e| StoreError::Extract(format!("commit task: {e}")))?
+}
+
+/// An image's layers, stored, and its config (not registered as a template).
+#[derive(Debug, Clone)]
+pub struct FetchedImage {
+    pub layers: Vec<Digest>,
+    pub config: RunConfig,
+    /// The digest of the image's config blob (what identifies the image's content).
+    pub config_digest: Digest,
+}
+
+/// Downloads `reference`'s layers into the store (those not stored yet) and reads its config.
+pub async fn fetch(store: &Store, reference: &str, options: &PullOptions) -> Result<FetchedImage, StoreError> {
     let parsed = Reference::parse(reference)?;
     let client = reqwest::Client::builder()
         .user_agent(concat!("sandbox-mcp/", env!("CARGO_PKG_VERSION")))
@@ -335,13 +357,7 @@ pub async fn pull(
         tracing::info!(layer = %digest, "layer ready");
         layers.push(digest);
     }
-    let (store2, name2, label) = (store.clone(), name.to_owned(), format!("pull:{reference}"));
-    tokio::task::spawn_blocking(move || {
-        let _lock = store2.lock()?;
-        store2.commit_template(&name2, layers, config.run_config(), label)
-    })
-    .await
-    .map_err(|e| StoreError::Extract(format!("commit task: {e}")))?
+    Ok(FetchedImage { layers, config: config.run_config(), config_digest })
 }
 
 #[cfg(test)]

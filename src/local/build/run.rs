@@ -1,0 +1,534 @@
+//! How one build runs: its base (an image pulled into the store, or a stored template), then
+//! each step, from the cache when its key is known, else in a step sandbox of the layers so
+//! far (a sandbox like any other: user namespace, network namespace with the default egress
+//! policy, seccomp, limits) whose writes become the step's layer; then the template is
+//! registered. A failing step fails the build with the step, its exit code and the last lines
+//! of its output, and registers nothing.
+
+use std::collections::HashMap;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+use super::harvest;
+use super::steps::{Base, Context, Plan, Step, cache_key};
+use super::{Build, Builds, Failure, REASON_TAIL_LINES};
+use crate::e2b::CallOptions;
+use crate::e2b::wire::{self, ProcessEvent};
+use crate::local::sandbox_table::CreateParams;
+use crate::local::store::registry::{self, Credentials, PullOptions};
+use crate::local::store::{Digest, NewTemplate, RunConfig, Store, write_atomic};
+use crate::local::template::TemplateRoot;
+
+/// Longest a step may run.
+const STEP_TIMEOUT: Duration = Duration::from_secs(3600);
+/// The user and directory a build's steps start with (E2B's).
+const DEFAULT_USER: &str = "user";
+const DEFAULT_WORKDIR: &str = "/home/user";
+/// Lines of a failed step's output quoted in the build's error message.
+const MESSAGE_TAIL_LINES: usize = 5;
+/// The folder of step cache entries under the store.
+const CACHE: &str = "cache";
+
+/// Why a build stopped.
+struct Stop {
+    step: Option<String>,
+    message: String,
+}
+
+fn stop(step: &str, message: impl Into<String>) -> Stop {
+    Stop { step: Some(step.to_owned()), message: message.into() }
+}
+
+/// A cached step: its layer (none for ENV, USER) and the context after it.
+#[derive(Debug, Serialize, Deserialize)]
+struct CacheEntry {
+    layer: Option<String>,
+    user: String,
+    workdir: String,
+    env: Vec<String>,
+}
+
+pub(super) async fn run(builds: &Builds, build: &Build, plan: Plan) {
+    let started = std::time::Instant::now();
+    match execute(builds, build, plan).await {
+        Ok(()) => {
+            build.log(
+                "info",
+                Some("finalize"),
+                format!(
+                    "Template {} is ready (template id {}, build {}) in {:.1} s",
+                    build.name,
+                    build.template_id,
+                    build.build_id,
+                    started.elapsed().as_secs_f64()
+                ),
+            );
+            build.succeed();
+        }
+        Err(Stop { step, message }) => {
+            build.log("error", step.as_deref(), message.clone());
+            let log_entries = build.tail(REASON_TAIL_LINES);
+            tracing::info!(build = %build.build_id, template = %build.name, "template build failed");
+            build.fail(Failure { message, step, log_entries });
+        }
+    }
+}
+
+fn chain(previous: &str, key: &str, layer: Option<&Digest>) -> String {
+    let mut hash = Sha256::new();
+    hash.update(previous.as_bytes());
+    hash.update(b"\n");
+    hash.update(key.as_bytes());
+    hash.update(b"\n");
+    hash.update(layer.map(Digest::as_str).unwrap_or("-").as_bytes());
+    hex::encode(hash.finalize())
+}
+
+async fn execute(builds: &Builds, build: &Build, plan: Plan) -> Result<(), Stop> {
+    let store = builds.store().map_err(|e| stop("base", e.to_string()))?.clone();
+    let (mut layers, base_config, mut previous) = base(&store, build, &plan.base).await?;
+    let mut context =
+        Context { user: DEFAULT_USER.to_owned(), workdir: DEFAULT_WORKDIR.to_owned(), env: base_config.env.clone() };
+    let total = plan.steps.len();
+    let mut forced = plan.force;
+    for (i, (step, force)) in plan.steps.iter().enumerate() {
+        let n = (i + 1).to_string();
+        forced |= *force;
+        let key = cache_key(&previous, step, &context);
+        let label = format!("[{}/{total}] {}", i + 1, step.describe());
+        if !forced && let Some(entry) = cached(&store, &key) {
+            let layer = match &entry.layer {
+                Some(d) => Some(Digest::parse(d).map_err(|e| stop(&n, e.to_string()))?),
+                None => None,
+            };
+            build.log("info", Some(&n), format!("CACHED {label}"));
+            context = Context { user: entry.user, workdir: entry.workdir, env: entry.env };
+            previous = chain(&previous, &key, layer.as_ref());
+            push_layer(&mut layers, layer, &n)?;
+            continue;
+        }
+        build.log("info", Some(&n), label);
+        let layer = match step {
+            Step::Env(pairs) => {
+                for (k, v) in pairs {
+                    context.set_env(k, v);
+                }
+                None
+            }
+            Step::User(user) => {
+                context.user = user.clone();
+                None
+            }
+            Step::Workdir(dir) => {
+                let dir = context.resolve(dir);
+                let script = "[ -d \"$1\" ] || { mkdir -p -- \"$1\" && chown -- \"$2\" \"$1\"; }";
+                let args = vec![dir.clone(), context.user.clone()];
+                let layer =
+                    step_in_sandbox(builds, build, &store, &layers, &n, &context, "root", script, args, None).await?;
+                context.workdir = dir;
+                Some(layer)
+            }
+            Step::Run { command, user } => {
+                let user = user.clone().unwrap_or_else(|| context.user.clone());
+                let script = "if command -v bash >/dev/null 2>&1; then exec bash -c \"$1\"; else exec sh -c \"$1\"; fi";
+                Some(
+                    step_in_sandbox(
+                        builds,
+                        build,
+                        &store,
+                        &layers,
+                        &n,
+                        &context,
+                        &user,
+                        script,
+                        vec![command.clone()],
+                        None,
+                    )
+                    .await?,
+                )
+            }
+            Step::Copy { src, dest, owner, mode, files_hash } => {
+                let tar = builds.files.path(&build.template_id, files_hash).map_err(|e| stop(&n, e.to_string()))?;
+                if !tar.is_file() {
+                    return Err(stop(
+                        &n,
+                        format!(
+                            "the files of step {n} (COPY {src} {dest}) were never uploaded (files hash {files_hash}): \
+                             the SDK uploads them before it starts the build"
+                        ),
+                    ));
+                }
+                let owner = owner.clone().unwrap_or_else(|| context.user.clone());
+                let args = vec![src.clone(), dest.clone(), owner, mode.clone().unwrap_or_default()];
+                Some(
+                    step_in_sandbox(
+                        builds,
+                        build,
+                        &store,
+                        &layers,
+                        &n,
+                        &context,
+                        "root",
+                        COPY_SCRIPT,
+                        args,
+                        Some(&tar),
+                    )
+                    .await?,
+                )
+            }
+        };
+        let entry = CacheEntry {
+            layer: layer.as_ref().map(|d| d.to_string()),
+            user: context.user.clone(),
+            workdir: context.workdir.clone(),
+            env: context.env.clone(),
+        };
+        remember(&store, &key, &entry);
+        previous = chain(&previous, &key, layer.as_ref());
+        push_layer(&mut layers, layer, &n)?;
+    }
+    let config = RunConfig {
+        env: context.env,
+        workdir: context.workdir,
+        user: context.user,
+        start_cmd: plan.start_cmd,
+        ready_cmd: plan.ready_cmd,
+        ..base_config
+    };
+    let (store2, name, template_id, build_id, tags) =
+        (store.clone(), build.name.clone(), build.template_id.clone(), build.build_id.clone(), build.tags.clone());
+    let (cpu_count, memory_mb) = (build.cpu_count, build.memory_mb);
+    tokio::task::spawn_blocking(move || {
+        let _lock = store2.lock()?;
+        store2.commit(NewTemplate {
+            name: &name,
+            layers,
+            config,
+            source: format!("build:{build_id}"),
+            template_id: Some(template_id),
+            build_id: Some(build_id.clone()),
+            tags: Some(tags),
+            cpu_count,
+            memory_mb,
+        })
+    })
+    .await
+    .map_err(|e| stop("finalize", format!("registering the template failed: {e}")))?
+    .map_err(|e| stop("finalize", format!("registering the template failed: {e}")))?;
+    Ok(())
+}
+
+/// Stacks a step's layer. A layer equal to the top one changes nothing and is left out; one
+/// equal to a layer further down cannot be stacked twice (overlayfs refuses a directory twice).
+fn push_layer(layers: &mut Vec<Digest>, layer: Option<Digest>, n: &str) -> Result<(), Stop> {
+    let Some(layer) = layer else { return Ok(()) };
+    if layers.last() == Some(&layer) {
+        return Ok(());
+    }
+    if let Some(at) = layers.iter().position(|l| *l == layer) {
+        return Err(stop(
+            n,
+            format!(
+                "step {n} wrote exactly what layer {} of the template already holds, which cannot be stacked twice: \
+                 change the step (or the one before it)",
+                at + 1
+            ),
+        ));
+    }
+    layers.push(layer);
+    Ok(())
+}
+
+/// The base's layers and config, and the cache key every step chains from.
+async fn base(store: &Store, build: &Build, base: &Base) -> Result<(Vec<Digest>, RunConfig, String), Stop> {
+    match base {
+        Base::Image { reference, credentials } => {
+            build.log("info", Some("base"), format!("FROM {reference}"));
+            let options = PullOptions {
+                insecure_registries: Vec::new(),
+                credentials: credentials
+                    .as_ref()
+                    .map(|(username, password)| Credentials { username: username.clone(), password: password.clone() }),
+            };
+            let image = registry::fetch(store, reference, &options)
+                .await
+                .map_err(|e| stop("base", format!("cannot pull {reference}: {e}")))?;
+            let key = format!("image:{}", image.config_digest);
+            Ok((image.layers, image.config, key))
+        }
+        Base::Template(raw) => {
+            build.log("info", Some("base"), format!("FROM TEMPLATE {raw}"));
+            let (name, tag) = match raw.rsplit_once(':') {
+                Some((name, tag)) => (name, Some(tag)),
+                None => (raw.as_str(), None),
+            };
+            let record = store
+                .lookup(name)
+                .map_err(|e| stop("base", e.to_string()))?
+                .filter(|r| tag.is_none_or(|t| r.tags.iter().any(|have| have == t)))
+                .ok_or_else(|| {
+                    stop(
+                        "base",
+                        format!(
+                            "no stored template {raw:?} to build on (a build starts from an image or a template of \
+                             the store: built, pulled or imported; `base` and `local.templates` directories cannot \
+                             be built on)"
+                        ),
+                    )
+                })?;
+            let layers: Vec<Digest> = record
+                .layers
+                .iter()
+                .map(|d| Digest::parse(d))
+                .collect::<Result<_, _>>()
+                .map_err(|e| stop("base", e.to_string()))?;
+            let key = format!("layers:{}", record.layers.join(","));
+            Ok((layers, record.config, key))
+        }
+    }
+}
+
+fn cache_path(store: &Store, key: &str) -> PathBuf {
+    store.layout.dir.join(CACHE).join(format!("{key}.json"))
+}
+
+/// The cache entry of `key`, when its layer is still stored.
+fn cached(store: &Store, key: &str) -> Option<CacheEntry> {
+    let entry: CacheEntry = serde_json::from_slice(&std::fs::read(cache_path(store, key)).ok()?).ok()?;
+    match &entry.layer {
+        Some(digest) => store.layout.layer_meta(&Digest::parse(digest).ok()?).map(|_| entry),
+        None => Some(entry),
+    }
+}
+
+fn remember(store: &Store, key: &str, entry: &CacheEntry) {
+    let dir = store.layout.dir.join(CACHE);
+    let written = std::fs::create_dir_all(&dir)
+        .map_err(|e| e.to_string())
+        .and_then(|()| serde_json::to_vec(entry).map_err(|e| e.to_string()))
+        .and_then(|json| write_atomic(&store.layout.tmp(), &cache_path(store, key), &json).map_err(|e| e.to_string()));
+    if let Err(err) = written {
+        tracing::warn!(%err, "cannot write a build cache entry; the step will run again next time");
+    }
+}
+
+/// Copies the files of a `COPY` step into place, run as root in the step sandbox:
+/// `$0` the uploaded tar (in the sandbox's private /tmp), `$1` the source (a path or a glob in
+/// the uploaded files), `$2` the destination (relative to the working directory), `$3` the
+/// owner, `$4` the mode. A directory's contents are merged into the destination; a file goes
+/// into the destination when it ends with `/`, is a directory or several files match, else it
+/// becomes the destination.
+const COPY_SCRIPT: &str = r#"set -eu
+tar_file=$0; src=${1#./}; dest=$2; owner=$3; mode=$4
+work=$(mktemp -d /tmp/.sandbox-mcp-copy.XXXXXX)
+tar -xf "$tar_file" -C "$work"
+rm -f "$tar_file"
+case $dest in /*) ;; *) dest=$PWD/$dest ;; esac
+cd "$work"
+case $src in *'*'*|*'?'*|*'['*) set -- $src ;; *) set -- "$src" ;; esac
+many=0; [ $# -gt 1 ] && many=1
+for entry in "$@"; do
+  if [ ! -e "$entry" ] && [ ! -L "$entry" ]; then echo "COPY: $entry is not among the uploaded files" >&2; exit 1; fi
+  chown -hR "$owner" "$entry"
+  if [ -n "$mode" ] && [ ! -L "$entry" ]; then chmod -R "$mode" "$entry"; fi
+  if [ -d "$entry" ] && [ ! -L "$entry" ]; then
+    mkdir -p "$dest"; cp -a "$entry/." "$dest/"
+  elif [ $many = 1 ] || [ -d "$dest" ] || [ "${dest%/}" != "$dest" ]; then
+    mkdir -p "$dest"; cp -a "$entry" "$dest/"
+  else
+    mkdir -p "$(dirname "$dest")"; cp -a "$entry" "$dest"
+  fi
+done
+cd /; rm -rf "$work"
+"#;
+
+/// Runs `script` (with `args`) as `user` in a fresh sandbox of `layers`, streams its output to the
+/// build's log, and turns what it wrote into a layer. `tar`: a file put into the sandbox's /tmp
+/// first (passed as `$0`).
+#[allow(clippy::too_many_arguments)]
+async fn step_in_sandbox(
+    builds: &Builds,
+    build: &Build,
+    store: &Store,
+    layers: &[Digest],
+    n: &str,
+    context: &Context,
+    user: &str,
+    script: &str,
+    args: Vec<String>,
+    tar: Option<&Path>,
+) -> Result<Digest, Stop> {
+    let provider = &builds.provider;
+    let lowers: Vec<PathBuf> = layers.iter().map(|d| store.layout.layer_fs(d)).collect();
+    let root = TemplateRoot::stacked(lowers).ok_or_else(|| stop(n, "a build step needs at least one layer"))?;
+    let params = CreateParams {
+        template: format!("build:{}", build.name),
+        timeout_secs: Some(provider.cfg.max_timeout_secs.min(STEP_TIMEOUT.as_secs())),
+        metadata: HashMap::from([("sandbox-mcp.build".to_owned(), build.build_id.clone())]),
+        allow_internet_access: true,
+        root: Some(root),
+        keep_disk: true,
+        ..CreateParams::default()
+    };
+    let rec = provider.create(params).await.map_err(|e| stop(n, format!("cannot start the step's sandbox: {e}")))?;
+    let id = rec.id.clone();
+    let outcome = run_and_harvest(builds, build, store, n, context, user, script, args, tar, &id).await;
+    if let Err(err) = provider.kill(&id).await {
+        tracing::warn!(sandbox = %id, %err, "cannot kill a build step's sandbox");
+    }
+    outcome
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_and_harvest(
+    builds: &Builds,
+    build: &Build,
+    store: &Store,
+    n: &str,
+    context: &Context,
+    user: &str,
+    script: &str,
+    args: Vec<String>,
+    tar: Option<&Path>,
+    id: &str,
+) -> Result<Digest, Stop> {
+    let provider = &builds.provider;
+    let entry = provider.get(id).ok_or_else(|| stop(n, "the step's sandbox is gone"))?;
+    let disk = entry.take_kept_disk();
+    if disk.is_none() && provider.disk_limit_bytes().is_some() {
+        return Err(stop(
+            n,
+            "template builds need the kernel's detached mounts for sandbox disks (or local.disk_limit_mb = 0)",
+        ));
+    }
+    // The sandbox's own files (overlay upper, private /tmp): on its disk, else in its directory.
+    let data = match &disk {
+        Some(fd) => PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())),
+        None => entry.dir.clone(),
+    };
+    let mut argv = vec!["-c".to_owned(), script.to_owned()];
+    match tar {
+        Some(tar) => {
+            let name = place_in_tmp(&data, tar, provider.cfg.id_map.host(0)).map_err(|e| stop(n, e))?;
+            argv.push(format!("/tmp/{name}"));
+        }
+        None => argv.push("sh".to_owned()),
+    }
+    argv.extend(args);
+    let client = provider.agent_client(id, Duration::from_secs(30)).map_err(|e| stop(n, e.to_string()))?;
+    let envs: HashMap<String, String> =
+        context.env.iter().filter_map(|e| e.split_once('=')).map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
+    let request = wire::StartRequest {
+        process: wire::ProcessConfig { cmd: "/bin/sh".into(), args: argv, envs, cwd: Some(context.workdir.clone()) },
+        stdin: Some(false),
+        ..Default::default()
+    };
+    let opts = CallOptions::user(user).with_timeout(STEP_TIMEOUT);
+    let mut stream =
+        client.start(&request, &opts).await.map_err(|e| stop(n, format!("step {n} did not start: {e}")))?;
+    let (mut out, mut err) = (LineBuffer::default(), LineBuffer::default());
+    let mut tail: std::collections::VecDeque<String> = std::collections::VecDeque::new();
+    let mut keep = |line: String| {
+        if tail.len() == MESSAGE_TAIL_LINES {
+            tail.pop_front();
+        }
+        tail.push_back(line.clone());
+        build.log("info", Some(n), line);
+    };
+    let exit = loop {
+        match stream.next_event().await {
+            Ok(Some(ProcessEvent::Data(data))) => {
+                for line in out.push(data.stdout.as_deref().unwrap_or_default()) {
+                    keep(line);
+                }
+                for line in err.push(data.stderr.as_deref().unwrap_or_default()) {
+                    keep(line);
+                }
+            }
+            Ok(Some(ProcessEvent::End(end))) => break end,
+            Ok(Some(_)) => {}
+            Ok(None) => return Err(stop(n, format!("step {n}: the process stream ended without an exit status"))),
+            Err(e) => return Err(stop(n, format!("step {n} failed: {e}"))),
+        }
+    };
+    for line in out.finish().into_iter().chain(err.finish()) {
+        keep(line);
+    }
+    if !exit.exited || exit.exit_code != 0 {
+        let how = if exit.exited { format!("exit code {}", exit.exit_code) } else { exit.status.clone() };
+        let output = if tail.is_empty() {
+            " and printed nothing".to_owned()
+        } else {
+            format!("; its last output:\n{}", Vec::from(tail).join("\n"))
+        };
+        return Err(stop(n, format!("step {n} failed with {how}{output}")));
+    }
+    // Nothing may change the upper layer while it is read: every process of the sandbox freezes.
+    provider.pause(id).await.map_err(|e| stop(n, format!("cannot freeze the step's sandbox: {e}")))?;
+    let frozen = provider.get(id).map(|e| e.snapshot().pause_method).unwrap_or_default();
+    if frozen.as_deref() != Some("freezer") {
+        return Err(stop(n, "template builds need the cgroup freezer (to read a step's files while nothing runs)"));
+    }
+    let (store2, upper, id_base) = (store.clone(), data.join("upper"), provider.cfg.id_map.host(0));
+    let layer = tokio::task::spawn_blocking(move || {
+        let _lock = store2.lock()?;
+        let layer = harvest::upper_to_layer(&store2, &upper, id_base);
+        drop(disk);
+        layer
+    })
+    .await
+    .map_err(|e| stop(n, format!("committing the step failed: {e}")))?
+    .map_err(|e| stop(n, format!("committing the step failed: {e}")))?;
+    Ok(layer)
+}
+
+/// Copies `tar` into the step sandbox's private /tmp (before anything of the step runs there),
+/// never through a name the sandbox made: a fresh name, `O_EXCL | O_NOFOLLOW`.
+fn place_in_tmp(data: &Path, tar: &Path, sandbox_root: u32) -> Result<String, String> {
+    let name = format!(".sandbox-mcp-files-{}.tar", hex::encode(rand::random::<[u8; 8]>()));
+    let dest = data.join("tmp.d").join(&name);
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&dest)
+        .map_err(|e| format!("cannot put the step's files into its sandbox: {e}"))?;
+    let mut input = std::fs::File::open(tar).map_err(|e| format!("cannot read the uploaded files: {e}"))?;
+    std::io::copy(&mut input, &mut out).map_err(|e| format!("cannot put the step's files into its sandbox: {e}"))?;
+    // The sandbox's root owns it (and so may remove it from the sticky /tmp).
+    std::os::unix::fs::fchown(&out, Some(sandbox_root), Some(sandbox_root))
+        .map_err(|e| format!("cannot put the step's files into its sandbox: {e}"))?;
+    Ok(name)
+}
+
+/// Splits a byte stream into lines (the last, unfinished one kept until more comes).
+#[derive(Default)]
+struct LineBuffer {
+    pending: Vec<u8>,
+}
+
+impl LineBuffer {
+    fn push(&mut self, bytes: &[u8]) -> Vec<String> {
+        self.pending.extend_from_slice(bytes);
+        let mut lines = Vec::new();
+        while let Some(at) = self.pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.pending.drain(..=at).collect();
+            lines.push(String::from_utf8_lossy(&line[..line.len() - 1]).trim_end_matches('\r').to_owned());
+        }
+        // A line with no end in sight is cut, so one endless line cannot hold memory.
+        if self.pending.len() > 64 * 1024 {
+            lines.push(String::from_utf8_lossy(&std::mem::take(&mut self.pending)).into_owned());
+        }
+        lines
+    }
+
+    fn finish(&mut self) -> Option<String> {
+        (!self.pending.is_empty()).then(|| String::from_utf8_lossy(&std::mem::take(&mut self.pending)).into_owned())
+    }
+}
