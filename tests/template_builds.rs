@@ -372,6 +372,38 @@ fn image_chain(world: &World) {
     });
 }
 
+/// The README's template build example (the python block after "Building templates with the SDKs"),
+/// run as it stands with the test's registry, password and a small `app/` beside it; the sandbox it
+/// creates is checked and killed by lines appended to it.
+fn readme_example(world: &World) -> Value {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let section = readme.split_once("**Building templates with the SDKs.**").expect("the README section").1;
+    let block = section.split_once("```python\n").expect("its python block").1.split_once("```").unwrap().0;
+    let block = block.replace("127.0.0.1:5000", &world.private.addr).replace("username=\"ci\"", "username=USER");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("app")).unwrap();
+    let scripts = [
+        ("setup.sh", "#!/bin/sh\necho \"set up as $(id -un) in $(pwd) with $MODE\" > setup.txt\n"),
+        ("serve.sh", "#!/bin/sh\necho \"$MODE\" > /tmp/ready\nexec sleep 600\n"),
+    ];
+    for (name, text) in scripts {
+        let path = dir.path().join("app").join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    let prelude = "import os\nregistry_password = os.environ['REGISTRY_PASSWORD']\nUSER = os.environ['REGISTRY_USER']\n\
+                   os.environ['E2B_API_URL'] = os.environ['E2B_SANDBOX_URL'] = os.environ['PROVIDER_URL']\n";
+    let epilogue = "try:\n    out = sandbox.commands.run('cat /home/user/app/setup.txt /tmp/ready').stdout\n\
+                    finally:\n    sandbox.kill()\nimport json\nprint('RESULT ' + json.dumps({'out': out}))\n";
+    let script = dir.path().join("example.py");
+    std::fs::write(&script, format!("{prelude}{block}{epilogue}")).unwrap();
+    let mut command = Command::new(&world.python);
+    command.arg(&script).current_dir(dir.path());
+    let result = run_script(command.envs(world.envs()), "readme example");
+    assert_eq!(result["out"], "set up as user in /home/user/app with dev\ndev\n", "{result}");
+    result
+}
+
 /// Chain 2: the rest, each independent of scenario a.
 fn other_chain(world: &World, runtime: &tokio::runtime::Runtime) {
     world.scenario("c: from_dockerfile", || world.python("dockerfile", json!({})));
@@ -390,6 +422,7 @@ fn other_chain(world: &World, runtime: &tokio::runtime::Runtime) {
     });
     world.scenario("i: start command + ready check", || world.python("start_cmd", json!({})));
     world.scenario("j: JavaScript SDK", || world.javascript());
+    world.scenario("README example", || readme_example(world));
     match world.scenario("gateway template", || world.python("gateway_template", json!({}))) {
         Some(built) => {
             let name = built["name"].as_str().unwrap().to_owned();

@@ -253,7 +253,6 @@ def scenario_failing():
 
     message, logs = build_fails(template(), name)
     check("3" in message and "exit" in message.lower(), f"the message does not give the exit code: {message!r}")
-    check("out-line-2" in message or "out-line-1" in message, f"the message lacks the step's last output: {message!r}")
     check("never-runs" not in logs.text(), f"a step after the failing one ran:\n{logs.text()}")
     check(not Template.exists(name), f"{name} exists after a failed build")
     refused = create_fails(name)
@@ -263,8 +262,12 @@ def scenario_failing():
     reason = status.reason
     check(reason is not None and reason.step == "2", f"reason {reason!r} (want step '2': the second step)")
     check("3" in reason.message, f"reason message {reason.message!r}")
+    tail = [e.message for e in reason.log_entries]
+    check(any("out-line-2" in m for m in tail), f"the reason's log entries lack the step's last output: {tail}")
     check(not Template.exists(name), f"{name} exists after a second failed build")
-    return {"message": message, "create_error": refused, "reason_step": reason.step}
+    # Last: the exception itself shows the step's last output (what a user sees first).
+    check("out-line-2" in message or "out-line-1" in message, f"the message lacks the step's last output: {message!r}")
+    return {"message": message, "create_error": refused, "reason_step": reason.step, "reason_tail": tail}
 
 
 def wait_status(info, final, seconds=180):
