@@ -138,7 +138,7 @@ def image_template(ctx, last_step="echo last-v1 > last.txt; echo ran-$((40+1))-l
 
 
 def scenario_image():
-    """(a) A private-registry image with COPY, ENV, RUN, USER and WORKDIR; checks in a sandbox."""
+    """(a) A private-registry image with COPY, ENV, RUN, USER and WORKDIR, built; its logs and exists."""
     name = f"sdk-img-{TAG}"
     ctx = context_dir()
     check(not Template.exists(name), f"{name} exists before its build")
@@ -148,13 +148,17 @@ def scenario_image():
     check("ran-step1-hi-from-env" in text, f"the first RUN's output is not in the build logs:\n{text}")
     check("ran-41-last-v1" in text, f"the last RUN's output is not in the build logs:\n{text}")
     check(Template.exists(name), f"Template.exists({name!r}) is False after the build")
+    return {"name": name, "template_id": info.template_id, "seconds": seconds, "log_lines": len(logs.server())}
+
+
+def scenario_image_inside():
+    """(a) In a sandbox of scenario a's template: the copies, the RUNs' files, the image's dpkg and apt."""
+    name = ARGS["name"]
     sbx = Sandbox.create(name, timeout=120)
     try:
         stat = sh(sbx, "stat -c '%U:%G %a' /opt/app/hello.txt; cat /opt/app/hello.txt", user="root")
         check(stat == "root:root 640\nhello from the context\n", f"/opt/app/hello.txt: {stat!r}")
-        out = sh(sbx, "cd /home/user/assets && stat -c '%n %U:%G' a.txt sub/b.txt run.sh && cat a.txt sub/b.txt")
-        want = "a.txt user:user\nsub/b.txt user:user\nrun.sh user:user\nasset a\nasset b\n"
-        check(out == want, f"the copied directory: {out!r}")
+        owners = sh(sbx, "cd /home/user/assets && stat -c '%n %U:%G' a.txt sub/b.txt run.sh && cat a.txt sub/b.txt")
         check(sh(sbx, "/home/user/assets/run.sh") == "script-ran\n", "the copied script keeps its mode")
         greeting = sh(sbx, "cat /home/user/greeting.txt")
         check(greeting == "hi-from-env two user /home/user\n", f"RUN with the ENV, default user/dir: {greeting!r}")
@@ -171,8 +175,11 @@ def scenario_image():
         defaults = sh(sbx, "id -un; pwd")
     finally:
         sbx.kill()
-    return {"name": name, "template_id": info.template_id, "seconds": seconds, "packages": count,
-            "defaults": defaults, "log_lines": len(logs.server())}
+    # Last, so that a wrong owner does not hide the checks above: as on E2B, a COPY without a user
+    # gives the files to the step's user and that user's group.
+    want = "a.txt user:user\nsub/b.txt user:user\nrun.sh user:user\nasset a\nasset b\n"
+    check(owners == want, f"the copied directory: {owners!r} (want {want!r})")
+    return {"packages": count, "defaults": defaults}
 
 
 def scenario_cache():
@@ -211,6 +218,27 @@ def scenario_derived():
         out = sh(sbx, "cat /home/user/derived.txt /home/user/derived-greeting.txt /opt/app/hello.txt", user="root")
         check(out == "derived\nhi-from-env two user /home/user\nhello from the context\n", f"derived: {out!r}")
         check(sh(sbx, "dpkg -s apt | grep -c '^Status: install ok installed'") == "1\n", "dpkg in the derived one")
+    finally:
+        sbx.kill()
+    return {"name": name}
+
+
+def scenario_repeated_layer():
+    """A step that leaves exactly what an earlier one left (a file set back, times pinned) builds, as on E2B."""
+    base = ARGS["name"]
+    name = f"sdk-repeat-{TAG}"
+    # Every path the step's layer holds gets the same time, so that layers 1 and 3 are equal.
+    pin = "touch -h -d @1 /home/user/state /home/user /home /etc/passwd /etc/group /etc /"
+    template = (
+        Template().from_template(base).set_user("root").set_workdir("/")
+        .run_cmd(f"echo one > /home/user/state && {pin}")
+        .run_cmd(f"echo two > /home/user/state && {pin}")
+        .run_cmd(f"echo one > /home/user/state && {pin}")
+    )
+    build(template, name)
+    sbx = Sandbox.create(name, timeout=60)
+    try:
+        check(sh(sbx, "cat /home/user/state") == "one\n", "the last step's content")
     finally:
         sbx.kill()
     return {"name": name}
@@ -330,7 +358,8 @@ def scenario_hostile_build():
     name = f"sdk-linkcopy-{TAG}"
     template = (
         Template(file_context_path=ctx).from_template(base).set_user("root")
-        .run_cmd(f"ln -s {canary} /home/user/escape && ln -s {canary}/canary.txt /home/user/canary-file")
+        .run_cmd(f"mkdir -p {canary} && echo in-the-sandbox > {canary}/canary.txt && ln -s {canary} /home/user/escape"
+                 f" && ln -s {canary}/canary.txt /home/user/canary-file")
         .copy("payload.txt", "/home/user/escape/")
         .copy("payload.txt", "/home/user/canary-file")
     )
@@ -340,7 +369,7 @@ def scenario_hostile_build():
         sbx = Sandbox.create(name, timeout=60)
         try:
             result["link_copy"] = sbx.commands.run(
-                f"cat /home/user/escape/payload.txt; cat /home/user/canary-file; ls -A {canary} 2>&1", user="root"
+                f"cat /home/user/escape/payload.txt; cat /home/user/canary-file; ls -A {canary} 2>&1; true", user="root"
             ).stdout
         finally:
             sbx.kill()
@@ -404,7 +433,7 @@ def hostile_uploads(base, canary):
                     sbx = Sandbox.create(name, timeout=60)
                     try:
                         entry["inside"] = sbx.commands.run(
-                            f"find /home/user/evil -ls 2>&1; ls -A {canary} 2>&1", user="root").stdout
+                            f"find /home/user/evil -ls 2>&1; ls -A {canary} 2>&1; true", user="root").stdout
                     finally:
                         sbx.kill()
         out[kind] = entry
@@ -531,8 +560,10 @@ def scenario_gateway_template():
 
 SCENARIOS = {
     "image": scenario_image,
+    "image_inside": scenario_image_inside,
     "cache": scenario_cache,
     "derived": scenario_derived,
+    "repeated_layer": scenario_repeated_layer,
     "dockerfile": scenario_dockerfile,
     "failing": scenario_failing,
     "credentials": scenario_credentials,
