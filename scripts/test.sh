@@ -93,6 +93,17 @@ if [ "$(cat "$inspector_dir/.version" 2>/dev/null)" != "$inspector_version" ]; t
   echo "$inspector_version" > "$inspector_dir/.version"
 fi
 export SANDBOX_MCP_INSPECTOR_DIR="$inspector_dir"
+# The official E2B JavaScript SDK (its Template build API: tests/template_builds.rs), pinned to the
+# release whose Template API matches the Python SDK's (e2b 2.63.0 in scripts/requirements-test.txt).
+e2b_js_version="2.51.0"
+e2b_js_dir="$venv/e2b-js"
+if [ "$(cat "$e2b_js_dir/.version" 2>/dev/null)" != "$e2b_js_version" ]; then
+  rm -rf "$e2b_js_dir" && mkdir -p "$e2b_js_dir"
+  (cd "$e2b_js_dir" && "$node_bin/node" "$npm_cli" install --silent --no-audit --no-fund --save-exact \
+    "e2b@$e2b_js_version" >/dev/null)
+  echo "$e2b_js_version" > "$e2b_js_dir/.version"
+fi
+export SANDBOX_MCP_E2B_JS_DIR="$e2b_js_dir"
 
 step "test authorization server for the OAuth tests (oidc-provider, pinned in tests/oauth/package-lock.json)"
 # The wheel's bin/npm resolves its CLI relative to a lib/ it does not sit beside; run the CLI directly.
