@@ -434,6 +434,7 @@ async fn run_and_harvest(
     let (mut out, mut err) = (LineBuffer::default(), LineBuffer::default());
     let mut tail: std::collections::VecDeque<String> = std::collections::VecDeque::new();
     let mut keep = |line: String| {
+        let line = super::clip_line(line);
         if tail.len() == MESSAGE_TAIL_LINES {
             tail.pop_front();
         }
