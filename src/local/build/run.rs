@@ -20,7 +20,7 @@ use super::{Build, Builds, Failure, REASON_TAIL_LINES};
 use crate::e2b::CallOptions;
 use crate::e2b::wire::{self, ProcessEvent};
 use crate::local::sandbox_table::CreateParams;
-use crate::local::store::registry::{self, Credentials, PullOptions};
+use crate::local::store::registry::{self, PullOptions};
 use crate::local::store::{Digest, NewTemplate, RunConfig, Store, write_atomic};
 use crate::local::template::TemplateRoot;
 
@@ -249,12 +249,7 @@ async fn base(store: &Store, build: &Build, base: &Base) -> Result<(Vec<Digest>,
     match base {
         Base::Image { reference, credentials } => {
             build.log("info", Some("base"), format!("FROM {reference}"));
-            let options = PullOptions {
-                insecure_registries: Vec::new(),
-                credentials: credentials
-                    .as_ref()
-                    .map(|(username, password)| Credentials { username: username.clone(), password: password.clone() }),
-            };
+            let options = PullOptions { insecure_registries: Vec::new(), credentials: credentials.clone() };
             let image = registry::fetch(store, reference, &options)
                 .await
                 .map_err(|e| stop("base", format!("cannot pull {reference}: {e}")))?;
