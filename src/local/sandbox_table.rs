@@ -109,6 +109,17 @@ impl SandboxEntry {
     }
 }
 
+/// The metadata key of a template build's step sandbox (its value: the build's id).
+pub const BUILD_STEP_METADATA: &str = "sandbox-mcp.build";
+/// The template name prefix of a template build's step sandbox.
+pub const BUILD_STEP_TEMPLATE_PREFIX: &str = "build:";
+
+/// Whether `rec` is a template build's step sandbox. Builds live in the provider process: one
+/// found at start-up belongs to a build that is gone, and is killed rather than re-adopted.
+pub fn is_build_step(rec: &SandboxRecord) -> bool {
+    rec.template.starts_with(BUILD_STEP_TEMPLATE_PREFIX) && rec.metadata.contains_key(BUILD_STEP_METADATA)
+}
+
 /// Parameters of a new sandbox (validated by the HTTP layer).
 #[derive(Debug, Clone, Default)]
 pub struct CreateParams {
@@ -705,7 +716,10 @@ impl Provider {
                     let healthy = alive
                         && (rec.state == SandboxState::Paused
                             || super::agent_probe::agent_healthy(&dir.join(SOCKET_FILE)).await);
-                    if healthy {
+                    if is_build_step(&rec) {
+                        tracing::info!(sandbox = %id, "killing a template build's step sandbox left by a previous run");
+                        self.destroy(&rec, &dir).await;
+                    } else if healthy {
                         let net = self.readopt_network(&rec).await;
                         tracing::info!(sandbox = %id, pid = rec.envd_pid, network = net.is_some(), "re-adopted running sandbox");
                         self.table().insert(id, Arc::new(SandboxEntry::new(dir, rec, net)));

@@ -4,10 +4,12 @@
 //! the token an HMAC of the template id and hash under a key of this provider process (so a
 //! link works without the API key, as E2B's presigned URLs do, and only for that file).
 //! Uploads are kept per template under `STATE/store/files/<template id>/<hash>.tar`, written
-//! to the store's `tmp/` first and renamed whole, and bounded by the store's free space.
+//! to the store's `tmp/` first and renamed whole, and bounded together: the uploads kept, the
+//! ones under way and the store's layers fit in the store's limit.
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures_util::{Stream, StreamExt};
 use hmac::{Hmac, KeyInit, Mac};
@@ -39,13 +41,34 @@ pub fn valid_template_id(id: &str) -> bool {
 pub struct Uploads {
     store: Store,
     key: [u8; 32],
+    /// Bytes received by uploads under way.
+    in_flight: AtomicU64,
+}
+
+/// Takes an upload's bytes off [`Uploads::in_flight`] when it ends, however it ends.
+struct InFlight<'a> {
+    counter: &'a AtomicU64,
+    bytes: u64,
+}
+
+impl InFlight<'_> {
+    fn add(&mut self, bytes: u64) -> u64 {
+        self.bytes += bytes;
+        self.counter.fetch_add(bytes, Ordering::SeqCst) + bytes
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(self.bytes, Ordering::SeqCst);
+    }
 }
 
 impl Uploads {
     pub fn new(store: Store) -> Result<Uploads, BuildError> {
         let dir = store.layout.dir.join(FILES);
         std::fs::DirBuilder::new().mode(0o700).recursive(true).create(&dir).map_err(|e| StoreError::io(&dir, e))?;
-        Ok(Uploads { store, key: rand::random() })
+        Ok(Uploads { store, key: rand::random(), in_flight: AtomicU64::new(0) })
     }
 
     fn check(template_id: &str, hash: &str) -> Result<(), BuildError> {
@@ -62,6 +85,18 @@ impl Uploads {
     pub fn path(&self, template_id: &str, hash: &str) -> Result<PathBuf, BuildError> {
         Self::check(template_id, hash)?;
         Ok(self.store.layout.dir.join(FILES).join(template_id).join(format!("{hash}.tar")))
+    }
+
+    /// Bytes of the uploads kept.
+    fn kept_bytes(&self) -> u64 {
+        let dir = self.store.layout.dir.join(FILES);
+        let templates = std::fs::read_dir(&dir).into_iter().flatten().flatten();
+        templates
+            .flat_map(|t| std::fs::read_dir(t.path()).into_iter().flatten().flatten())
+            .filter_map(|f| f.metadata().ok())
+            .filter(|m| m.is_file())
+            .map(|m| m.len())
+            .sum()
     }
 
     /// Whether the files are cached, and the upload token for them.
@@ -100,7 +135,8 @@ impl Uploads {
                     .into(),
             ));
         }
-        let limit = self.store.limit_bytes().saturating_sub(self.store.usage_bytes());
+        let limit = self.store.limit_bytes().saturating_sub(self.store.usage_bytes()).saturating_sub(self.kept_bytes());
+        let mut in_flight = InFlight { counter: &self.in_flight, bytes: 0 };
         let scratch = self.store.layout.scratch("upload")?;
         let part = scratch.path.join("files.tar");
         let mut file = tokio::fs::File::create(&part).await.map_err(|e| StoreError::io(&part, e))?;
@@ -109,7 +145,8 @@ impl Uploads {
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| BuildError::BadRequest(format!("the upload was cut off: {e}")))?;
             received += chunk.len() as u64;
-            if received > limit {
+            // This upload's bytes and those of the others under way.
+            if in_flight.add(chunk.len() as u64) > limit {
                 return Err(BuildError::Store(StoreError::LimitReached {
                     limit_mb: self.store.limit_bytes() >> 20,
                     used_mb: self.store.usage_bytes() >> 20,
@@ -128,6 +165,7 @@ impl Uploads {
         }
         std::fs::rename(&part, &dest).map_err(|e| StoreError::io(&dest, e))?;
         drop(scratch);
+        drop(in_flight);
         Ok(received)
     }
 }
@@ -158,6 +196,19 @@ mod tests {
         let token2 = uploads.link("tmpl", &hash2).unwrap().1;
         assert!(uploads.upload("tmpl", &hash2, &token2, big).await.is_err());
         assert!(!uploads.link("tmpl", &hash2).unwrap().0);
+        // Kept uploads count: several uploads that each fit cannot together pass the limit.
+        let part =
+            || futures_util::stream::iter(vec![Ok::<_, std::io::Error>(bytes::Bytes::from(vec![0u8; 400 << 10]))]);
+        let mut stored = 0;
+        for i in 0..4u8 {
+            let hash = format!("{:02x}", i + 0x10).repeat(32);
+            let token = uploads.link("tmpl", &hash).unwrap().1;
+            if uploads.upload("tmpl", &hash, &token, part()).await.is_ok() {
+                stored += 1;
+            }
+        }
+        assert_eq!(stored, 2, "two of 400 KiB fit in 1 MiB (with 3 bytes kept), a third does not");
+        assert_eq!(uploads.in_flight.load(Ordering::SeqCst), 0);
         assert!(uploads.path("../x", &hash).is_err() && uploads.path("tmpl", "xyz").is_err());
     }
 }

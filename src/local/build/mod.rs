@@ -26,8 +26,15 @@ use super::store::{self, StoreError};
 pub const CONCURRENT_BUILDS: usize = 2;
 /// Finished builds kept for their status.
 const KEPT_FINISHED: usize = 256;
-/// Log lines a build keeps (the oldest are dropped past it, with a note).
+/// Log lines a build keeps (the oldest are dropped past it).
 const MAX_LOG_LINES: usize = 20_000;
+/// Bytes of log messages a running build keeps (the oldest lines are dropped past it), so a
+/// step printing without end holds bounded memory.
+const MAX_LOG_BYTES: usize = 4 << 20;
+/// Bytes of log messages a finished build keeps (its last lines), for [`KEPT_FINISHED`] of them.
+const KEPT_LOG_BYTES: usize = 256 << 10;
+/// Longest log message; a longer one is cut (at a character boundary) and marked.
+pub const MAX_LINE_BYTES: usize = 8 << 10;
 /// Lines of a failed step's output quoted in the failure reason.
 pub const REASON_TAIL_LINES: usize = 20;
 
@@ -78,11 +85,37 @@ pub struct Failure {
 struct BuildState {
     status: Status,
     started: bool,
-    logs: Vec<LogLine>,
+    logs: std::collections::VecDeque<LogLine>,
+    /// Bytes of the messages in `logs`.
+    log_bytes: usize,
     /// Lines dropped from the front of `logs` (offsets stay those of the whole log).
     dropped: usize,
     failure: Option<Failure>,
     finished: Option<DateTime<Utc>>,
+}
+
+impl BuildState {
+    /// Drops the oldest lines until at most `lines` lines of at most `bytes` bytes are left.
+    fn trim(&mut self, lines: usize, bytes: usize) {
+        while self.logs.len() > lines || (self.log_bytes > bytes && self.logs.len() > 1) {
+            let Some(old) = self.logs.pop_front() else { break };
+            self.log_bytes -= old.message.len();
+            self.dropped += 1;
+        }
+    }
+}
+
+/// `line` cut to [`MAX_LINE_BYTES`] (at a character boundary), marked when cut.
+pub fn clip_line(mut line: String) -> String {
+    if line.len() > MAX_LINE_BYTES {
+        let mut at = MAX_LINE_BYTES;
+        while !line.is_char_boundary(at) {
+            at -= 1;
+        }
+        line.truncate(at);
+        line.push_str(" [cut]");
+    }
+    line
 }
 
 /// One requested build.
@@ -109,17 +142,11 @@ pub struct StatusPage {
 impl Build {
     /// Appends a log line (`step`: the step's number, `base` or `finalize`, as E2B names them).
     pub fn log(&self, level: &'static str, step: Option<&str>, message: impl Into<String>) {
+        let message = clip_line(message.into());
         let mut state = crate::sync::lock(&self.state);
-        if state.logs.len() >= MAX_LOG_LINES {
-            state.logs.remove(0);
-            state.dropped += 1;
-        }
-        state.logs.push(LogLine {
-            timestamp: Utc::now(),
-            level,
-            message: message.into(),
-            step: step.map(str::to_owned),
-        });
+        state.log_bytes += message.len();
+        state.logs.push_back(LogLine { timestamp: Utc::now(), level, message, step: step.map(str::to_owned) });
+        state.trim(MAX_LOG_LINES, MAX_LOG_BYTES);
     }
 
     fn set_status(&self, status: Status) {
@@ -131,18 +158,20 @@ impl Build {
         state.status = Status::Error;
         state.finished = Some(Utc::now());
         state.failure = Some(failure);
+        state.trim(MAX_LOG_LINES, KEPT_LOG_BYTES);
     }
 
     fn succeed(&self) {
         let mut state = crate::sync::lock(&self.state);
         state.status = Status::Ready;
         state.finished = Some(Utc::now());
+        state.trim(MAX_LOG_LINES, KEPT_LOG_BYTES);
     }
 
     /// The last `n` lines of the log.
     pub fn tail(&self, n: usize) -> Vec<LogLine> {
         let state = crate::sync::lock(&self.state);
-        state.logs[state.logs.len().saturating_sub(n)..].to_vec()
+        state.logs.iter().skip(state.logs.len().saturating_sub(n)).cloned().collect()
     }
 
     /// Status and the log lines from `offset` (an index into the whole log), at most `limit`,
@@ -157,7 +186,7 @@ impl Build {
         let min = level.map(rank).unwrap_or(0);
         let state = crate::sync::lock(&self.state);
         let from = offset.saturating_sub(state.dropped).min(state.logs.len());
-        let logs = state.logs[from..].iter().filter(|l| rank(l.level) >= min).take(limit).cloned().collect();
+        let logs = state.logs.iter().skip(from).filter(|l| rank(l.level) >= min).take(limit).cloned().collect();
         StatusPage { status: state.status, logs, failure: state.failure.clone() }
     }
 
@@ -255,7 +284,8 @@ impl Builds {
             state: Mutex::new(BuildState {
                 status: Status::Waiting,
                 started: false,
-                logs: Vec::new(),
+                logs: std::collections::VecDeque::new(),
+                log_bytes: 0,
                 dropped: 0,
                 failure: None,
                 finished: None,
@@ -308,5 +338,65 @@ fn prune(table: &mut HashMap<String, Arc<Build>>) {
     finished.sort();
     for (_, id) in finished.iter().take(finished.len() + 1 - KEPT_FINISHED) {
         table.remove(id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn build() -> Build {
+        Build {
+            template_id: "t".into(),
+            build_id: "b".into(),
+            name: "n".into(),
+            tags: Vec::new(),
+            cpu_count: None,
+            memory_mb: None,
+            created: Utc::now(),
+            state: Mutex::new(BuildState {
+                status: Status::Building,
+                started: true,
+                logs: std::collections::VecDeque::new(),
+                log_bytes: 0,
+                dropped: 0,
+                failure: None,
+                finished: None,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_step_flooding_its_log_holds_bounded_memory() {
+        let build = build();
+        // Long lines (a step printing 64 KiB without a newline), many of them.
+        let long = "é".repeat(40_000);
+        for i in 0..2_000 {
+            build.log("info", Some("1"), format!("{i} {long}"));
+        }
+        let kept = |b: &Build| {
+            let state = crate::sync::lock(&b.state);
+            (state.logs.len(), state.logs.iter().map(|l| l.message.len()).sum::<usize>(), state.log_bytes)
+        };
+        let (lines, bytes, counted) = kept(&build);
+        assert_eq!(bytes, counted);
+        assert!(bytes <= MAX_LOG_BYTES && lines > 1, "{lines} lines, {bytes} bytes");
+        let last = build.tail(1).pop().unwrap();
+        assert!(last.message.starts_with("1999 ") && last.message.ends_with(" [cut]"));
+        assert!(last.message.len() <= MAX_LINE_BYTES + 6);
+        // Offsets stay those of the whole log: the first kept line is line 2000 - lines.
+        let page = build.page(0, 1, None);
+        assert!(page.logs[0].message.starts_with(&format!("{} ", 2_000 - lines)));
+        assert!(build.page(2_000, 10, None).logs.is_empty());
+        // Many short lines: bounded by count.
+        for i in 0..(MAX_LOG_LINES + 10) {
+            build.log("info", Some("1"), i.to_string());
+        }
+        assert_eq!(kept(&build).0, MAX_LOG_LINES);
+        // Finished: only the last lines stay.
+        build.succeed();
+        let (lines, bytes, _) = kept(&build);
+        assert!(bytes <= KEPT_LOG_BYTES && lines > 0);
+        assert_eq!(build.tail(1)[0].message, (MAX_LOG_LINES + 9).to_string());
     }
 }

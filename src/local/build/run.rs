@@ -19,8 +19,8 @@ use super::steps::{Base, Context, Plan, Step, cache_key};
 use super::{Build, Builds, Failure, REASON_TAIL_LINES};
 use crate::e2b::CallOptions;
 use crate::e2b::wire::{self, ProcessEvent};
-use crate::local::sandbox_table::CreateParams;
-use crate::local::store::registry::{self, Credentials, PullOptions};
+use crate::local::sandbox_table::{BUILD_STEP_METADATA, BUILD_STEP_TEMPLATE_PREFIX, CreateParams};
+use crate::local::store::registry::{self, PullOptions};
 use crate::local::store::{Digest, NewTemplate, RunConfig, Store, write_atomic};
 use crate::local::template::TemplateRoot;
 
@@ -250,12 +250,7 @@ async fn base(store: &Store, build: &Build, base: &Base) -> Result<(Vec<Digest>,
     match base {
         Base::Image { reference, credentials } => {
             build.log("info", Some("base"), format!("FROM {reference}"));
-            let options = PullOptions {
-                insecure_registries: Vec::new(),
-                credentials: credentials
-                    .as_ref()
-                    .map(|(username, password)| Credentials { username: username.clone(), password: password.clone() }),
-            };
+            let options = PullOptions { insecure_registries: Vec::new(), credentials: credentials.clone() };
             let image = registry::fetch(store, reference, &options)
                 .await
                 .map_err(|e| stop("base", format!("cannot pull {reference}: {e}")))?;
@@ -369,9 +364,9 @@ async fn step_in_sandbox(
     let lowers: Vec<PathBuf> = layers.iter().map(|d| store.layout.layer_fs(d)).collect();
     let root = TemplateRoot::stacked(lowers).ok_or_else(|| stop(n, "a build step needs at least one layer"))?;
     let params = CreateParams {
-        template: format!("build:{}", build.name),
+        template: format!("{BUILD_STEP_TEMPLATE_PREFIX}{}", build.name),
         timeout_secs: Some(provider.cfg.max_timeout_secs.min(STEP_TIMEOUT.as_secs())),
-        metadata: HashMap::from([("sandbox-mcp.build".to_owned(), build.build_id.clone())]),
+        metadata: HashMap::from([(BUILD_STEP_METADATA.to_owned(), build.build_id.clone())]),
         allow_internet_access: true,
         root: Some(root),
         keep_disk: true,
@@ -436,6 +431,7 @@ async fn run_and_harvest(
     let (mut out, mut err) = (LineBuffer::default(), LineBuffer::default());
     let mut tail: std::collections::VecDeque<String> = std::collections::VecDeque::new();
     let mut keep = |line: String| {
+        let line = super::clip_line(line);
         if tail.len() == MESSAGE_TAIL_LINES {
             tail.pop_front();
         }

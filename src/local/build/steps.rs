@@ -8,6 +8,7 @@ use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 
 use super::BuildError;
+use crate::local::store::registry::Credentials;
 
 /// Most steps in one build.
 pub const MAX_STEPS: usize = 500;
@@ -67,7 +68,11 @@ pub struct BuildSpec {
 /// Where a build starts.
 #[derive(Debug, Clone)]
 pub enum Base {
-    Image { reference: String, credentials: Option<(String, String)> },
+    /// `credentials` print as `<hidden>` (`Debug`), so a plan in a log shows no password.
+    Image {
+        reference: String,
+        credentials: Option<Credentials>,
+    },
     Template(String),
 }
 
@@ -140,7 +145,7 @@ pub fn plan(spec: &BuildSpec) -> Result<Plan, BuildError> {
                     if auth.username.is_empty() || auth.password.is_empty() {
                         return Err(bad("fromImageRegistry needs both username and password"));
                     }
-                    Some((auth.username.clone(), auth.password.clone()))
+                    Some(Credentials { username: auth.username.clone(), password: auth.password.clone() })
                 }
                 Some(auth) => {
                     return Err(bad(format!(
@@ -269,6 +274,22 @@ pub fn cache_key(previous: &str, step: &Step, context: &Context) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_plan_never_prints_its_registry_password() {
+        let spec: BuildSpec = serde_json::from_value(serde_json::json!({
+            "fromImage": "registry.example/app:1",
+            "fromImageRegistry": {"type": "registry", "username": "bob", "password": "hunter2-secret"},
+            "steps": [{"type": "RUN", "args": ["true"]}],
+        }))
+        .unwrap();
+        let plan = plan(&spec).unwrap();
+        for shown in [format!("{plan:?}"), format!("{spec:?}")] {
+            assert!(!shown.contains("hunter2-secret") && shown.contains("bob"), "{shown}");
+        }
+        let Base::Image { credentials: Some(c), .. } = &plan.base else { panic!("{plan:?}") };
+        assert_eq!(c.password, "hunter2-secret", "kept for the pull");
+    }
 
     fn spec(steps: serde_json::Value) -> BuildSpec {
         serde_json::from_value(serde_json::json!({"fromImage": "debian:bookworm", "steps": steps})).unwrap()
