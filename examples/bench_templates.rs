@@ -23,16 +23,18 @@
 mod common;
 #[path = "../tests/oci_support/image.rs"]
 mod oci;
+#[path = "../tests/oci_support/registry.rs"]
+mod registry;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use chrono::{DateTime, Utc};
 use clap::Parser;
 use common::stats::{Summary, ms, p50, print_header, print_row};
-use common::{API_KEY, Provider, wait_until};
+use common::{API_KEY, Provider};
 use sandbox_mcp::e2b::{CallOptions, E2bClient, OutputLimits, wire};
 use serde_json::{Value, json};
 
@@ -312,82 +314,6 @@ async fn builds(api: &BuildApi, n: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A `docker-registry` on loopback (plain HTTP, no auth), killed by its pid when dropped.
-struct Registry {
-    child: Child,
-    addr: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_registry() -> anyhow::Result<Registry> {
-    let dir = tempfile::tempdir_in(Path::new(env!("CARGO_MANIFEST_DIR")).join("target"))?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let addr = format!("127.0.0.1:{port}");
-    let config = format!(
-        "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n",
-        dir.path().join("data").display()
-    );
-    std::fs::write(dir.path().join("config.yml"), config)?;
-    let child = Command::new("docker-registry")
-        .arg("serve")
-        .arg(dir.path().join("config.yml"))
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("registry.log"))?)
-        .spawn()
-        .context("docker-registry (apt-get install docker-registry)")?;
-    let registry = Registry { child, addr, _dir: dir };
-    if !wait_until(Duration::from_secs(20), || std::net::TcpStream::connect(&registry.addr).is_ok()) {
-        bail!("the registry did not start");
-    }
-    Ok(registry)
-}
-
-/// Pushes every blob of an OCI layout, then its manifest as `repo:tag`, over the distribution API.
-async fn push(addr: &str, repo: &str, tag: &str, layout: &Path) -> anyhow::Result<()> {
-    let http = reqwest::Client::new();
-    let base = format!("http://{addr}/v2/{repo}");
-    let manifest = oci::manifest_digest(layout);
-    for entry in std::fs::read_dir(layout.join("blobs/sha256"))?.flatten() {
-        let digest = format!("sha256:{}", entry.file_name().to_string_lossy());
-        if digest == manifest {
-            continue;
-        }
-        let start = http.post(format!("{base}/blobs/uploads/")).send().await?;
-        if start.status() != 202 {
-            bail!("blob upload start: {}", start.status());
-        }
-        let location = start.headers()["location"].to_str()?.to_owned();
-        let location = if location.starts_with("http") { location } else { format!("http://{addr}{location}") };
-        let sep = if location.contains('?') { '&' } else { '?' };
-        let put = http
-            .put(format!("{location}{sep}digest={digest}"))
-            .header("content-type", "application/octet-stream")
-            .body(std::fs::read(entry.path())?)
-            .send()
-            .await?;
-        if put.status() != 201 {
-            bail!("blob upload of {digest}: {}", put.status());
-        }
-    }
-    let put = http
-        .put(format!("{base}/manifests/{tag}"))
-        .header("content-type", "application/vnd.oci.image.manifest.v1+json")
-        .body(std::fs::read(layout.join("blobs/sha256").join(&manifest[7..]))?)
-        .send()
-        .await?;
-    if put.status() != 201 {
-        bail!("manifest put: {}", put.status());
-    }
-    Ok(())
-}
-
 /// Part 3: pulls of the python3 image (one gzip layer) from a loopback registry into empty stores.
 async fn pulls(bin: &Path, rootfs: &Path, n: usize) -> anyhow::Result<()> {
     let tar = std::fs::read(rootfs)?;
@@ -397,8 +323,9 @@ async fn pulls(bin: &Path, rootfs: &Path, n: usize) -> anyhow::Result<()> {
         .filter_map(|e| e.metadata().ok())
         .map(|m| m.len())
         .sum();
-    let registry = start_registry()?;
-    push(&registry.addr, "bench/python", "bookworm", image.path()).await?;
+    let registry = registry::Registry::start(None)
+        .context("docker-registry (apt-get install docker-registry apache2-utils) is needed")?;
+    registry.push("bench/python", "bookworm", image.path()).await;
     let reference = format!("{}/bench/python:bookworm", registry.addr);
     let mut samples = Vec::new();
     for _ in 0..n {
