@@ -9,13 +9,12 @@
 //! that snapshot at create; the local provider has no snapshots, so the start
 //! command runs again at every create and the create costs the ready wait.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::store::RunConfig;
+use super::store::{RunConfig, env_map};
 use crate::e2b::wire::{ProcessConfig, ProcessEvent, StartRequest};
 use crate::e2b::{CallOptions, EnvdClient, OutputLimits, ProcessStream};
 
@@ -173,17 +172,11 @@ impl Tail {
 
 /// `/bin/sh -c CMD` in the template's workdir (the user's home when empty) with its env.
 fn request(cmd: &str, config: &RunConfig) -> StartRequest {
-    let envs: HashMap<String, String> = config
-        .env
-        .iter()
-        .filter_map(|entry| entry.split_once('='))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
     StartRequest {
         process: ProcessConfig {
             cmd: "/bin/sh".into(),
             args: vec!["-c".into(), cmd.to_owned()],
-            envs,
+            envs: env_map(&config.env),
             cwd: Some(config.workdir.clone()).filter(|w| !w.is_empty()),
         },
         stdin: Some(false),
@@ -191,9 +184,9 @@ fn request(cmd: &str, config: &RunConfig) -> StartRequest {
     }
 }
 
-/// The account the commands run as: the template's user (an image's `USER` may be `name:group`
-/// or `0`), `user` when it names none.
-fn run_user(user: &str) -> String {
+/// The account a template's commands (and a build's steps) run as: the named user (an image's
+/// or a build's `USER` may be `name:group` or `0`), `user` when it names none.
+pub fn run_user(user: &str) -> String {
     match user.split(':').next().unwrap_or("").trim() {
         "" => "user".to_owned(),
         "0" => "root".to_owned(),

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::{ApiResult, AppState, json_body};
 use crate::local::build::{BuildError, Builds, LogLine, Status, steps::BuildSpec, validate_tag};
 use crate::local::control_error::ControlError;
-use crate::local::store::{Store, StoreError, TemplateRecord};
+use crate::local::store::{Store, StoreError, TemplateRecord, split_tag};
 
 impl From<BuildError> for ControlError {
     fn from(err: BuildError) -> Self {
@@ -336,10 +336,8 @@ pub(super) async fn assign_tags(State(state): State<Arc<AppState>>, body: Body) 
     for tag in &req.tags {
         validate_tag(tag)?;
     }
-    let (name, tag) = match req.target.rsplit_once(':') {
-        Some((name, tag)) => (name.to_owned(), Some(tag.to_owned())),
-        None => (req.target.clone(), None),
-    };
+    let (name, tag) = split_tag(&req.target);
+    let (name, tag) = (name.to_owned(), tag.map(str::to_owned));
     let tags = req.tags.clone();
     let record = retag(&state, name, move |have| {
         if let Some(tag) = tag

@@ -35,30 +35,14 @@ const NOBODY: u64 = 65534;
 pub const MAX_DEPTH: usize = 1024;
 
 /// Turns `upper` (owned by host ids from `id_base` on) into a stored layer. The caller holds
-/// the store's lock and has stopped every writer of `upper`. `salt` (the step's cache key) goes
-/// into the stream's global header, which extraction ignores: two steps that wrote the same
-/// files still get two layers, so that a template can stack both (overlayfs takes a directory
-/// once), while the same step on the same base, in any template, gives the same layer.
-pub fn upper_to_layer(store: &Store, upper: &Path, id_base: u32, salt: &str) -> Result<Digest, StoreError> {
+/// the store's lock and has stopped every writer of `upper`.
+pub fn upper_to_layer(store: &Store, upper: &Path, id_base: u32) -> Result<Digest, StoreError> {
     let (reader, writer) = std::io::pipe().map_err(|e| StoreError::io(upper, e))?;
     let walk_root = upper.to_path_buf();
-    let salt = salt.to_owned();
     let walker = std::thread::spawn(move || -> Result<(), StoreError> {
         let mut tar = tar::Builder::new(std::io::BufWriter::with_capacity(256 * 1024, writer));
         tar.follow_symlinks(false);
         let mut walk = Walk { tar: &mut tar, id_base: u64::from(id_base), links: HashMap::new(), entries: 0 };
-        // A global header first (the step's cache key; extraction ignores it), then the walk.
-        let record = pax_record("comment", &format!("sandbox-mcp build step {salt}"));
-        let mut global = tar::Header::new_ustar();
-        global.set_entry_type(tar::EntryType::XGlobalHeader);
-        global.set_size(record.len() as u64);
-        global.set_mode(0o644);
-        global.set_uid(0);
-        global.set_gid(0);
-        global.set_mtime(0);
-        walk.tar
-            .append_data(&mut global, "pax_global_header", record.as_bytes())
-            .map_err(|e| StoreError::io(&walk_root, e))?;
         walk.walk(&walk_root)?;
         let mut out = tar.into_inner().map_err(|e| StoreError::io(&walk_root, e))?;
         out.flush().map_err(|e| StoreError::io(&walk_root, e))?;
@@ -69,16 +53,6 @@ pub fn upper_to_layer(store: &Store, upper: &Path, id_base: u32, salt: &str) -> 
     // A walk error explains a broken stream better than the extractor's view of it.
     walked?;
     stored
-}
-
-/// One pax record, `LEN KEY=VALUE\n`, LEN counting itself.
-fn pax_record(key: &str, value: &str) -> String {
-    let body = format!(" {key}={value}\n");
-    let mut len = body.len() + 1;
-    while len.to_string().len() + body.len() != len {
-        len = len.to_string().len() + body.len();
-    }
-    format!("{len}{body}")
 }
 
 fn kind_of(stat: &FileStat) -> SFlag {
@@ -320,7 +294,7 @@ mod tests {
         xattr::set(upper.join("var/cache"), OPAQUE_XATTR, b"y").unwrap();
         let store = Store::open(&state, 1024).unwrap();
         let _lock = store.lock().unwrap();
-        let digest = upper_to_layer(&store, &upper, base, "k1").unwrap();
+        let digest = upper_to_layer(&store, &upper, base).unwrap();
         let fs = store.layout.layer_fs(&digest);
         assert!(!fs.join("etc/hostname").exists(), "regenerated files stay out");
         let run = std::fs::metadata(fs.join("opt/app/run.sh")).unwrap();
@@ -333,11 +307,9 @@ mod tests {
         let gone = std::fs::symlink_metadata(fs.join("opt/gone")).unwrap();
         assert!(gone.file_type().is_char_device() && gone.rdev() == 0, "a whiteout stays a whiteout");
         assert!(is_opaque(&fs.join("var/cache")), "an opaque directory stays opaque");
-        // The same upper and step give the same layer (shared, stored once); another step that
-        // wrote the same files gets a layer of its own (a template may stack both).
-        assert_eq!(upper_to_layer(&store, &upper, base, "k1").unwrap(), digest);
-        assert_ne!(upper_to_layer(&store, &upper, base, "k2").unwrap(), digest);
-        assert_eq!(pax_record("comment", "x"), "13 comment=x\n");
+        // The same files give the same layer (shared, stored once; `Store::layer_stack` stacks a
+        // repeated layer once).
+        assert_eq!(upper_to_layer(&store, &upper, base).unwrap(), digest);
     }
 
     #[test]
@@ -385,14 +357,14 @@ mod tests {
         }
         let store = Store::open(&state, 1024).unwrap();
         let _lock = store.lock().unwrap();
-        let err = upper_to_layer(&store, &upper, 200_000, "k").unwrap_err();
+        let err = upper_to_layer(&store, &upper, 200_000).unwrap_err();
         assert!(err.to_string().contains("nested deeper"), "{err}");
         // A metadata-only copy-up (overlay metacopy) is refused rather than stored as zeros.
         let upper2 = dir.path().join("upper2");
         std::fs::create_dir_all(&upper2).unwrap();
         std::fs::write(upper2.join("big"), "").unwrap();
         if xattr::set(upper2.join("big"), METACOPY_XATTR, b"").is_ok() {
-            let err = upper_to_layer(&store, &upper2, 200_000, "k").unwrap_err();
+            let err = upper_to_layer(&store, &upper2, 200_000).unwrap_err();
             assert!(err.to_string().contains("metacopy"), "{err}");
         }
     }

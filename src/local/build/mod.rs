@@ -127,7 +127,6 @@ pub struct Build {
     pub tags: Vec<String>,
     pub cpu_count: Option<u32>,
     pub memory_mb: Option<u64>,
-    pub created: DateTime<Utc>,
     state: Mutex<BuildState>,
 }
 
@@ -189,10 +188,6 @@ impl Build {
         let logs = state.logs.iter().skip(from).filter(|l| rank(l.level) >= min).take(limit).cloned().collect();
         StatusPage { status: state.status, logs, failure: state.failure.clone() }
     }
-
-    pub fn status(&self) -> Status {
-        crate::sync::lock(&self.state).status
-    }
 }
 
 /// The builds of this provider process.
@@ -205,10 +200,7 @@ pub struct Builds {
 
 /// `name` or `name:tag` of a build request, split and checked.
 pub fn split_name(raw: &str) -> Result<(String, Option<String>), BuildError> {
-    let (name, tag) = match raw.rsplit_once(':') {
-        Some((name, tag)) => (name, Some(tag)),
-        None => (raw, None),
-    };
+    let (name, tag) = store::split_tag(raw);
     store::validate_name(name).map_err(|e| BuildError::BadRequest(e.to_string()))?;
     if let Some(tag) = tag {
         validate_tag(tag)?;
@@ -280,7 +272,6 @@ impl Builds {
             tags: all_tags,
             cpu_count,
             memory_mb,
-            created: Utc::now(),
             state: Mutex::new(BuildState {
                 status: Status::Waiting,
                 started: false,
@@ -353,7 +344,6 @@ mod tests {
             tags: Vec::new(),
             cpu_count: None,
             memory_mb: None,
-            created: Utc::now(),
             state: Mutex::new(BuildState {
                 status: Status::Building,
                 started: true,

@@ -21,8 +21,9 @@ use crate::e2b::CallOptions;
 use crate::e2b::wire::{self, ProcessEvent};
 use crate::local::sandbox_table::{BUILD_STEP_METADATA, BUILD_STEP_TEMPLATE_PREFIX, CreateParams};
 use crate::local::store::registry::{self, PullOptions};
-use crate::local::store::{Digest, NewTemplate, RunConfig, Store, write_atomic};
+use crate::local::store::{Digest, NewTemplate, RunConfig, Store, env_map, write_atomic};
 use crate::local::template::TemplateRoot;
+use crate::local::template_start::run_user;
 
 /// Longest a step may run.
 const STEP_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -48,10 +49,31 @@ fn stop(step: &str, message: impl Into<String>) -> Stop {
 #[derive(Debug, Serialize, Deserialize)]
 struct CacheEntry {
     layer: Option<String>,
-    user: String,
-    workdir: String,
-    env: Vec<String>,
+    #[serde(flatten)]
+    context: Context,
 }
+
+/// What a step runs in its sandbox: `script` (`sh -c`, with `args` as `$1…`) as `user`, with
+/// `tar` put into the sandbox's private /tmp first (its path as `$0`).
+struct Job<'a> {
+    user: String,
+    script: &'a str,
+    args: Vec<String>,
+    tar: Option<PathBuf>,
+}
+
+/// The build a step belongs to, and the step's number (E2B's name for it).
+struct StepOf<'a> {
+    builds: &'a Builds,
+    build: &'a Build,
+    store: &'a Store,
+    n: &'a str,
+}
+
+/// `WORKDIR`: the directory, made (owned by the build's user) when missing.
+const WORKDIR_SCRIPT: &str = "[ -d \"$1\" ] || { mkdir -p -- \"$1\" && chown -- \"$2\" \"$1\"; }";
+/// `RUN`: the command, by bash when the image has it (as E2B runs it), else by sh.
+const RUN_SCRIPT: &str = "if command -v bash >/dev/null 2>&1; then exec bash -c \"$1\"; else exec sh -c \"$1\"; fi";
 
 pub(super) async fn run(builds: &Builds, build: &Build, plan: Plan) {
     let started = std::time::Instant::now();
@@ -107,51 +129,32 @@ async fn execute(builds: &Builds, build: &Build, plan: Plan) -> Result<(), Stop>
                 None => None,
             };
             build.log("info", Some(&n), format!("CACHED {label}"));
-            context = Context { user: entry.user, workdir: entry.workdir, env: entry.env };
+            context = entry.context;
             previous = chain(&previous, &key, layer.as_ref());
-            push_layer(&mut layers, layer, &n)?;
+            layers.extend(layer);
             continue;
         }
         build.log("info", Some(&n), label);
-        let layer = match step {
+        let (job, workdir) = match step {
             Step::Env(pairs) => {
                 for (k, v) in pairs {
                     context.set_env(k, v);
                 }
-                None
+                (None, None)
             }
             Step::User(user) => {
                 context.user = user.clone();
-                None
+                (None, None)
             }
             Step::Workdir(dir) => {
+                // Made from the current directory; the next steps run in it.
                 let dir = context.resolve(dir);
-                let script = "[ -d \"$1\" ] || { mkdir -p -- \"$1\" && chown -- \"$2\" \"$1\"; }";
                 let args = vec![dir.clone(), context.user.clone()];
-                let layer =
-                    step_in_sandbox(builds, build, &store, &layers, (&n, &key), &context, "root", script, args, None)
-                        .await?;
-                context.workdir = dir;
-                Some(layer)
+                (Some(Job { user: "root".into(), script: WORKDIR_SCRIPT, args, tar: None }), Some(dir))
             }
             Step::Run { command, user } => {
-                let user = user.clone().unwrap_or_else(|| context.user.clone());
-                let script = "if command -v bash >/dev/null 2>&1; then exec bash -c \"$1\"; else exec sh -c \"$1\"; fi";
-                Some(
-                    step_in_sandbox(
-                        builds,
-                        build,
-                        &store,
-                        &layers,
-                        (&n, &key),
-                        &context,
-                        &user,
-                        script,
-                        vec![command.clone()],
-                        None,
-                    )
-                    .await?,
-                )
+                let user = run_user(user.as_deref().unwrap_or(&context.user));
+                (Some(Job { user, script: RUN_SCRIPT, args: vec![command.clone()], tar: None }), None)
             }
             Step::Copy { src, dest, owner, mode, files_hash } => {
                 let tar = builds.files.path(&build.template_id, files_hash).map_err(|e| stop(&n, e.to_string()))?;
@@ -166,32 +169,23 @@ async fn execute(builds: &Builds, build: &Build, plan: Plan) -> Result<(), Stop>
                 }
                 let owner = owner.clone().unwrap_or_else(|| context.user.clone());
                 let args = vec![src.clone(), dest.clone(), owner, mode.clone().unwrap_or_default()];
-                Some(
-                    step_in_sandbox(
-                        builds,
-                        build,
-                        &store,
-                        &layers,
-                        (&n, &key),
-                        &context,
-                        "root",
-                        COPY_SCRIPT,
-                        args,
-                        Some(&tar),
-                    )
-                    .await?,
-                )
+                (Some(Job { user: "root".into(), script: COPY_SCRIPT, args, tar: Some(tar) }), None)
             }
         };
-        let entry = CacheEntry {
-            layer: layer.as_ref().map(|d| d.to_string()),
-            user: context.user.clone(),
-            workdir: context.workdir.clone(),
-            env: context.env.clone(),
+        let layer = match job {
+            Some(job) => {
+                let of = StepOf { builds, build, store: &store, n: &n };
+                Some(step_in_sandbox(&of, &layers, &context, job).await?)
+            }
+            None => None,
         };
+        if let Some(dir) = workdir {
+            context.workdir = dir;
+        }
+        let entry = CacheEntry { layer: layer.as_ref().map(|d| d.to_string()), context: context.clone() };
         remember(&store, &key, &entry);
         previous = chain(&previous, &key, layer.as_ref());
-        push_layer(&mut layers, layer, &n)?;
+        layers.extend(layer);
     }
     let config = RunConfig {
         env: context.env,
@@ -224,27 +218,6 @@ async fn execute(builds: &Builds, build: &Build, plan: Plan) -> Result<(), Stop>
     Ok(())
 }
 
-/// Stacks a step's layer. A layer equal to the top one changes nothing and is left out; one
-/// equal to a layer further down cannot be stacked twice (overlayfs refuses a directory twice).
-fn push_layer(layers: &mut Vec<Digest>, layer: Option<Digest>, n: &str) -> Result<(), Stop> {
-    let Some(layer) = layer else { return Ok(()) };
-    if layers.last() == Some(&layer) {
-        return Ok(());
-    }
-    if let Some(at) = layers.iter().position(|l| *l == layer) {
-        return Err(stop(
-            n,
-            format!(
-                "step {n} wrote exactly what layer {} of the template already holds, which cannot be stacked twice: \
-                 change the step (or the one before it)",
-                at + 1
-            ),
-        ));
-    }
-    layers.push(layer);
-    Ok(())
-}
-
 /// The base's layers and config, and the cache key every step chains from.
 async fn base(store: &Store, build: &Build, base: &Base) -> Result<(Vec<Digest>, RunConfig, String), Stop> {
     match base {
@@ -259,24 +232,16 @@ async fn base(store: &Store, build: &Build, base: &Base) -> Result<(Vec<Digest>,
         }
         Base::Template(raw) => {
             build.log("info", Some("base"), format!("FROM TEMPLATE {raw}"));
-            let (name, tag) = match raw.rsplit_once(':') {
-                Some((name, tag)) => (name, Some(tag)),
-                None => (raw.as_str(), None),
-            };
-            let record = store
-                .lookup(name)
-                .map_err(|e| stop("base", e.to_string()))?
-                .filter(|r| tag.is_none_or(|t| r.tags.iter().any(|have| have == t)))
-                .ok_or_else(|| {
-                    stop(
-                        "base",
-                        format!(
-                            "no stored template {raw:?} to build on (a build starts from an image or a template of \
+            let record = store.lookup(raw).map_err(|e| stop("base", e.to_string()))?.ok_or_else(|| {
+                stop(
+                    "base",
+                    format!(
+                        "no stored template {raw:?} to build on (a build starts from an image or a template of \
                              the store: built, pulled or imported; `base` and `local.templates` directories cannot \
                              be built on)"
-                        ),
-                    )
-                })?;
+                    ),
+                )
+            })?;
             let layers: Vec<Digest> = record
                 .layers
                 .iter()
@@ -344,57 +309,31 @@ done
 cd /; rm -rf "$work"
 "#;
 
-/// Runs `script` (with `args`) as `user` in a fresh sandbox of `layers`, streams its output to the
-/// build's log, and turns what it wrote into a layer. `tar`: a file put into the sandbox's /tmp
-/// first (passed as `$0`).
-#[allow(clippy::too_many_arguments)]
-async fn step_in_sandbox(
-    builds: &Builds,
-    build: &Build,
-    store: &Store,
-    layers: &[Digest],
-    (n, key): (&str, &str),
-    context: &Context,
-    user: &str,
-    script: &str,
-    args: Vec<String>,
-    tar: Option<&Path>,
-) -> Result<Digest, Stop> {
-    let provider = &builds.provider;
-    let lowers: Vec<PathBuf> = layers.iter().map(|d| store.layout.layer_fs(d)).collect();
+/// Runs `job` in a fresh sandbox of `layers` (in `context`'s directory and environment),
+/// streams its output to the build's log, and turns what it wrote into a layer.
+async fn step_in_sandbox(of: &StepOf<'_>, layers: &[Digest], context: &Context, job: Job<'_>) -> Result<Digest, Stop> {
+    let (provider, n) = (&of.builds.provider, of.n);
+    let lowers = of.store.layer_stack(layers).map_err(|d| stop(n, format!("the layer {d} is no longer stored")))?;
     let root = TemplateRoot::stacked(lowers).ok_or_else(|| stop(n, "a build step needs at least one layer"))?;
     let params = CreateParams {
-        template: format!("{BUILD_STEP_TEMPLATE_PREFIX}{}", build.name),
+        template: format!("{BUILD_STEP_TEMPLATE_PREFIX}{}", of.build.name),
         timeout_secs: Some(provider.cfg.max_timeout_secs.min(STEP_TIMEOUT.as_secs())),
-        metadata: HashMap::from([(BUILD_STEP_METADATA.to_owned(), build.build_id.clone())]),
+        metadata: HashMap::from([(BUILD_STEP_METADATA.to_owned(), of.build.build_id.clone())]),
         allow_internet_access: true,
         root: Some(root),
         keep_disk: true,
         ..CreateParams::default()
     };
     let rec = provider.create(params).await.map_err(|e| stop(n, format!("cannot start the step's sandbox: {e}")))?;
-    let id = rec.id.clone();
-    let outcome = run_and_harvest(builds, build, store, (n, key), context, user, script, args, tar, &id).await;
-    if let Err(err) = provider.kill(&id).await {
-        tracing::warn!(sandbox = %id, %err, "cannot kill a build step's sandbox");
+    let outcome = run_and_harvest(of, context, job, &rec.id).await;
+    if let Err(err) = provider.kill(&rec.id).await {
+        tracing::warn!(sandbox = %rec.id, %err, "cannot kill a build step's sandbox");
     }
     outcome
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn run_and_harvest(
-    builds: &Builds,
-    build: &Build,
-    store: &Store,
-    (n, key): (&str, &str),
-    context: &Context,
-    user: &str,
-    script: &str,
-    args: Vec<String>,
-    tar: Option<&Path>,
-    id: &str,
-) -> Result<Digest, Stop> {
-    let provider = &builds.provider;
+async fn run_and_harvest(of: &StepOf<'_>, context: &Context, job: Job<'_>, id: &str) -> Result<Digest, Stop> {
+    let (build, store, n, provider) = (of.build, of.store, of.n, &of.builds.provider);
     let entry = provider.get(id).ok_or_else(|| stop(n, "the step's sandbox is gone"))?;
     let disk = entry.take_kept_disk();
     if disk.is_none() && provider.disk_limit_bytes().is_some() {
@@ -408,24 +347,27 @@ async fn run_and_harvest(
         Some(fd) => PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())),
         None => entry.dir.clone(),
     };
-    let mut argv = vec!["-c".to_owned(), script.to_owned()];
-    match tar {
+    let mut argv = vec!["-c".to_owned(), job.script.to_owned()];
+    match &job.tar {
         Some(tar) => {
             let name = place_in_tmp(&data, tar, provider.cfg.id_map.host(0)).map_err(|e| stop(n, e))?;
             argv.push(format!("/tmp/{name}"));
         }
         None => argv.push("sh".to_owned()),
     }
-    argv.extend(args);
+    argv.extend(job.args);
     let client = provider.agent_client(id, Duration::from_secs(30)).map_err(|e| stop(n, e.to_string()))?;
-    let envs: HashMap<String, String> =
-        context.env.iter().filter_map(|e| e.split_once('=')).map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
     let request = wire::StartRequest {
-        process: wire::ProcessConfig { cmd: "/bin/sh".into(), args: argv, envs, cwd: Some(context.workdir.clone()) },
+        process: wire::ProcessConfig {
+            cmd: "/bin/sh".into(),
+            args: argv,
+            envs: env_map(&context.env),
+            cwd: Some(context.workdir.clone()),
+        },
         stdin: Some(false),
         ..Default::default()
     };
-    let opts = CallOptions::user(user).with_timeout(STEP_TIMEOUT);
+    let opts = CallOptions::user(job.user).with_timeout(STEP_TIMEOUT);
     let mut stream =
         client.start(&request, &opts).await.map_err(|e| stop(n, format!("step {n} did not start: {e}")))?;
     let (mut out, mut err) = (LineBuffer::default(), LineBuffer::default());
@@ -472,11 +414,10 @@ async fn run_and_harvest(
     if frozen.as_deref() != Some("freezer") {
         return Err(stop(n, "template builds need the cgroup freezer (to read a step's files while nothing runs)"));
     }
-    let (store2, upper, id_base, salt) =
-        (store.clone(), data.join("upper"), provider.cfg.id_map.host(0), key.to_owned());
+    let (store2, upper, id_base) = (store.clone(), data.join("upper"), provider.cfg.id_map.host(0));
     let layer = tokio::task::spawn_blocking(move || {
         let _lock = store2.lock()?;
-        let layer = harvest::upper_to_layer(&store2, &upper, id_base, &salt);
+        let layer = harvest::upper_to_layer(&store2, &upper, id_base);
         drop(disk);
         layer
     })

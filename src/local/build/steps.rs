@@ -4,7 +4,7 @@
 //! state it runs in (user, working directory, environment), so that an unchanged step is
 //! found again and a changed one invalidates everything after it.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
 use super::BuildError;
@@ -230,8 +230,8 @@ fn valid_env_key(key: &str) -> bool {
         && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
-/// What a step runs in.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a step runs in (kept with each cached step as what it leaves to the next).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Context {
     pub user: String,
     pub workdir: String,

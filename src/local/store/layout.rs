@@ -47,6 +47,12 @@ pub struct RunConfig {
     pub ready_cmd: Option<String>,
 }
 
+/// `KEY=VALUE` entries (an image config's `Env`, a build's environment) as a map for a process;
+/// entries without `=` are left out, a later one of a key wins.
+pub fn env_map(env: &[String]) -> std::collections::HashMap<String, String> {
+    env.iter().filter_map(|e| e.split_once('=')).map(|(k, v)| (k.to_owned(), v.to_owned())).collect()
+}
+
 /// One template: its layers (bottom first) and its config, plus the metadata E2B reports.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct TemplateRecord {

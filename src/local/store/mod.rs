@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 pub use digest::Digest;
 pub use gc::GcReport;
-pub use layout::{LayerMeta, Layout, RunConfig, StoreLock, TemplateRecord, write_atomic};
+pub use layout::{LayerMeta, Layout, RunConfig, StoreLock, TemplateRecord, env_map, write_atomic};
 
 /// Default `local.template_store_limit_mb`.
 pub const DEFAULT_STORE_LIMIT_MB: u64 = 51200;
@@ -96,6 +96,14 @@ pub struct NewTemplate<'a> {
     pub memory_mb: Option<u64>,
 }
 
+/// `NAME:TAG` split (E2B's way to name a template's tag), or `NAME` alone.
+pub fn split_tag(raw: &str) -> (&str, Option<&str>) {
+    match raw.rsplit_once(':') {
+        Some((name, tag)) => (name, Some(tag)),
+        None => (raw, None),
+    }
+}
+
 /// A new template id: 20 hex digits.
 pub fn new_template_id() -> String {
     hex::encode(rand::random::<[u8; 10]>())
@@ -145,7 +153,7 @@ impl Store {
 
     /// A template by name, template id or alias, or `NAME:TAG` (the template when it has that tag).
     pub fn lookup(&self, name: &str) -> Result<Option<TemplateRecord>, StoreError> {
-        if let Some((name, tag)) = name.rsplit_once(':') {
+        if let (name, Some(tag)) = split_tag(name) {
             return Ok(self.lookup(name)?.filter(|r| r.tags.iter().any(|t| t == tag)));
         }
         if validate_name(name).is_ok()
@@ -160,20 +168,31 @@ impl Store {
         self.layout.records()
     }
 
-    /// The overlay lower directories of a template, bottom first (each checked to exist).
+    /// The overlay lower directories of a template, bottom first (see [`Store::layer_stack`]).
     pub fn lowers(&self, record: &TemplateRecord) -> Result<Vec<PathBuf>, StoreError> {
-        record
-            .layers
-            .iter()
-            .map(|d| {
-                let fs = self.layout.layer_fs(&Digest::parse(d)?);
-                if fs.is_dir() {
-                    Ok(fs)
-                } else {
-                    Err(StoreError::Corrupt(format!("template {:?} names the missing layer {d}", record.name)))
-                }
-            })
-            .collect()
+        let layers = record.layers.iter().map(|d| Digest::parse(d)).collect::<Result<Vec<_>, _>>()?;
+        self.layer_stack(&layers).map_err(|missing| {
+            StoreError::Corrupt(format!("template {:?} names the missing layer {missing}", record.name))
+        })
+    }
+
+    /// The overlay lower directories of `layers`, bottom first; `Err` names a layer that is not
+    /// stored. A layer that appears more than once (an image's repeated empty layers, two build
+    /// steps that wrote the same files) is stacked once, at its topmost place: overlayfs takes a
+    /// directory only once, and everything the lower copy shows the upper one shows again.
+    pub fn layer_stack(&self, layers: &[Digest]) -> Result<Vec<PathBuf>, Digest> {
+        let mut stack = Vec::with_capacity(layers.len());
+        for (i, digest) in layers.iter().enumerate() {
+            if layers[i + 1..].contains(digest) {
+                continue;
+            }
+            let fs = self.layout.layer_fs(digest);
+            if !fs.is_dir() {
+                return Err(digest.clone());
+            }
+            stack.push(fs);
+        }
+        Ok(stack)
     }
 
     /// Bytes the store's layers take (from their `layer.json`).

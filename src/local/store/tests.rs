@@ -318,3 +318,23 @@ fn a_docker_save_tarball_imports_with_its_layers_checked_against_the_diff_ids() 
     assert_eq!(std::fs::read_to_string(fs.join("etc/saved")).unwrap(), "from docker save\n");
     assert_eq!(std::fs::read_dir(store.layout.tmp()).unwrap().count(), 0, "the unpacked archive is removed");
 }
+
+#[test]
+fn a_repeated_layer_is_stacked_once_at_its_topmost_place_and_a_missing_one_is_named() {
+    let state = tempfile::tempdir().unwrap();
+    let store = Store::open(state.path(), 64).unwrap();
+    let _lock = store.lock().unwrap();
+    let layer = |name: &str| {
+        let mut tar = Vec::new();
+        entry(&mut tar, name, T::Regular, b"x", "", 0o644);
+        store.ingest_layer(&finish(tar)[..], None, None).unwrap()
+    };
+    let (a, b, c) = (layer("a"), layer("b"), layer("c"));
+    let fs = |d: &Digest| store.layout.layer_fs(d);
+    assert_eq!(store.layer_stack(&[a.clone(), b.clone(), c.clone()]).unwrap(), vec![fs(&a), fs(&b), fs(&c)]);
+    // overlayfs takes a directory once: the lower copy goes, the upper one keeps its place.
+    assert_eq!(store.layer_stack(&[a.clone(), b.clone(), a.clone(), c.clone()]).unwrap(), vec![fs(&b), fs(&a), fs(&c)]);
+    assert_eq!(store.layer_stack(&[a.clone(), a.clone()]).unwrap(), vec![fs(&a)]);
+    let missing = Digest::parse(&format!("sha256:{}", "1".repeat(64))).unwrap();
+    assert_eq!(store.layer_stack(&[a, missing.clone()]).unwrap_err(), missing);
+}
