@@ -72,10 +72,14 @@ async fn embedded_provider_and_graceful_shutdown() {
         let client = client.clone();
         tokio::spawn(async move { call(&client, "run_command", json!({"command": "sleep 2; echo done"})).await })
     };
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    let running =
+        eventually(Duration::from_secs(10), || async { !host_processes_with("sleep 2; echo done").is_empty() });
+    assert!(running.await, "the slow call's command never started; log:\n{}", gateway.log_text());
     gateway.signal_term();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let unready = eventually(Duration::from_secs(2), || async { readyz(&gateway).await.0 != 200 }).await;
+    assert!(unready, "readiness still 200 two seconds after SIGTERM; log:\n{}", gateway.log_text());
     assert_eq!(readyz(&gateway).await.0, 503, "readiness must fail first");
+    assert!(!slow.is_finished(), "readiness must fail before the in-flight call completes");
     let finished = slow.await.unwrap();
     assert_ne!(finished.is_error, Some(true), "{}", text(&finished));
     assert_eq!(finished.structured_content.unwrap()["stdout"], json!("done\n"));

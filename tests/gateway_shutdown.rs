@@ -44,7 +44,10 @@ async fn sigterm_drains_calls_kills_owned_keeps_retained() {
             call(&client, "run_command", json!({"command": "sleep 3; echo done", "sandbox_id": s1})).await
         })
     };
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // In flight: its command runs in the sandbox (a host process, as sandboxes share the host's kernel).
+    let running =
+        eventually(Duration::from_secs(10), || async { !host_processes_with("sleep 3; echo done").is_empty() });
+    assert!(running.await, "the slow call's command never started; log:\n{}", gateway.log_text());
     assert!(!slow.is_finished(), "the slow call ended before SIGTERM");
 
     gateway.signal_term();
@@ -119,7 +122,9 @@ async fn sigterm_with_overlong_call_still_exits_within_grace() {
             tokio::time::timeout(Duration::from_secs(60), client.call_tool(request)).await
         })
     };
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    let running =
+        eventually(Duration::from_secs(10), || async { !host_processes_with("sleep 60; echo late").is_empty() });
+    assert!(running.await, "the overlong call's command never started; log:\n{}", gateway.log_text());
     gateway.signal_term();
     let term_sent = Instant::now();
 
