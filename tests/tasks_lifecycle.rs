@@ -11,7 +11,7 @@ mod tasks_support;
 
 use std::time::{Duration, Instant};
 
-use common::require_root;
+use common::{eventually, require_root};
 use serde_json::{Value, json};
 use tasks_support::{Env, Mcp};
 
@@ -90,9 +90,11 @@ async fn timeout_cancel_group_cleanup_and_lost_supervisor() {
         (Some(&*task_id), Some(supervisor_pid))
     );
     run(&mcp, &sandbox_id, &format!("kill -9 {supervisor_pid}")).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let gone = mcp.call("read_file", json!({"sandbox_id": sandbox_id, "path": probe})).await.err();
-    assert!(!gone.is_empty());
+    // The probe path goes with the process (at once, or as soon as it is reaped).
+    let read_probe = || mcp.call("read_file", json!({"sandbox_id": sandbox_id, "path": probe}));
+    let gone = eventually(Duration::from_secs(10), || async { read_probe().await.is_error }).await;
+    assert!(gone, "{probe} still reads after the supervisor was killed");
+    assert!(!read_probe().await.err().is_empty());
     let lost = mcp.get_task(&sandbox_id, &task_id, json!({})).await;
     assert_eq!(lost["state"], "unknown", "{lost}");
     assert!(lost["error"].as_str().unwrap().contains("supervisor"));

@@ -14,7 +14,7 @@ mod tasks_support;
 
 use std::time::{Duration, Instant};
 
-use common::require_root;
+use common::{eventually, host_processes_with, require_root};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use tasks_support::{Env, Mcp};
@@ -144,7 +144,10 @@ async fn split_characters_read_as_replacement_and_wait_returns_early() {
     let other = Mcp::connect(&serve.mcp_url()).await;
     let waiting = mcp.get_task(&sandbox_id, &task_id, json!({"stdout_offset": 8, "wait_seconds": 25}));
     let cancelling = async {
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Cancel once the wait is under way: the supervisor's `status --wait` for this task runs.
+        let waiting_now = || host_processes_with(&task_id).iter().any(|p| p.contains("--wait-stdout-offset 8 "));
+        let under_way = eventually(Duration::from_secs(10), || async { waiting_now() }).await;
+        assert!(under_way, "the waiting get_task never reached the supervisor: {:?}", host_processes_with(&task_id));
         other.call("cancel_task", json!({"sandbox_id": sandbox_id, "task_id": task_id})).await.ok()
     };
     let t0 = Instant::now();
