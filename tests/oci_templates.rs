@@ -43,9 +43,12 @@ async fn an_imported_debian_image_runs_its_own_userland_and_gc_frees_it_after_us
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    assert!(wait_until(std::time::Duration::from_secs(20), || std::fs::read_dir(p.state.join("store/tmp"))
-        .is_ok_and(|mut d| d.next().is_some())));
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Killed once a layer is part-extracted: files under a scratch directory's `fs/` in tmp/.
+    let half_layer = || {
+        let Ok(scratches) = std::fs::read_dir(p.state.join("store/tmp")) else { return false };
+        scratches.flatten().any(|s| std::fs::read_dir(s.path().join("fs")).is_ok_and(|mut d| d.next().is_some()))
+    };
+    assert!(wait_until(std::time::Duration::from_secs(20), half_layer), "the import never started extracting a layer");
     killed.kill().unwrap();
     killed.wait().unwrap();
     assert_eq!(std::fs::read_dir(p.state.join("store/layers")).unwrap().count(), 0, "no half layer");
