@@ -364,22 +364,27 @@ async fn minted_and_forged_tokens() {
     let rotated = forge(&spare_kid, &spare_key, good.clone());
     idp.stop();
     idp.launch(true).expect("restart the IdP with rotated keys");
-    tokio::time::sleep(Duration::from_millis(1200)).await; // jwks_min_refresh_secs = 1
-    assert_eq!(post_mcp(&gateway, Some(&rotated), None).await.status, 200, "rotated key not picked up");
+    // Refused (401) while the last key fetch is under 1 s old (jwks_min_refresh_secs), then picked up.
+    let picked_up =
+        eventually(Duration::from_secs(10), || async { post_mcp(&gateway, Some(&rotated), None).await.status == 200 });
+    assert!(picked_up.await, "rotated key not picked up; log:\n{}", gateway.log_text());
     let minted_after = idp.mint("tester-b", &audience, "sandbox").await;
     assert_eq!(post_mcp(&gateway, Some(&minted_after), None).await.status, 200);
 
     // The identity provider goes down: /readyz stays ready, cached keys still verify, an
     // uncached key gets 503 with a sentence (not 401).
     idp.stop();
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    let ready = http.get(format!("http://{addr}/readyz")).send().await.unwrap();
-    assert_eq!(ready.status(), 200);
-    assert_eq!(post_mcp(&gateway, Some(&rotated), None).await.status, 200);
+    // An uncached key makes the gateway fetch the keys again (once the last fetch is 1 s old): 503.
     let unknown = forge("key-9", &spare_key, good.clone());
+    let unavailable =
+        eventually(Duration::from_secs(10), || async { post_mcp(&gateway, Some(&unknown), None).await.status == 503 });
+    assert!(unavailable.await, "an uncached key did not get 503 with the IdP down; log:\n{}", gateway.log_text());
     let down = post_mcp(&gateway, Some(&unknown), None).await;
     assert_eq!(down.status, 503, "{}", down.body);
     assert!(down.body.contains("identity provider is unreachable"), "{}", down.body);
+    let ready = http.get(format!("http://{addr}/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 200);
+    assert_eq!(post_mcp(&gateway, Some(&rotated), None).await.status, 200, "a cached key must still verify");
 
     close(client_a).await;
     close(client_b).await;
