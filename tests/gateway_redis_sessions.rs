@@ -12,7 +12,7 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::redis_server::Redis;
 use common::*;
@@ -77,6 +77,24 @@ fn session_ids(redis: &Redis, prefix: &str) -> Vec<String> {
         .collect()
 }
 
+/// How long "exactly once" watches for a second kill after a session's cleanup is over (nothing of
+/// it left in Redis): one sweep interval (`sweep_interval_secs = 1`) and a margin, in which another
+/// replica's sweep would have cleaned up again had the lease let it. A fixed wait is the check here.
+const QUIET_AFTER_CLEANUP: Duration = Duration::from_millis(1200);
+
+/// Waits until the session's cleanup is over (it is gone from Redis, so no replica can take it up
+/// again), then [`QUIET_AFTER_CLEANUP`]; false when the session stays in Redis.
+async fn cleanup_over(redis: &Redis, prefix: &str) -> bool {
+    let gone = wait_until(Duration::from_secs(20), || session_ids(redis, prefix).is_empty()).await;
+    tokio::time::sleep(QUIET_AFTER_CLEANUP).await;
+    gone
+}
+
+/// Wall-clock milliseconds, the clock of the session deadlines in Redis.
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
 async fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
@@ -94,7 +112,8 @@ fn python_client_session_moves_between_replicas() {
     require_root!();
     let Some(redis) = start_redis(false) else { return };
     let provider = CountingProvider::start();
-    let config = redis_config(&redis, &unique_prefix("py"), 120);
+    let prefix = unique_prefix("py");
+    let config = redis_config(&redis, &prefix, 120);
     let mut r1 = replica(&provider, &config);
     let r2 = replica(&provider, &config);
     let pid = r1.pid();
@@ -118,7 +137,7 @@ fn python_client_session_moves_between_replicas() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         assert!(wait_gone(&provider.inner.client(), &sandbox, Duration::from_secs(20)).await, "{logs}");
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(cleanup_over(&redis, &prefix).await, "the session stays in Redis after its DELETE\n{logs}");
     });
     assert_eq!(provider.kills(&sandbox), 1, "the session's sandbox must be killed exactly once\n{logs}");
     let task_sandbox =
@@ -155,8 +174,11 @@ fn expiry_cleans_up_once_across_replicas_after_a_crash_and_a_dead_lease() {
         redis.cli(&["SREM", &format!("{prefix}:s:{session}:owned"), &c]);
         let lease = format!("{prefix}:s:{session}:lease");
         assert_eq!(redis.cli(&["SET", &lease, "dead-replica", "PX", "6000"]).trim(), "OK");
-        // While the dead replica's lease lasts, nobody cleans up.
-        tokio::time::sleep(Duration::from_secs(5)).await;
+        // While the dead replica's lease lasts (6 s), nobody cleans up: checked once the session is past
+        // its idle deadline (4 s) and each replica has swept since. A fixed wait is the check here.
+        let expires = deadline_of(&redis, &prefix, &session);
+        assert!(expires > 0, "session deadline in Redis");
+        tokio::time::sleep(Duration::from_millis(expires.saturating_sub(now_ms())) + QUIET_AFTER_CLEANUP).await;
         assert!(sandbox_exists(&provider.inner.client(), &a).await, "cleaned up under another replica's lease");
         // Then a survivor takes it over: a killed once, b (retained) kept, c not killed again.
         let logs = || format!("r2:\n{}\nr3:\n{}", r2.log_text(), r3.log_text());
@@ -166,7 +188,7 @@ fn expiry_cleans_up_once_across_replicas_after_a_crash_and_a_dead_lease() {
             "the session stays in Redis after its cleanup\n{}",
             logs()
         );
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        tokio::time::sleep(QUIET_AFTER_CLEANUP).await; // then no second kill (see the constant)
         assert_eq!(provider.kills(&a), 1, "owned sandbox killed exactly once\n{}", logs());
         assert_eq!(provider.kills(&c), 1, "a sandbox the dead replica killed is not killed again\n{}", logs());
         assert_eq!(provider.kills(&b), 0, "a retained sandbox is never killed\n{}", logs());
@@ -222,7 +244,7 @@ fn delete_on_another_replica_ends_the_session_everywhere() {
             .await
             .unwrap();
         assert_eq!(again.status().as_u16(), 404, "second DELETE");
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(cleanup_over(&redis, &prefix).await, "the session stays in Redis after its DELETE");
         assert_eq!(provider.kills(&a), 1, "r1:\n{}\nr2:\n{}", r1.log_text(), r2.log_text());
     });
 }
@@ -328,17 +350,18 @@ fn python_client_keeps_its_session_through_a_rolling_update() {
         .expect("run python");
     let out = Arc::new(Mutex::new(String::new()));
     let err = Arc::new(Mutex::new(String::new()));
+    let mut readers = Vec::new();
     for (pipe, sink) in [
         (Box::new(child.stdout.take().expect("stdout")) as Box<dyn std::io::Read + Send>, Arc::clone(&out)),
         (Box::new(child.stderr.take().expect("stderr")), Arc::clone(&err)),
     ] {
-        std::thread::spawn(move || {
+        readers.push(std::thread::spawn(move || {
             for line in BufReader::new(pipe).lines().map_while(Result::ok) {
                 let mut text = sink.lock().unwrap();
                 text.push_str(&line);
                 text.push('\n');
             }
-        });
+        }));
     }
     let output = || format!("stdout:\n{}\nstderr:\n{}", out.lock().unwrap(), err.lock().unwrap());
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -346,18 +369,24 @@ fn python_client_keeps_its_session_through_a_rolling_update() {
         assert!(Instant::now() < deadline, "the client did not start calling\n{}", output());
         std::thread::sleep(Duration::from_millis(100));
     }
+    // READY: the client has called through r1 and keeps calling.
     let sandbox =
         out.lock().unwrap().lines().find_map(|l| l.strip_prefix("SANDBOX ")).expect("sandbox id").trim().to_string();
-    std::thread::sleep(Duration::from_secs(1));
 
     // The rolling update: a new process comes up, then the old one gets SIGTERM (and hands its sessions over).
     let r3 = replica(&provider, &config);
     write_control(&control, &[&r1, &r3, &r2], false);
-    std::thread::sleep(Duration::from_millis(500));
+    // The balancer has seen r3 ready, so the client moves there (not to r2) once r1 turns unready.
+    let r3_ready = format!(" {} ready\n", r3.base());
+    let seen = common::wait_until(Duration::from_secs(30), || out.lock().unwrap().contains(&r3_ready));
+    assert!(seen, "the balancer never saw r3 ready\n{}", output());
     assert!(r1.shutdown(), "replica 1 did not shut down cleanly\n{}", r1.log_text());
     write_control(&control, &[&r3, &r2], false);
-    std::thread::sleep(Duration::from_secs(3));
     let logs = || format!("r1:\n{}\nr2:\n{}\nr3:\n{}", r1.log_text(), r2.log_text(), r3.log_text());
+    // The session goes on from r3, with the record r1 left in Redis.
+    let moved =
+        common::wait_until(Duration::from_secs(30), || r3.log.contains("session taken over from the shared store"));
+    assert!(moved, "r3 never took the session over\n{}\n{}", output(), logs());
     assert_eq!(provider.kills(&sandbox), 0, "the rolling update killed the session's sandbox\n{}", logs());
     assert!(r1.log_text().contains("sessions left in Redis"), "{}", logs());
     assert_eq!(session_ids(&redis, &prefix).len(), 1, "the session is still in Redis");
@@ -374,7 +403,9 @@ fn python_client_keeps_its_session_through_a_rolling_update() {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    std::thread::sleep(Duration::from_millis(200));
+    for reader in readers {
+        reader.join().expect("pipe reader"); // the last lines are copied once the pipes close
+    }
     let stdout = out.lock().unwrap().clone();
     println!("{stdout}");
     assert!(status.success(), "the client saw an error\n{}\n{}", output(), logs());
@@ -386,7 +417,7 @@ fn python_client_keeps_its_session_through_a_rolling_update() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         assert!(wait_gone(&provider.inner.client(), &sandbox, Duration::from_secs(20)).await, "{}", logs());
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(cleanup_over(&redis, &prefix).await, "the session stays in Redis after its DELETE\n{}", logs());
     });
     assert_eq!(provider.kills(&sandbox), 1, "{}", logs());
 }
@@ -537,7 +568,10 @@ fn a_request_that_fails_auth_neither_refreshes_nor_reads_a_session() {
             "params": {"name": "list_sandboxes", "arguments": {}}});
         let before = deadline_of(&redis, &prefix, &session);
         assert!(before > 0, "session deadline in Redis");
-        tokio::time::sleep(Duration::from_millis(1200)).await;
+        // Past the instant of the last refresh (deadline - idle), a refresh would move the deadline.
+        let last_refresh = before - 120_000;
+        let later = wait_until(Duration::from_secs(5), || now_ms() > last_refresh + 5).await;
+        assert!(later, "the clock did not move past the session's last refresh");
         // r2 has never seen the session (nothing cached): Redis alone must refuse.
         for replica in [&r2, &r1] {
             let anonymous = raw_post(&http, &replica.mcp_url(), &session, None, list.clone()).send().await.unwrap();
