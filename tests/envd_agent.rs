@@ -224,6 +224,8 @@ async fn connect_list_signal_and_late_connect() {
     let (_, start) = first.next_json().await;
     let pid = start["event"]["start"]["pid"].as_u64().unwrap();
     drop(first); // disconnecting does not kill the process
+    // A fixed wait is the check: nothing shows that envd saw the disconnect, and the process must
+    // outlive it. 300 ms is three of the ticker's writes into the dropped stream.
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let (status, list) = envd.unary("process.Process/List", json!({}), None).await;
