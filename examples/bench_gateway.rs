@@ -588,7 +588,7 @@ async fn bench_jwt_auth(bin: &std::path::Path, provider: &Provider, dir: &std::p
     });
 
     // The audience names the gateway's own URL: a port chosen first (again after a collision).
-    let hash = sandbox_mcp::gateway::auth::token_hash_hex(STATIC_TOKEN);
+    let hash = sandbox_mcp::gateway::http::auth::token_hash_hex(STATIC_TOKEN);
     let (gateway, audience) = with_free_port(|port| {
         let audience = format!("http://127.0.0.1:{port}/mcp");
         let extra = format!(

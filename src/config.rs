@@ -89,7 +89,7 @@ impl SessionsConfig {
 }
 
 /// `[limits]`: per-tenant limits (0: no limit; unset: a fair-share default derived from the
-/// deployment, see `gateway::quotas::TenantLimits`). The global sandbox limit is
+/// deployment, see `gateway::http::quotas::TenantLimits`). The global sandbox limit is
 /// `local.max_sandboxes` (or the remote provider's own).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -1,44 +1,40 @@
 //! The MCP gateway (`sandbox-mcp serve`): axum app, bearer auth, MCP
-//! sessions, and the MCP tools (one file per tool family).
+//! sessions, and the MCP tools. One folder per concern, lowest first (a
+//! folder imports only the ones above it in this list):
+//!
+//! - `oauth/`, `provider.rs`: the OAuth 2.1 resource server; choosing and
+//!   starting the provider;
+//! - `sessions/`: legacy MCP sessions (the registry, its Redis store and SSE
+//!   event log);
+//! - `http/`: what `/mcp` does at the HTTP level before MCP: bearer auth,
+//!   per-tenant limits, body checks, refusals as JSON-RPC, quick JSON
+//!   answers, graceful drain, metrics, the protocol generation of a request;
+//! - `state/`: what every session shares ([`GatewayCore`]), the handler type
+//!   ([`Gateway`]) and the work on that state outside a tool call (deadline
+//!   renewal, session-end clean-up, Redis-shared sessions, the MCP task-id
+//!   key);
+//! - `tools/`: the MCP tools, one file per family, and what a call needs
+//!   (caller, quota, errors, sandbox resolution, argument limits);
+//! - `mcp/`: the MCP surface: the `ServerHandler`, the two protocol
+//!   generations, MCP Tasks and their ids;
+//! - `server.rs`: the app (routes, middleware order, listeners, shutdown);
+//!   `tool_tests/` drives that app against a scripted provider.
 
-pub mod access;
-pub mod args;
-pub mod auth;
-pub mod calls;
-pub mod drain;
-pub mod error;
-pub mod error_body;
-pub mod event_log;
-pub mod exec_tools;
-pub mod file_tools;
-pub mod generation;
-pub mod handler;
-pub mod legacy_json;
-pub mod mcp_tasks;
-pub mod metrics;
+pub mod http;
+pub mod mcp;
 pub mod oauth;
-pub mod parse_guard;
 pub mod provider;
-pub mod quotas;
-pub mod redis_pool;
-pub mod redis_store;
-pub mod result_size;
-pub mod sandbox_tools;
 pub mod server;
 pub mod sessions;
-pub mod shared_sessions;
 pub mod state;
-pub mod task_ids;
-pub mod task_tools;
-pub mod template_tools;
+pub mod tools;
 
 #[cfg(test)]
 mod tool_tests;
 
-pub use error::ToolError;
 pub use sessions::{SessionRegistry, SessionState};
-pub use state::Gateway;
-pub use state::GatewayCore;
+pub use state::{Gateway, GatewayCore};
+pub use tools::error::ToolError;
 
 /// Arguments of `sandbox-mcp serve`.
 #[derive(Debug, Clone, clap::Args)]

@@ -18,17 +18,18 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
-use super::auth::{AuthState, TokenSet, require_tenant};
-use super::drain::track_in_flight;
-use super::generation;
-use super::handler::{Gateway, GatewayCore, META_DEPLOYMENT};
-use super::metrics;
+use super::http::auth::{AuthState, TokenSet, require_tenant};
+use super::http::drain::track_in_flight;
+use super::http::metrics;
+use super::http::session_delete;
 use super::oauth::{self, OAuth};
 use super::provider;
-use super::redis_store::RedisStore;
+use super::sessions::redis_store::RedisStore;
 use super::sessions::{SessionEndHook, SessionRegistry, TrackingSessionManager};
-use super::shared_sessions::{self, Shared};
-use super::task_ids::TaskIdKey;
+use super::state::mcp_task_key::McpTaskIdKey;
+use super::state::shared_sessions::{self, Shared};
+use super::state::{Gateway, GatewayCore};
+use super::tools::access::META_DEPLOYMENT;
 use crate::config::Config;
 use crate::masking::{MIN_SECRET_LEN, Masker};
 
@@ -123,7 +124,7 @@ pub async fn build_app(
         Some(store) => SessionRegistry::shared(store.clone()),
         None => SessionRegistry::new(),
     };
-    let task_key = TaskIdKey::resolve(&config, api_key, embedded);
+    let task_key = McpTaskIdKey::resolve(&config, api_key, embedded);
     let core = Arc::new(GatewayCore::new(Arc::clone(&config), provider, Arc::clone(&sessions), masker, task_key));
 
     let mut local_sessions = match &store {
@@ -194,8 +195,8 @@ pub async fn build_app(
             );
         }
     }
-    let request_guard = super::parse_guard::RequestGuard::new(config.server.max_body_bytes);
-    let session_limit = super::quotas::SessionLimit {
+    let request_guard = super::http::parse_guard::RequestGuard::new(config.server.max_body_bytes);
+    let session_limit = super::http::quotas::SessionLimit {
         sessions: Arc::clone(&sessions),
         limit: core.quotas.limits().sessions.clone(),
         idle_timeout_secs: config.server.session_idle_timeout_secs,
@@ -204,7 +205,7 @@ pub async fn build_app(
     // (`Router::layer`), each layer would box the rest and clone all of it again on every request.
     let mcp_stack = tower::ServiceBuilder::new()
         // Outermost: every refusal below (auth, session, size, type, limits) leaves as a JSON-RPC error.
-        .layer(axum::middleware::from_fn(super::error_body::json_refusals))
+        .layer(axum::middleware::from_fn(super::http::error_body::json_refusals))
         .layer(axum::middleware::from_fn_with_state(core.drain.clone(), track_in_flight))
         .layer(axum::middleware::from_fn_with_state(auth, require_tenant))
         // With Redis: refresh the session's record (and idle deadline) after auth, and only for the tenant
@@ -213,15 +214,16 @@ pub async fn build_app(
         .option_layer(
             shared.clone().map(|shared| axum::middleware::from_fn_with_state(shared, shared_sessions::refresh)),
         )
-        .layer(axum::middleware::from_fn_with_state(session_limit, super::quotas::limit_sessions))
-        .layer(axum::middleware::from_fn_with_state(request_guard, super::parse_guard::check_request))
+        .layer(axum::middleware::from_fn_with_state(session_limit, super::http::quotas::limit_sessions))
+        .layer(axum::middleware::from_fn_with_state(request_guard, super::http::parse_guard::check_request))
         // Inside the body check (it reads the buffered body): quick legacy answers as application/json.
         // Not with Redis sessions: their clients resume and replay streams by event id across replicas.
         .option_layer((config.server.legacy_json_window_ms > 0 && store.is_none()).then(|| {
-            let window = super::legacy_json::JsonWindow(Duration::from_millis(config.server.legacy_json_window_ms));
-            axum::middleware::from_fn_with_state(window, super::legacy_json::answer_json)
+            let window =
+                super::http::legacy_json::JsonWindow(Duration::from_millis(config.server.legacy_json_window_ms));
+            axum::middleware::from_fn_with_state(window, super::http::legacy_json::answer_json)
         }))
-        .layer(axum::middleware::from_fn_with_state(Arc::clone(&sessions), generation::session_delete))
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&sessions), session_delete::session_delete))
         .service(service);
     let mcp = Router::new().nest_service("/mcp", mcp_stack);
     let reaper_stop = CancellationToken::new();
@@ -252,7 +254,7 @@ pub async fn build_app(
 /// them; and a handler panic answered as a 500 JSON-RPC error instead of a dropped connection.
 fn edge_layers(router: Router) -> Router {
     use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-    let request_id = http::HeaderName::from_static(super::calls::REQUEST_ID_HEADER);
+    let request_id = http::HeaderName::from_static(super::tools::calls::REQUEST_ID_HEADER);
     // One layer of the router (outermost first): each `Router::layer` boxes every route once more.
     router.layer(
         tower::ServiceBuilder::new()

@@ -146,5 +146,5 @@ pub fn tokens_config(tenants: &[(&str, &str)]) -> String {
 
 /// The SHA-256 (hex) of a gateway token, as `[auth] tokens` holds it.
 pub fn sha256_hex(token: &str) -> String {
-    sandbox_mcp::gateway::auth::token_hash_hex(token)
+    sandbox_mcp::gateway::http::auth::token_hash_hex(token)
 }

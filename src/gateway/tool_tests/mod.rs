@@ -1,5 +1,5 @@
 //! Fast tests of the tool layer, in process and without root: the gateway's
-//! app (built by [`super::server::build_app`], as `serve` builds it) on
+//! app (built by [`crate::gateway::server::build_app`], as `serve` builds it) on
 //! 127.0.0.1:0, called over real MCP/HTTP by rmcp's client, against a
 //! scripted provider — a small axum server answering the E2B API and envd
 //! routes the tools use, with faults injected per route (the pattern of
@@ -24,10 +24,10 @@ use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 use sha2::Digest;
 
-use super::access::META_DEPLOYMENT;
-use super::server::{GatewayApp, build_app};
 use crate::config::{Config, ProviderKind, TokenEntry};
 use crate::e2b::{E2bClient, ProviderEndpoint};
+use crate::gateway::server::{GatewayApp, build_app};
+use crate::gateway::tools::access::META_DEPLOYMENT;
 use scripted::{Shared, scripted_provider, serve};
 
 const PROVIDER_KEY: &str = "e2b_scripted0123456789abcdef0123456789abcd";

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 
 use crate::connect_rpc::encode_json_message;
 use crate::e2b::wire::{self, DataEvent, EndEvent, ProcessEvent, ProcessEventMessage, StartEvent};
-use crate::gateway::access::{META_DEPLOYMENT, META_TENANT};
+use crate::gateway::tools::access::{META_DEPLOYMENT, META_TENANT};
 
 /// A fault the scripted provider answers once instead of the normal response.
 #[derive(Clone)]

@@ -17,8 +17,8 @@ use super::args::{
 use super::calls::CallContext;
 use super::error::ToolError;
 use super::result_size::{self, MAX_RESULT_BYTES};
-use super::state::Gateway;
 use crate::e2b::{CallOptions, E2bError, wire};
+use crate::gateway::state::Gateway;
 
 /// How file content is carried in JSON.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

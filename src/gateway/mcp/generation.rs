@@ -1,7 +1,8 @@
-//! The two MCP protocol generations served on one `/mcp`: which generation a
-//! request belongs to, what each generation reads (tool descriptions,
-//! instructions, `tools/list` cache hints), portable tool schemas, and the
-//! legacy session `DELETE` answer (204, or 404 for an unknown session).
+//! The two MCP protocol generations served on one `/mcp`: what each
+//! generation reads (tool descriptions, instructions, `tools/list` cache
+//! hints) and the routers built for each (with the portable schemas of
+//! `schema`). Which generation a request belongs to, from its headers, is
+//! `http::protocol_version`.
 //!
 //! Legacy clients (2024-11-05 … 2025-11-25) use `initialize` and
 //! `Mcp-Session-Id`; 2026-07-28 requests carry their version in `_meta` and
@@ -9,20 +10,13 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
-use axum::http::{Method, StatusCode};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use http::request::Parts;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::model::{CacheScope, JsonObject, ListToolsResult, ProtocolVersion, ResultType};
 use serde_json::Value;
 
-use super::sessions::SessionRegistry;
-use super::state::{Gateway, Routers};
-
-/// The first protocol version without sessions.
-pub const STATELESS_VERSION: &str = "2026-07-28";
+use super::schema::portable_schema_object;
+use crate::gateway::http::protocol_version::is_stateless_version;
+use crate::gateway::state::{Gateway, Routers};
 
 /// How long a 2026-07-28 client may cache `tools/list` (the list changes only with a new release).
 pub const TOOLS_LIST_TTL_MS: u64 = 300_000;
@@ -38,20 +32,6 @@ pub const STATELESS_INSTRUCTIONS: &str = "Linux sandboxes for agents. Call creat
      and no default sandbox. A sandbox lives until its deadline (extended when you use it) or until kill_sandbox; \
      it is not killed when you disconnect, so kill it when done. With the io.modelcontextprotocol/tasks \
      extension, run_command and start_task run as MCP tasks (poll tasks/get, stop with tasks/cancel).";
-
-/// Whether a request is of the sessionless generation (2026-07-28 or later), from its headers.
-pub fn is_stateless_request(parts: &Parts) -> bool {
-    parts
-        .headers
-        .get("mcp-protocol-version")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| is_stateless_version(v.trim()))
-}
-
-/// ISO dates compare lexically as they do chronologically.
-pub fn is_stateless_version(version: &str) -> bool {
-    version.len() == 10 && version >= STATELESS_VERSION
-}
 
 /// Whether a negotiated protocol version belongs to the sessionless generation.
 pub fn is_stateless_protocol(version: Option<&ProtocolVersion>) -> bool {
@@ -148,174 +128,9 @@ pub fn list_tools(routers: &Routers, stateless: bool) -> ListToolsResult {
     result
 }
 
-/// JSON Schema formats every validator knows (others, such as schemars' `uint64`, draw warnings).
-const STANDARD_FORMATS: &[&str] = &[
-    "date-time",
-    "date",
-    "time",
-    "duration",
-    "email",
-    "idn-email",
-    "hostname",
-    "idn-hostname",
-    "ipv4",
-    "ipv6",
-    "uri",
-    "uri-reference",
-    "iri",
-    "iri-reference",
-    "uuid",
-    "uri-template",
-    "json-pointer",
-    "relative-json-pointer",
-    "regex",
-];
-
-/// Keywords that describe the value whatever its type (kept beside an `anyOf` of types).
-const ANNOTATIONS: &[&str] = &["description", "title", "default", "examples", "deprecated", "readOnly", "writeOnly"];
-
-/// Rewrites a schemars schema so strict validators (AJV strict mode, the MCP Inspector) accept it
-/// silently: non-standard `format`s are dropped, and `"type": [T, "null"]` becomes
-/// `anyOf: [{type: T, ...its keywords}, {type: "null"}]`, so each keyword sits beside its type.
-pub fn portable_schema_object(schema: &JsonObject) -> JsonObject {
-    match portable(Value::Object(schema.clone())) {
-        Value::Object(object) => object,
-        _ => schema.clone(),
-    }
-}
-
-fn portable(value: Value) -> Value {
-    match value {
-        Value::Object(object) => Value::Object(portable_object(object)),
-        Value::Array(items) => Value::Array(items.into_iter().map(portable).collect()),
-        other => other,
-    }
-}
-
-fn portable_object(object: JsonObject) -> JsonObject {
-    let mut out = JsonObject::new();
-    for (key, value) in object {
-        let value = match key.as_str() {
-            // Maps of schemas: rewrite each schema, keep the property names.
-            "properties" | "$defs" | "definitions" | "patternProperties" => match value {
-                Value::Object(map) => Value::Object(map.into_iter().map(|(k, v)| (k, portable(v))).collect()),
-                other => other,
-            },
-            "format" if value.as_str().is_some_and(|f| !STANDARD_FORMATS.contains(&f)) => continue,
-            _ => portable(value),
-        };
-        out.insert(key, value);
-    }
-    let Some(Value::Array(types)) = out.get("type").cloned() else { return out };
-    let names: Vec<String> = types.iter().filter_map(|t| t.as_str().map(str::to_string)).collect();
-    if names.len() == 1 {
-        out.insert("type".into(), Value::String(names[0].clone()));
-        return out;
-    }
-    out.remove("type");
-    let mut outer = JsonObject::new();
-    let mut inner = JsonObject::new();
-    for (key, value) in out {
-        if ANNOTATIONS.contains(&key.as_str()) {
-            outer.insert(key, value);
-        } else {
-            inner.insert(key, value);
-        }
-    }
-    let branches: Vec<Value> = names
-        .iter()
-        .map(|name| {
-            let mut branch = JsonObject::new();
-            branch.insert("type".into(), Value::String(name.clone()));
-            if name != "null" {
-                for (key, value) in &inner {
-                    if keyword_applies(key, name) {
-                        branch.insert(key.clone(), value.clone());
-                    }
-                }
-            }
-            Value::Object(branch)
-        })
-        .collect();
-    outer.insert("anyOf".into(), Value::Array(branches));
-    outer
-}
-
-/// Whether a validation keyword applies to values of a JSON type (so it may sit beside that type).
-fn keyword_applies(keyword: &str, type_name: &str) -> bool {
-    let numeric = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"];
-    let string = ["minLength", "maxLength", "pattern", "format"];
-    let array = ["items", "minItems", "maxItems", "uniqueItems", "prefixItems", "contains"];
-    let object = ["properties", "required", "additionalProperties", "patternProperties", "propertyNames"];
-    if numeric.contains(&keyword) {
-        return type_name == "integer" || type_name == "number";
-    }
-    if string.contains(&keyword) {
-        return type_name == "string";
-    }
-    if array.contains(&keyword) {
-        return type_name == "array";
-    }
-    if object.contains(&keyword) {
-        return type_name == "object";
-    }
-    true
-}
-
-/// Answers a legacy session `DELETE` as official clients expect: 204 when the session ended, 404 for
-/// an unknown or already-ended one (rmcp itself answers 202 in both cases).
-pub async fn session_delete(State(sessions): State<Arc<SessionRegistry>>, request: Request, next: Next) -> Response {
-    if request.method() != Method::DELETE {
-        return next.run(request).await;
-    }
-    let Some(id) = request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_string) else {
-        return next.run(request).await;
-    };
-    if !sessions.contains(&id) {
-        return (StatusCode::NOT_FOUND, "session not found\n").into_response();
-    }
-    let mut response = next.run(request).await;
-    if response.status() == StatusCode::ACCEPTED {
-        *response.status_mut() = StatusCode::NO_CONTENT;
-    }
-    response
-}
-
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
-
     use super::*;
-
-    fn obj(value: Value) -> JsonObject {
-        match value {
-            Value::Object(o) => o,
-            _ => JsonObject::new(),
-        }
-    }
-
-    #[test]
-    fn nullable_integers_become_any_of_without_custom_formats() {
-        let schema = obj(json!({
-            "type": "object",
-            "properties": {
-                "timeout": {"type": ["integer", "null"], "format": "uint64", "minimum": 0, "description": "d"},
-                "n": {"type": "integer", "format": "int64"},
-                "when": {"type": "string", "format": "date-time"},
-                "f": {"type": ["number", "null"], "format": "double"}
-            },
-            "required": ["n"]
-        }));
-        let out = Value::Object(portable_schema_object(&schema));
-        assert_eq!(
-            out["properties"]["timeout"],
-            json!({"description": "d", "anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}]})
-        );
-        assert_eq!(out["properties"]["n"], json!({"type": "integer"}));
-        assert_eq!(out["properties"]["when"], json!({"type": "string", "format": "date-time"}));
-        assert_eq!(out["properties"]["f"], json!({"anyOf": [{"type": "number"}, {"type": "null"}]}));
-        assert_eq!(out["required"], json!(["n"]));
-    }
 
     #[test]
     fn every_tool_schema_is_portable() {
@@ -343,13 +158,5 @@ mod tests {
         }
         let legacy = routers.legacy.get("create_sandbox").and_then(|t| t.description.clone()).unwrap_or_default();
         assert!(legacy.contains("session"));
-    }
-
-    #[test]
-    fn versions_split_the_generations() {
-        assert!(is_stateless_version("2026-07-28"));
-        assert!(!is_stateless_version("2025-11-25"));
-        assert!(!is_stateless_version("2024-11-05"));
-        assert!(!is_stateless_version("garbage"));
     }
 }

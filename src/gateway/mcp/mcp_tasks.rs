@@ -21,13 +21,14 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::args::RUN_OUTPUT_CAP_BYTES;
-use super::calls::CallContext;
-use super::error::ToolError;
-use super::exec_tools::{CommandOutcome, RunCommandArgs};
-use super::state::Gateway;
-use super::task_ids::{TaskHandle, TaskKind};
-use super::task_tools::{EnvdTransport, StartTaskArgs};
+use super::mcp_task_id::{McpTaskId, McpTaskKind};
+use crate::gateway::state::Gateway;
+use crate::gateway::tools::args::RUN_OUTPUT_CAP_BYTES;
+use crate::gateway::tools::calls::CallContext;
+use crate::gateway::tools::envd_transport::EnvdTransport;
+use crate::gateway::tools::error::ToolError;
+use crate::gateway::tools::exec::{CommandOutcome, RunCommandArgs};
+use crate::gateway::tools::task::StartTaskArgs;
 use crate::tasks::TaskId;
 use crate::tasks::page::PageRequest;
 use crate::tasks::protocol::TaskState;
@@ -70,7 +71,7 @@ fn rfc3339_ms(ms: u64) -> String {
 
 fn not_found(raw: &str) -> McpError {
     McpError::invalid_params(
-        format!("task {} not found: unknown, expired, or not yours", crate::gateway::args::clip(raw, 80)),
+        format!("task {} not found: unknown, expired, or not yours", crate::gateway::tools::args::clip(raw, 80)),
         None,
     )
 }
@@ -132,11 +133,14 @@ impl Gateway {
             Ok(id) => id,
             Err(err) => return Err(McpError::internal_error(err.to_string(), None)),
         };
-        let kind =
-            if tool == "run_command" { TaskKind::RunCommand } else { TaskKind::StartTask { timeout: started.timeout } };
-        let handle = TaskHandle { sandbox_id: started.sandbox_id.clone(), task_id, created_ms, kind };
-        let mcp_id = self.core.task_key.encode(&call.tenant, &handle);
-        let ttl_ms = self.task_ttl_ms(&handle, requested_ttl_ms(&request, &context));
+        let kind = if tool == "run_command" {
+            McpTaskKind::RunCommand
+        } else {
+            McpTaskKind::StartTask { timeout: started.timeout }
+        };
+        let mcp_task = McpTaskId { sandbox_id: started.sandbox_id.clone(), task_id, created_ms, kind };
+        let mcp_id = mcp_task.encode(&self.core.task_key, &call.tenant);
+        let ttl_ms = self.task_ttl_ms(&mcp_task, requested_ttl_ms(&request, &context));
         let created = rfc3339_ms(created_ms);
         let mut task = Task::new(mcp_id, TaskStatus::Working, created.clone(), created);
         task.ttl_ms = ttl_ms;
@@ -149,10 +153,10 @@ impl Gateway {
 
     /// The task stays observable while its sandbox lives: ttlMs is the time left to the sandbox deadline,
     /// or the client's requested ttlMs when shorter.
-    fn task_ttl_ms(&self, handle: &TaskHandle, requested: Option<u64>) -> Option<u64> {
-        let deadline = self.core.known_deadline(&handle.sandbox_id)?;
+    fn task_ttl_ms(&self, mcp_task: &McpTaskId, requested: Option<u64>) -> Option<u64> {
+        let deadline = self.core.known_deadline(&mcp_task.sandbox_id)?;
         let end_ms = deadline.duration_since(UNIX_EPOCH).ok()?.as_millis() as u64;
-        let left = end_ms.saturating_sub(handle.created_ms).max(1);
+        let left = end_ms.saturating_sub(mcp_task.created_ms).max(1);
         Some(requested.map_or(left, |r| r.clamp(1, left)))
     }
 
@@ -161,12 +165,12 @@ impl Gateway {
         &self,
         raw: &str,
         context: &RequestContext<RoleServer>,
-    ) -> Result<(CallContext, TaskHandle), McpError> {
+    ) -> Result<(CallContext, McpTaskId), McpError> {
         let parts = request_parts(context)?;
         let call = self.call_context("tasks", parts).map_err(|m| McpError::invalid_request(m, None))?;
         let call = CallContext::stateless(call.tenant);
-        let handle = self.core.task_key.decode(&call.tenant, raw).ok_or_else(|| not_found(raw))?;
-        Ok((call, handle))
+        let mcp_task = McpTaskId::decode(&self.core.task_key, &call.tenant, raw).ok_or_else(|| not_found(raw))?;
+        Ok((call, mcp_task))
     }
 
     /// `tasks/get`: our task states mapped onto the extension's.
@@ -175,11 +179,11 @@ impl Gateway {
         raw: &str,
         context: &RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, McpError> {
-        let (call, handle) = self.task_target(raw, context).await?;
+        let (call, mcp_task) = self.task_target(raw, context).await?;
         let page = PageRequest::new(None, None, Some(RUN_OUTPUT_CAP_BYTES as i64))
             .map_err(|e| McpError::internal_error(e.to_string(), None))?;
-        let view = self.task_op(&call, &handle, raw, TaskOp::Status(page)).await?;
-        Ok(GetTaskResult::new(self.detailed_task(raw, &handle, view)))
+        let view = self.task_op(&call, &mcp_task, raw, TaskOp::Status(page)).await?;
+        Ok(GetTaskResult::new(self.detailed_task(raw, &mcp_task, view)))
     }
 
     /// `tasks/cancel`: `cancel_task`'s semantics (TERM, KILL, confirmed within 3 s; a finished task is
@@ -189,9 +193,9 @@ impl Gateway {
         raw: &str,
         context: &RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        let (call, handle) = self.task_target(raw, context).await?;
+        let (call, mcp_task) = self.task_target(raw, context).await?;
         let page = PageRequest::new(None, None, Some(1)).map_err(|e| McpError::internal_error(e.to_string(), None))?;
-        self.task_op(&call, &handle, raw, TaskOp::Cancel(page)).await.map(|_| ())
+        self.task_op(&call, &mcp_task, raw, TaskOp::Cancel(page)).await.map(|_| ())
     }
 
     /// `tasks/update`: our tasks never ask for input; a known task acknowledges (responses are ignored).
@@ -207,7 +211,7 @@ impl Gateway {
     async fn task_op(
         &self,
         call: &CallContext,
-        handle: &TaskHandle,
+        mcp_task: &McpTaskId,
         raw: &str,
         op: TaskOp,
     ) -> Result<TaskView, McpError> {
@@ -216,9 +220,9 @@ impl Gateway {
         let result = async {
             // Under the tenant's call quota like a tool call: each holds a connection and a provider call.
             let _permit = self.core.quotas.start_call(&call.tenant)?;
-            let sandbox = self.resolve_sandbox(call, Some(&handle.sandbox_id)).await?;
+            let sandbox = self.resolve_sandbox(call, Some(&mcp_task.sandbox_id)).await?;
             let transport = EnvdTransport { gateway: self, sandbox: &sandbox };
-            let (id, task) = (sandbox.id.as_str(), &handle.task_id);
+            let (id, task) = (sandbox.id.as_str(), &mcp_task.task_id);
             let view = match op {
                 TaskOp::Status(page) => self.tasks().status(&transport, id, task, &page, 0.0).await?,
                 TaskOp::Cancel(page) => self.tasks().cancel(&transport, id, task, &page).await?,
@@ -233,11 +237,11 @@ impl Gateway {
     }
 
     /// Maps a task view to the extension's detailed task.
-    fn detailed_task(&self, raw: &str, handle: &TaskHandle, view: TaskView) -> DetailedTask {
-        let created = rfc3339_ms(handle.created_ms);
+    fn detailed_task(&self, raw: &str, mcp_task: &McpTaskId, view: TaskView) -> DetailedTask {
+        let created = rfc3339_ms(mcp_task.created_ms);
         let updated = view.finished_at.map(|s| rfc3339_ms((s * 1000.0) as u64)).unwrap_or_else(|| rfc3339_ms(now_ms()));
         let mut task = Task::new(raw, TaskStatus::Working, created, updated);
-        task.ttl_ms = self.task_ttl_ms(handle, None);
+        task.ttl_ms = self.task_ttl_ms(mcp_task, None);
         let payload = match view.state {
             TaskState::Running => {
                 task.poll_interval_ms = Some(POLL_INTERVAL_MS);
@@ -245,7 +249,7 @@ impl Gateway {
             }
             TaskState::Cancelled => TaskPayload::Cancelled,
             TaskState::Succeeded | TaskState::Failed | TaskState::TimedOut => {
-                TaskPayload::Completed { result: completed_result(view, handle.kind) }
+                TaskPayload::Completed { result: completed_result(view, mcp_task.kind) }
             }
             TaskState::Unknown => {
                 let reason = view.error.clone().unwrap_or_else(|| {
@@ -284,7 +288,7 @@ fn task_args(tool: &str, arguments: Value) -> Result<StartTaskArgs, ToolError> {
 }
 
 /// The completed task's result: run_command-shaped structured content (a non-zero exit is data).
-fn completed_result(view: TaskView, kind: TaskKind) -> JsonObject {
+fn completed_result(view: TaskView, kind: McpTaskKind) -> JsonObject {
     let duration_ms = match (view.started_at, view.finished_at) {
         (Some(start), Some(end)) if end >= start => ((end - start) * 1000.0) as u64,
         _ => 0,
@@ -295,8 +299,8 @@ fn completed_result(view: TaskView, kind: TaskKind) -> JsonObject {
     };
     let view_times = (view.started_at, view.finished_at);
     let start_task = match kind {
-        TaskKind::StartTask { timeout } => Some(timeout),
-        TaskKind::RunCommand => None,
+        McpTaskKind::StartTask { timeout } => Some(timeout),
+        McpTaskKind::RunCommand => None,
     };
     let mut result = TaskRunResult {
         timeout: start_task,
@@ -321,7 +325,7 @@ fn completed_result(view: TaskView, kind: TaskKind) -> JsonObject {
         state: view.state,
         exit_code: view.exit_code.unwrap_or(-1),
     };
-    result.outcome.fit(super::result_size::encoded_size(&result) + 64);
+    result.outcome.fit(crate::gateway::tools::result_size::encoded_size(&result) + 64);
     let (started_at, finished_at) = (view_times.0, view_times.1);
     let mut value = serde_json::to_value(&result).unwrap_or(Value::Null);
     if let (Some(_), Value::Object(object)) = (start_task, &mut value) {

@@ -17,8 +17,8 @@ use super::args::{
 use super::calls::CallContext;
 use super::error::ToolError;
 use super::result_size;
-use super::state::Gateway;
 use crate::e2b::{CallOptions, E2bError, OutputLimits, wire};
+use crate::gateway::state::Gateway;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime};
 use super::args::validate_sandbox_id;
 use super::calls::CallContext;
 use super::error::ToolError;
-use super::state::Gateway;
 use crate::e2b::{EnvdClient, wire};
+use crate::gateway::state::Gateway;
 
 /// Metadata keys the gateway puts on every sandbox it creates.
 pub const META_TENANT: &str = "sandbox_mcp_tenant";

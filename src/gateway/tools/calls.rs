@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use http::request::Parts;
 use rmcp::Json;
 
-use super::auth::Tenant;
 use super::error::ToolError;
-use super::state::Gateway;
+use crate::gateway::http::auth::Tenant;
+use crate::gateway::state::Gateway;
 
 /// A tool result: structured value (plus its text copy), or an `isError` sentence.
 pub(crate) type ToolResult<T> = Result<Json<T>, String>;
@@ -78,7 +78,7 @@ impl Gateway {
 
     fn caller(&self, parts: &Parts) -> Result<CallContext, ToolError> {
         let tenant = parts.extensions.get::<Tenant>().map(|t| t.0.clone()).ok_or(ToolError::NoTenant)?;
-        if super::generation::is_stateless_request(parts) {
+        if crate::gateway::http::protocol_version::is_stateless_request(parts) {
             return Ok(CallContext::stateless(tenant).with_request_id(parts));
         }
         let session_id = parts.headers.get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_string);

@@ -11,8 +11,8 @@ use crate::tasks::page::PageError;
 use crate::tasks::service::TaskError;
 
 use super::args::{InvalidArgument, MAX_LIST_ENTRIES, MAX_LIST_RESPONSE_BYTES, RUN_MAX_TIMEOUT_SECS};
-use super::quotas::QuotaRefusal;
-use super::sessions::SessionError;
+use crate::gateway::http::quotas::QuotaRefusal;
+use crate::gateway::sessions::SessionError;
 
 /// A failed tool call, before it becomes a sentence.
 #[derive(Debug, thiserror::Error)]

@@ -26,7 +26,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 use tokio_util::sync::CancellationToken;
 
-use super::sessions::SessionRegistry;
+use crate::gateway::sessions::SessionRegistry;
 
 /// Prefix of every metric name.
 pub const METRICS_PREFIX: &str = "sandbox_mcp";

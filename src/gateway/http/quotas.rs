@@ -15,8 +15,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::auth::Tenant;
-use super::sessions::SessionRegistry;
+use super::protocol_version::is_stateless_headers;
 use crate::config::{Config, ProviderKind};
+use crate::gateway::sessions::SessionRegistry;
 
 /// The deployment size assumed for `provider.kind = "e2b"`, whose limit the gateway cannot read:
 /// the concurrent sandboxes of E2B's smallest (Hobby) plan.
@@ -193,12 +194,6 @@ pub enum QuotaRefusal {
     Sandboxes { tenant: String, live: usize, setting: String },
 }
 
-/// Whether an `MCP-Protocol-Version` is of the sessionless generation (as `generation.rs` judges it;
-/// not imported from there, which sits above this module).
-fn is_stateless_version(version: &str) -> bool {
-    version.len() == 10 && version >= rmcp::model::ProtocolVersion::V_2026_07_28.as_str()
-}
-
 /// State of the session-limit middleware.
 #[derive(Clone)]
 pub struct SessionLimit {
@@ -213,10 +208,7 @@ pub struct SessionLimit {
 /// 2026-07-28 requests never open a session, so they are not refused here.
 pub async fn limit_sessions(State(limit): State<SessionLimit>, request: Request, next: Next) -> Response {
     let headers = request.headers();
-    let stateless = headers
-        .get("mcp-protocol-version")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| is_stateless_version(v.trim()));
+    let stateless = is_stateless_headers(headers);
     let new_session = request.method() == Method::POST && !headers.contains_key("mcp-session-id") && !stateless;
     if limit.limit.max > 0
         && new_session
@@ -306,13 +298,6 @@ mod tests {
         );
         small.server.max_connections = 2;
         assert_eq!(TenantLimits::from_config(&small).calls.max, 1);
-    }
-
-    #[test]
-    fn only_legacy_versions_can_open_sessions() {
-        assert!(is_stateless_version("2026-07-28") && is_stateless_version("2027-01-01"));
-        assert!(!is_stateless_version("2025-11-25") && !is_stateless_version("2026-07-2") && !is_stateless_version(""));
-        assert_eq!(is_stateless_version("2026-07-28"), super::super::generation::is_stateless_version("2026-07-28"));
     }
 
     #[test]

@@ -17,10 +17,10 @@ use rmcp::model::{
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ErrorData as McpError, ServerHandler, tool_handler};
 
-use super::{generation, mcp_tasks};
+use super::generation;
+use super::mcp_tasks;
 
-pub use super::access::{META_DEPLOYMENT, META_RESERVED_PREFIX, META_SESSION, META_TENANT};
-pub use super::state::{Gateway, GatewayCore, Routers};
+use crate::gateway::state::{Gateway, Routers};
 
 impl Gateway {
     /// Every tool family, combined once (raw schemars schemas, legacy descriptions).
@@ -34,7 +34,7 @@ impl Gateway {
 
     /// Both generations' routers, built once and shared by every session and request.
     pub fn routers() -> Routers {
-        super::generation::build_routers(Self::tool_router())
+        generation::build_routers(Self::tool_router())
     }
 }
 
@@ -111,7 +111,11 @@ fn unknown_tool(router: &ToolRouter<Gateway>, name: &str) -> McpError {
     let mut names: Vec<String> = router.list_all().into_iter().map(|t| t.name.into_owned()).collect();
     names.sort();
     McpError::invalid_params(
-        format!("tool not found: {:?}; this server's tools are: {}", super::args::clip(name, 80), names.join(", ")),
+        format!(
+            "tool not found: {:?}; this server's tools are: {}",
+            crate::gateway::tools::args::clip(name, 80),
+            names.join(", ")
+        ),
         None,
     )
 }

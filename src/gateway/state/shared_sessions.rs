@@ -15,11 +15,11 @@ use axum::response::{IntoResponse, Response};
 use rmcp::transport::streamable_http_server::session::SessionId;
 use tokio_util::sync::CancellationToken;
 
-use super::auth::{Principal, Tenant};
-use super::generation::is_stateless_version;
-use super::redis_store::{RedisStore, Touched};
-use super::sessions::TrackingSessionManager;
-use super::state::GatewayCore;
+use super::GatewayCore;
+use crate::gateway::http::auth::{Principal, Tenant};
+use crate::gateway::http::protocol_version::is_stateless_headers;
+use crate::gateway::sessions::TrackingSessionManager;
+use crate::gateway::sessions::redis_store::{RedisStore, Touched};
 
 /// Bound on each kill during a session cleanup.
 const CLEANUP_KILL_TIMEOUT: Duration = Duration::from_secs(15);
@@ -55,11 +55,7 @@ pub async fn refresh(State(shared): State<Shared>, request: Request, next: Next)
     let Some(id) = session_id else {
         // A legacy `initialize` creates a session in Redis: refuse it cleanly while Redis is down.
         if request.method() == Method::POST
-            && !request
-                .headers()
-                .get("mcp-protocol-version")
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|v| is_stateless_version(v.trim()))
+            && !is_stateless_headers(request.headers())
             && let Err(err) = shared.store.ping().await
         {
             tracing::warn!(error = %err, "initialize refused: Redis does not answer; answered 503");

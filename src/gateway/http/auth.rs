@@ -13,9 +13,9 @@ use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::oauth::{OAuth, OAuthError};
-use super::sessions::SessionRegistry;
 use crate::config::TokenEntry;
+use crate::gateway::oauth::{OAuth, OAuthError};
+use crate::gateway::sessions::SessionRegistry;
 
 /// The tenant of the current request (inserted into request extensions; tools read it from `Parts`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,7 +142,7 @@ pub async fn require_tenant(State(state): State<AuthState>, mut request: Request
         && let Some(new_id) = response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok())
     {
         // `initialize` created a session: it belongs to this tenant from now on.
-        if let Err(err @ super::sessions::SessionError::Store(_)) =
+        if let Err(err @ crate::gateway::sessions::SessionError::Store(_)) =
             state.sessions.bind_new(new_id, &tenant, &principal).await
         {
             // With Redis, an unbound session must not be usable: end it and ask the client to retry.
@@ -150,7 +150,7 @@ pub async fn require_tenant(State(state): State<AuthState>, mut request: Request
             if let Some(store) = state.sessions.store() {
                 let _ = store.end_now(new_id).await;
             }
-            return super::redis_pool::StoreError::Unavailable(err.to_string()).into_response();
+            return crate::gateway::sessions::redis_pool::StoreError::Unavailable(err.to_string()).into_response();
         }
     }
     response

@@ -17,9 +17,9 @@ use super::args::{
 };
 use super::calls::CallContext;
 use super::error::ToolError;
-use super::sessions::SessionState;
-use super::state::Gateway;
 use crate::e2b::wire;
+use crate::gateway::sessions::SessionState;
+use crate::gateway::state::Gateway;
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -99,7 +99,7 @@ fn validate_network(network: &NetworkArgs) -> Result<(), InvalidArgument> {
             )));
         }
         for entry in list {
-            crate::gateway::args::validate_network_entry(name, entry)?;
+            super::args::validate_network_entry(name, entry)?;
         }
     }
     Ok(())
@@ -376,7 +376,7 @@ impl Gateway {
             tracing::info!(session = %session_id, sandbox = %id, error = %err, "cannot record the new sandbox in the session; killing it");
             let _ = self.core.kill_and_forget(&id).await;
             let store = match err {
-                super::sessions::SessionError::Store(reason) => Some(reason),
+                crate::gateway::sessions::SessionError::Store(reason) => Some(reason),
                 _ => None,
             };
             return Err(ToolError::SandboxNotRecorded { store });

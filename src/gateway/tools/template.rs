@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use super::calls::CallContext;
 use super::error::ToolError;
-use super::state::Gateway;
 use crate::e2b::wire;
+use crate::gateway::state::Gateway;
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

@@ -1,0 +1,91 @@
+//! How the task service reaches a sandbox: [`EnvdTransport`] runs the
+//! supervisor through the sandbox's envd (process `Start`, the files API) as
+//! `user`, and sorts a provider failure by what may have reached the sandbox
+//! (not sent, uncertain, sandbox gone).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::access::ResolvedSandbox;
+use crate::e2b::{CallOptions, E2bError, OutputLimits, wire};
+use crate::gateway::state::Gateway;
+use crate::tasks::service::{ExecOutput, FileSlice, SupervisorTransport, TransportError};
+
+/// The sandbox user the supervisor runs as.
+const TASK_USER: &str = "user";
+/// Output kept from one supervisor call (a status page is at most ~200 KB of JSON).
+const SUPERVISOR_MAX_STDOUT: usize = 4 << 20;
+const SUPERVISOR_MAX_STDERR: usize = 64 << 10;
+/// Deadline of one direct read of a task file.
+const READ_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Runs the supervisor through the sandbox's envd (process Start, files API), as `user`.
+pub(crate) struct EnvdTransport<'a> {
+    pub(crate) gateway: &'a Gateway,
+    pub(crate) sandbox: &'a ResolvedSandbox,
+}
+
+impl EnvdTransport<'_> {
+    /// Counts the provider error and sorts it by what may have reached the sandbox. A sandbox gone is
+    /// forgotten when the resulting task error is reported (`TaskError::SandboxGone`).
+    fn classify(&self, err: &E2bError) -> TransportError {
+        self.gateway.core.metrics.record_provider_error(err.op()); // ops (metrics)
+        if err.is_sandbox_gone() {
+            return TransportError::SandboxGone;
+        }
+        match err {
+            // The request never left: nothing can have run.
+            E2bError::Transport { source, .. } if source.is_connect() => TransportError::NotSent(err.to_string()),
+            E2bError::Config { .. } => TransportError::NotSent(err.to_string()),
+            _ => TransportError::Uncertain(err.to_string()),
+        }
+    }
+}
+
+impl SupervisorTransport for EnvdTransport<'_> {
+    async fn exec(
+        &self,
+        argv: Vec<String>,
+        stdin: Option<Vec<u8>>,
+        timeout: Duration,
+    ) -> Result<ExecOutput, TransportError> {
+        let mut argv = argv.into_iter();
+        let cmd = argv.next().unwrap_or_default();
+        let request = wire::StartRequest {
+            process: wire::ProcessConfig { cmd, args: argv.collect(), envs: HashMap::new(), cwd: None },
+            stdin: Some(stdin.is_some()),
+            ..Default::default()
+        };
+        let options = CallOptions::user(TASK_USER).with_timeout(timeout);
+        let limits = OutputLimits { max_stdout: SUPERVISOR_MAX_STDOUT, max_stderr: SUPERVISOR_MAX_STDERR };
+        let envd = &self.sandbox.envd;
+        let out = match &stdin {
+            Some(input) => envd.run_with_input(&request, &options, limits, input).await,
+            None => envd.run(&request, &options, limits).await,
+        }
+        .map_err(|e| self.classify(&e))?;
+        Ok(ExecOutput { exit_code: out.exit_code, stdout: out.stdout.to_vec(), stderr: out.stderr.to_vec() })
+    }
+
+    async fn install(&self, path: &str, content: &'static [u8]) -> Result<(), TransportError> {
+        // The files API creates the parent directory; the supervisor tightens it to 0700 on first use.
+        // Written aside and renamed over, so a concurrent reader never runs a half-written script.
+        let options = CallOptions::user(TASK_USER);
+        let tmp = format!("{path}.tmp{:016x}", rand::random::<u64>());
+        let envd = &self.sandbox.envd;
+        envd.write_file(&tmp, Bytes::from_static(content), &options).await.map_err(|e| self.classify(&e))?;
+        envd.rename(&tmp, path, &options).await.map_err(|e| self.classify(&e))?;
+        Ok(())
+    }
+
+    async fn read_range(&self, path: &str, offset: u64, len: u64) -> Result<Option<FileSlice>, TransportError> {
+        let options = CallOptions::user(TASK_USER).with_timeout(READ_TIMEOUT);
+        match self.sandbox.envd.read_file_range(path, offset, len, &options).await {
+            Ok(range) => Ok(Some(FileSlice { data: range.data.to_vec(), size: range.size })),
+            Err(err) if err.is_not_found() && !err.is_sandbox_gone() => Ok(None),
+            Err(err) => Err(self.classify(&err)),
+        }
+    }
+}
