@@ -335,7 +335,7 @@ impl Config {
         if !m.is_empty() && (m.len() != 64 || !m.bytes().all(|b| b.is_ascii_hexdigit())) {
             return invalid("metrics.token_sha256 must be 64 hex characters (the SHA-256 of the token)".into());
         }
-        self.auth.oauth.validate().map_err(ConfigError::Invalid)?;
+        self.auth.oauth.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
         let sessions = &self.sessions;
         if sessions.store != "memory"
             && !(sessions.store.starts_with("redis://") || sessions.store.starts_with("rediss://"))

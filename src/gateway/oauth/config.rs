@@ -65,6 +65,43 @@ impl Default for OAuthConfig {
     }
 }
 
+/// Why `[auth.oauth]` cannot be used; each message names the key to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum OAuthConfigError {
+    #[error("{key}: {value:?} is not a URL ({source})")]
+    NotAUrl { key: String, value: String, source: url::ParseError },
+    #[error("{key}: {value:?} must be an https URL (http only on localhost)")]
+    NotHttps { key: String, value: String },
+    #[error(
+        "auth.oauth.audience is required with auth.oauth.issuer: this server's public MCP URL, e.g. \
+         https://mcp.example.com/mcp"
+    )]
+    MissingAudience,
+    #[error("auth.oauth.audience must not have a query or fragment (RFC 8707)")]
+    AudienceWithQuery,
+    #[error("auth.oauth.audience: {0}")]
+    BadAudience(url::ParseError),
+    #[error("auth.oauth.introspection_client_id is required with auth.oauth.introspection_endpoint")]
+    MissingIntrospectionClientId,
+    #[error("auth.oauth.introspection_endpoint is set but the client secret variable {env} is not")]
+    MissingClientSecret { env: String },
+    #[error("auth.oauth.tenant_claim must name a claim (default \"sub\")")]
+    EmptyTenantClaim,
+    #[error("auth.oauth.algorithms must list at least one algorithm, e.g. [\"RS256\"]")]
+    NoAlgorithms,
+    #[error(
+        "auth.oauth.algorithms: {alg:?} is not accepted; use asymmetric ones (RS256, RS384, RS512, PS256, PS384, \
+         PS512, ES256, ES384, EdDSA); `none` and HS* are never accepted"
+    )]
+    RefusedAlgorithm { alg: String },
+    #[error("auth.oauth.algorithms: unknown algorithm {alg:?}")]
+    UnknownAlgorithm { alg: String },
+    #[error("auth.oauth.http_timeout_secs and auth.oauth.jwks_cache_secs must be at least 1")]
+    ZeroDuration,
+    #[error("cannot build the OAuth HTTP client: {0}")]
+    HttpClient(reqwest::Error),
+}
+
 impl OAuthConfig {
     /// True when an issuer is configured.
     pub fn is_enabled(&self) -> bool {
@@ -72,19 +109,17 @@ impl OAuthConfig {
     }
 
     /// Checks the settings; the message names the key to fix.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), OAuthConfigError> {
         if !self.is_enabled() {
             return Ok(());
         }
         check_url("auth.oauth.issuer", &self.issuer)?;
         if self.audience.is_empty() {
-            return Err("auth.oauth.audience is required with auth.oauth.issuer: this server's public MCP URL, \
-                 e.g. https://mcp.example.com/mcp"
-                .into());
+            return Err(OAuthConfigError::MissingAudience);
         }
         let audience = check_url("auth.oauth.audience", &self.audience)?;
         if audience.fragment().is_some() || audience.query().is_some() {
-            return Err("auth.oauth.audience must not have a query or fragment (RFC 8707)".into());
+            return Err(OAuthConfigError::AudienceWithQuery);
         }
         for (key, value) in [("jwks_uri", &self.jwks_uri), ("introspection_endpoint", &self.introspection_endpoint)] {
             if !value.is_empty() {
@@ -92,24 +127,21 @@ impl OAuthConfig {
             }
         }
         if !self.introspection_endpoint.is_empty() && self.introspection_client_id.is_empty() {
-            return Err("auth.oauth.introspection_client_id is required with auth.oauth.introspection_endpoint".into());
+            return Err(OAuthConfigError::MissingIntrospectionClientId);
         }
         if self.tenant_claim.is_empty() {
-            return Err("auth.oauth.tenant_claim must name a claim (default \"sub\")".into());
+            return Err(OAuthConfigError::EmptyTenantClaim);
         }
         if self.algorithms.is_empty() {
-            return Err("auth.oauth.algorithms must list at least one algorithm, e.g. [\"RS256\"]".into());
+            return Err(OAuthConfigError::NoAlgorithms);
         }
         for alg in &self.algorithms {
             if !DEFAULT_ALGORITHMS.contains(&alg.as_str()) && !["PS384", "PS512", "ES384"].contains(&alg.as_str()) {
-                return Err(format!(
-                    "auth.oauth.algorithms: {alg:?} is not accepted; use asymmetric ones (RS256, RS384, RS512, \
-                     PS256, PS384, PS512, ES256, ES384, EdDSA); `none` and HS* are never accepted"
-                ));
+                return Err(OAuthConfigError::RefusedAlgorithm { alg: alg.clone() });
             }
         }
         if self.http_timeout_secs == 0 || self.jwks_cache_secs == 0 {
-            return Err("auth.oauth.http_timeout_secs and auth.oauth.jwks_cache_secs must be at least 1".into());
+            return Err(OAuthConfigError::ZeroDuration);
         }
         Ok(())
     }
@@ -121,8 +153,12 @@ impl OAuthConfig {
 }
 
 /// An absolute http(s) URL; plain http only for loopback hosts (tests, local IdPs).
-fn check_url(key: &str, value: &str) -> Result<url::Url, String> {
-    let url = url::Url::parse(value).map_err(|e| format!("{key}: {value:?} is not a URL ({e})"))?;
+fn check_url(key: &str, value: &str) -> Result<url::Url, OAuthConfigError> {
+    let url = url::Url::parse(value).map_err(|source| OAuthConfigError::NotAUrl {
+        key: key.to_string(),
+        value: value.to_string(),
+        source,
+    })?;
     let loopback = match url.host() {
         Some(url::Host::Domain(d)) => d == "localhost",
         Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
@@ -132,7 +168,7 @@ fn check_url(key: &str, value: &str) -> Result<url::Url, String> {
     match url.scheme() {
         "https" => Ok(url),
         "http" if loopback => Ok(url),
-        _ => Err(format!("{key}: {value:?} must be an https URL (http only on localhost)")),
+        _ => Err(OAuthConfigError::NotHttps { key: key.to_string(), value: value.to_string() }),
     }
 }
 
@@ -153,18 +189,18 @@ mod tests {
         assert!(OAuthConfig::default().validate().is_ok());
         assert!(base().validate().is_ok());
         let no_aud = OAuthConfig { audience: String::new(), ..base() };
-        assert!(no_aud.validate().unwrap_err().contains("auth.oauth.audience"));
+        assert!(no_aud.validate().unwrap_err().to_string().contains("auth.oauth.audience"));
         let http = OAuthConfig { issuer: "http://idp.example.com".into(), ..base() };
-        assert!(http.validate().unwrap_err().contains("https"));
+        assert!(http.validate().unwrap_err().to_string().contains("https"));
         let local = OAuthConfig { issuer: "http://127.0.0.1:9999".into(), ..base() };
         assert!(local.validate().is_ok());
         for alg in ["HS256", "none"] {
             let bad = OAuthConfig { algorithms: vec![alg.into()], ..base() };
-            assert!(bad.validate().unwrap_err().contains("never accepted"), "{alg}");
+            assert!(bad.validate().unwrap_err().to_string().contains("never accepted"), "{alg}");
         }
         let frag = OAuthConfig { audience: "https://mcp.example.com/mcp#x".into(), ..base() };
         assert!(frag.validate().is_err());
         let intro = OAuthConfig { introspection_endpoint: "https://idp.example.com/introspect".into(), ..base() };
-        assert!(intro.validate().unwrap_err().contains("introspection_client_id"));
+        assert!(intro.validate().unwrap_err().to_string().contains("introspection_client_id"));
     }
 }

@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::OAuthError;
-use super::config::OAuthConfig;
+use super::config::{OAuthConfig, OAuthConfigError};
 use super::jwks::without_url;
 
 /// Most cached introspection answers (expired ones are purged first, then everything).
@@ -31,14 +31,13 @@ type CachedAnswer = (Instant, Map<String, Value>);
 
 impl Introspector {
     /// None when no introspection endpoint is configured.
-    pub(crate) fn new(config: &OAuthConfig, http: reqwest::Client) -> Result<Option<Self>, String> {
+    pub(crate) fn new(config: &OAuthConfig, http: reqwest::Client) -> Result<Option<Self>, OAuthConfigError> {
         if config.introspection_endpoint.is_empty() {
             return Ok(None);
         }
         let env = &config.introspection_client_secret_env;
-        let client_secret = std::env::var(env).map_err(|_| {
-            format!("auth.oauth.introspection_endpoint is set but the client secret variable {env} is not")
-        })?;
+        let client_secret =
+            std::env::var(env).map_err(|_| OAuthConfigError::MissingClientSecret { env: env.clone() })?;
         Ok(Some(Self {
             endpoint: config.introspection_endpoint.clone(),
             client_id: config.introspection_client_id.clone(),

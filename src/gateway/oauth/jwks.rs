@@ -46,7 +46,7 @@ pub(crate) struct JwksCache {
 struct FetchState {
     jwks_uri: Option<String>,
     last_attempt: Option<Instant>,
-    last_error: Option<String>,
+    last_error: Option<FetchError>,
 }
 
 impl JwksCache {
@@ -113,7 +113,7 @@ impl JwksCache {
         }
     }
 
-    async fn refresh(&self, fetch: &mut FetchState) -> Result<(), String> {
+    async fn refresh(&self, fetch: &mut FetchState) -> Result<(), FetchError> {
         let uri = match (&fetch.jwks_uri, self.configured_uri.is_empty()) {
             (_, false) => self.configured_uri.clone(),
             (Some(uri), true) => uri.clone(),
@@ -147,7 +147,7 @@ impl JwksCache {
 }
 
 /// The JWKS URL from the issuer's RFC 8414 metadata, else its OpenID Connect discovery document.
-async fn discover_jwks_uri(http: &reqwest::Client, issuer: &str) -> Result<String, String> {
+async fn discover_jwks_uri(http: &reqwest::Client, issuer: &str) -> Result<String, FetchError> {
     let mut errors = Vec::new();
     for url in metadata_urls(issuer) {
         match get_json::<serde_json::Value>(http, &url).await {
@@ -161,10 +161,10 @@ async fn discover_jwks_uri(http: &reqwest::Client, issuer: &str) -> Result<Strin
                 }
                 errors.push(format!("{url}: no jwks_uri"));
             }
-            Err(err) => errors.push(err),
+            Err(err) => errors.push(err.to_string()),
         }
     }
-    Err(format!("discovery failed ({}); set auth.oauth.jwks_uri", errors.join("; ")))
+    Err(FetchError::Discovery { tried: errors.join("; ") })
 }
 
 /// RFC 8414 (well-known inserted before the issuer's path) then OIDC (appended).
@@ -181,17 +181,36 @@ pub(crate) fn metadata_urls(issuer: &str) -> Vec<String> {
 }
 
 /// GETs a JSON document (bounded size) with the client's timeout.
-pub(crate) async fn get_json<T: serde::de::DeserializeOwned>(http: &reqwest::Client, url: &str) -> Result<T, String> {
-    let response = http.get(url).send().await.map_err(|e| format!("GET {url}: {}", without_url(&e)))?;
+pub(crate) async fn get_json<T: serde::de::DeserializeOwned>(
+    http: &reqwest::Client,
+    url: &str,
+) -> Result<T, FetchError> {
+    let failed = |e: reqwest::Error| FetchError::Request { url: url.to_string(), kind: without_url(&e) };
+    let response = http.get(url).send().await.map_err(failed)?;
     let status = response.status();
     if !status.is_success() {
-        return Err(format!("GET {url}: HTTP {status}"));
+        return Err(FetchError::Status { url: url.to_string(), status });
     }
-    let body = response.bytes().await.map_err(|e| format!("GET {url}: {}", without_url(&e)))?;
+    let body = response.bytes().await.map_err(failed)?;
     if body.len() > MAX_DOCUMENT_BYTES {
-        return Err(format!("GET {url}: document larger than {MAX_DOCUMENT_BYTES} bytes"));
+        return Err(FetchError::TooLarge { url: url.to_string() });
     }
-    serde_json::from_slice(&body).map_err(|e| format!("GET {url}: not the expected JSON ({e})"))
+    serde_json::from_slice(&body).map_err(|source| FetchError::NotJson { url: url.to_string(), source })
+}
+
+/// Why a document of the authorization server (metadata, JWKS) could not be had.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FetchError {
+    #[error("GET {url}: {kind}")]
+    Request { url: String, kind: String },
+    #[error("GET {url}: HTTP {status}")]
+    Status { url: String, status: reqwest::StatusCode },
+    #[error("GET {url}: document larger than {MAX_DOCUMENT_BYTES} bytes")]
+    TooLarge { url: String },
+    #[error("GET {url}: not the expected JSON ({source})")]
+    NotJson { url: String, source: serde_json::Error },
+    #[error("discovery failed ({tried}); set auth.oauth.jwks_uri")]
+    Discovery { tried: String },
 }
 
 /// A reqwest error without the URL (callers already name it).

@@ -11,13 +11,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::json;
 
-use super::OAuth;
+use super::{OAuth, OAuthConfigError};
 
 const WELL_KNOWN: &str = "/.well-known/oauth-protected-resource";
 
 /// The public metadata URL for a resource URI: well-known inserted before its path (RFC 9728 §3.1).
-pub fn resource_metadata_url(audience: &str) -> Result<String, String> {
-    let url = url::Url::parse(audience).map_err(|e| format!("auth.oauth.audience: {e}"))?;
+pub fn resource_metadata_url(audience: &str) -> Result<String, OAuthConfigError> {
+    let url = url::Url::parse(audience).map_err(OAuthConfigError::BadAudience)?;
     let path = url.path().trim_end_matches('/');
     Ok(format!("{}{WELL_KNOWN}{path}", url.origin().ascii_serialization()))
 }
@@ -94,12 +94,12 @@ mod tests {
     #[test]
     fn metadata_url_inserts_well_known() {
         assert_eq!(
-            resource_metadata_url("https://mcp.example.com/mcp").as_deref(),
-            Ok("https://mcp.example.com/.well-known/oauth-protected-resource/mcp")
+            resource_metadata_url("https://mcp.example.com/mcp").ok().as_deref(),
+            Some("https://mcp.example.com/.well-known/oauth-protected-resource/mcp")
         );
         assert_eq!(
-            resource_metadata_url("https://mcp.example.com").as_deref(),
-            Ok("https://mcp.example.com/.well-known/oauth-protected-resource")
+            resource_metadata_url("https://mcp.example.com").ok().as_deref(),
+            Some("https://mcp.example.com/.well-known/oauth-protected-resource")
         );
     }
 

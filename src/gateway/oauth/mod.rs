@@ -19,7 +19,7 @@ use jsonwebtoken::{Algorithm, Validation};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-pub use config::OAuthConfig;
+pub use config::{OAuthConfig, OAuthConfigError};
 use introspect::Introspector;
 use jwks::JwksCache;
 
@@ -62,7 +62,7 @@ pub struct OAuth {
 impl OAuth {
     /// Builds the resource server; None when `[auth.oauth]` has no issuer. Fetches nothing yet
     /// (start-up and `/readyz` never depend on the identity provider).
-    pub fn from_config(config: &OAuthConfig) -> Result<Option<Arc<Self>>, String> {
+    pub fn from_config(config: &OAuthConfig) -> Result<Option<Arc<Self>>, OAuthConfigError> {
         if !config.is_enabled() {
             return Ok(None);
         }
@@ -72,11 +72,11 @@ impl OAuth {
             .redirect(reqwest::redirect::Policy::limited(3))
             .user_agent(concat!("sandbox-mcp/", env!("CARGO_PKG_VERSION")))
             .build()
-            .map_err(|e| format!("cannot build the OAuth HTTP client: {e}"))?;
+            .map_err(OAuthConfigError::HttpClient)?;
         let algorithms = config
             .algorithms
             .iter()
-            .map(|a| a.parse::<Algorithm>().map_err(|_| format!("auth.oauth.algorithms: unknown algorithm {a:?}")))
+            .map(|a| a.parse::<Algorithm>().map_err(|_| OAuthConfigError::UnknownAlgorithm { alg: a.clone() }))
             .collect::<Result<Vec<_>, _>>()?;
         let resource_metadata_url = metadata::resource_metadata_url(&config.audience)?;
         Ok(Some(Arc::new(Self {
