@@ -1,4 +1,4 @@
-//! Task handles: 32 lowercase hex characters (128 bits) from the operating
+//! Supervisor task ids: 32 lowercase hex characters (128 bits) from the operating
 //! system's CSPRNG, chosen by the gateway before it contacts the sandbox.
 
 use std::fmt;
@@ -30,7 +30,7 @@ impl TaskId {
         Self(hex::encode(raw))
     }
 
-    /// Parses a handle given by a caller: exactly 32 characters of `0-9a-f`
+    /// Parses a task id given by a caller: exactly 32 characters of `0-9a-f`
     /// (upper case is refused, so one task never has two spellings).
     pub fn parse(raw: &str) -> Result<Self, InvalidTaskId> {
         let ok = raw.len() == TASK_ID_LEN && raw.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));

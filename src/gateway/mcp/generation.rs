@@ -17,6 +17,10 @@ use serde_json::Value;
 use super::schema::portable_schema_object;
 use crate::gateway::http::protocol_version::is_stateless_version;
 use crate::gateway::state::{Gateway, Routers};
+use crate::gateway::tools::exec::RUN_COMMAND;
+use crate::gateway::tools::file::{LIST_FILES, READ_FILE, WRITE_FILE};
+use crate::gateway::tools::sandbox::{CONNECT_SANDBOX, CREATE_SANDBOX, LIST_SANDBOXES};
+use crate::gateway::tools::task::{LIST_TASKS, START_TASK};
 
 /// How long a 2026-07-28 client may cache `tools/list` (the list changes only with a new release).
 pub const TOOLS_LIST_TTL_MS: u64 = 300_000;
@@ -41,18 +45,18 @@ pub fn is_stateless_protocol(version: Option<&ProtocolVersion>) -> bool {
 /// Descriptions 2026-07-28 clients read instead of the session-worded ones.
 fn stateless_description(tool: &str) -> Option<&'static str> {
     Some(match tool {
-        "create_sandbox" => {
+        CREATE_SANDBOX => {
             "Create a new Linux sandbox and return its sandbox_id: pass it to every other tool (there is no \
              session and no default sandbox). It lives until its deadline (timeout; extended when run_command or \
              the file tools use it) or until kill_sandbox: it is NOT killed when you disconnect, so kill it when \
              done."
         }
-        "connect_sandbox" => {
+        CONNECT_SANDBOX => {
             "Check that a sandbox of yours exists (resuming it if paused) and return its state and deadline. \
              Pass its sandbox_id to the other tools."
         }
-        "list_sandboxes" => "List your sandboxes (running or paused) with their deadlines and your metadata.",
-        "run_command" => {
+        LIST_SANDBOXES => "List your sandboxes (running or paused) with their deadlines and your metadata.",
+        RUN_COMMAND => {
             "Run a shell command in a sandbox and wait for it (bash -l -c). sandbox_id is required. Returns \
              exit_code, stdout and stderr (each capped at 64 KiB, with a truncation flag). A non-zero exit code is \
              a normal result. Timeout 1-600 s (default 60). Runs as user 'user' unless user is 'root'. A request \
@@ -60,8 +64,8 @@ fn stateless_description(tool: &str) -> Option<&'static str> {
              background task in the sandbox, as start_task; user 'user' only): poll tasks/get for the same \
              result, stop it with tasks/cancel."
         }
-        "read_file" | "write_file" | "list_files" => return None,
-        "start_task" => {
+        READ_FILE | WRITE_FILE | LIST_FILES => return None,
+        START_TASK => {
             "Start a long-running shell command in the background in a sandbox and return at once with a handle \
              (sandbox_id, task_id). sandbox_id is required. The task keeps running after you disconnect or the \
              server restarts; read its output and exit code with get_task (paged, up to 1 MiB per stream is \
@@ -69,7 +73,7 @@ fn stateless_description(tool: &str) -> Option<&'static str> {
              The sandbox's own deadline still applies. A request that declares the io.modelcontextprotocol/tasks \
              extension in its own _meta gets an MCP task instead (poll tasks/get, stop with tasks/cancel)."
         }
-        "list_tasks" => {
+        LIST_TASKS => {
             "List every background task in a sandbox (task_id, state, times, exit code, first line of the \
              command), oldest first. sandbox_id is required."
         }
@@ -156,7 +160,7 @@ mod tests {
             assert!(!text.contains("session"), "{}: {text}", tool.name);
             assert!(!text.contains("default sandbox") || text.contains("no default sandbox"), "{}: {text}", tool.name);
         }
-        let legacy = routers.legacy.get("create_sandbox").and_then(|t| t.description.clone()).unwrap_or_default();
+        let legacy = routers.legacy.get(CREATE_SANDBOX).and_then(|t| t.description.clone()).unwrap_or_default();
         assert!(legacy.contains("session"));
     }
 }

@@ -23,15 +23,6 @@ use super::mcp_tasks;
 use crate::gateway::state::{Gateway, Routers};
 
 impl Gateway {
-    /// Every tool family, combined once (raw schemars schemas, legacy descriptions).
-    pub fn tool_router() -> ToolRouter<Gateway> {
-        Self::sandbox_router()
-            + Self::template_router()
-            + Self::exec_router()
-            + Self::file_router()
-            + Self::task_router()
-    }
-
     /// Both generations' routers, built once and shared by every session and request.
     pub fn routers() -> Routers {
         generation::build_routers(Self::tool_router())

@@ -27,15 +27,15 @@ use crate::gateway::tools::args::RUN_OUTPUT_CAP_BYTES;
 use crate::gateway::tools::calls::CallContext;
 use crate::gateway::tools::envd_transport::EnvdTransport;
 use crate::gateway::tools::error::ToolError;
-use crate::gateway::tools::exec::{CommandOutcome, RunCommandArgs};
-use crate::gateway::tools::task::StartTaskArgs;
+use crate::gateway::tools::exec::{CommandOutcome, RUN_COMMAND, RunCommandArgs};
+use crate::gateway::tools::task::{START_TASK, StartTaskArgs};
 use crate::tasks::TaskId;
 use crate::tasks::page::PageRequest;
 use crate::tasks::protocol::TaskState;
 use crate::tasks::view::TaskView;
 
 /// Tools whose task-augmented call becomes a sandbox task.
-pub const TASK_TOOLS: [&str; 2] = ["run_command", "start_task"];
+pub const TASK_TOOLS: [&str; 2] = [RUN_COMMAND, START_TASK];
 /// Suggested `tasks/get` polling interval while a task runs.
 pub const POLL_INTERVAL_MS: u64 = 1_000;
 /// The completed result of a task-run command: `run_command`'s fields plus the task's own (and, for
@@ -112,7 +112,7 @@ impl Gateway {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CallToolResponse, McpError> {
-        let tool: &'static str = if request.name == "run_command" { "run_command" } else { "start_task" };
+        let tool: &'static str = if request.name == RUN_COMMAND { RUN_COMMAND } else { START_TASK };
         let parts = request_parts(&context)?;
         let call = match self.call_context(tool, parts) {
             Ok(call) => call,
@@ -133,7 +133,7 @@ impl Gateway {
             Ok(id) => id,
             Err(err) => return Err(McpError::internal_error(err.to_string(), None)),
         };
-        let kind = if tool == "run_command" {
+        let kind = if tool == RUN_COMMAND {
             McpTaskKind::RunCommand
         } else {
             McpTaskKind::StartTask { timeout: started.timeout }
@@ -267,7 +267,7 @@ impl Gateway {
 
 /// The arguments of the sandbox task a task-augmented call starts.
 fn task_args(tool: &str, arguments: Value) -> Result<StartTaskArgs, ToolError> {
-    if tool == "start_task" {
+    if tool == START_TASK {
         return serde_json::from_value(arguments)
             .map_err(|e| ToolError::invalid(format!("invalid arguments for start_task: {e}")));
     }

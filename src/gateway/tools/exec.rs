@@ -97,6 +97,9 @@ impl CommandOutcome {
     }
 }
 
+/// The `run_command` tool's name (its function below must have this name: `tools::tests` checks).
+pub const RUN_COMMAND: &str = "run_command";
+
 #[tool_router(router = exec_router, vis = "pub(crate)")]
 impl Gateway {
     #[tool(description = "Run a shell command in a sandbox and wait for it (bash -l -c). Returns exit_code, \
@@ -108,8 +111,8 @@ impl Gateway {
         Parameters(args): Parameters<RunCommandArgs>,
         Extension(parts): Extension<Parts>,
     ) -> Result<Json<RunCommandResult>, String> {
-        let call = self.call_context("run_command", &parts)?;
-        self.logged("run_command", &call, self.run_command_impl(&call, args)).await
+        let call = self.call_context(RUN_COMMAND, &parts)?;
+        self.logged(RUN_COMMAND, &call, self.run_command_impl(&call, args)).await
     }
 }
 

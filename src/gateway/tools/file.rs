@@ -144,6 +144,13 @@ pub struct ListFilesResult {
     pub truncated: bool,
 }
 
+/// The `read_file` tool's name (its function below must have this name: `tools::tests` checks).
+pub const READ_FILE: &str = "read_file";
+/// The `write_file` tool's name (its function below must have this name: `tools::tests` checks).
+pub const WRITE_FILE: &str = "write_file";
+/// The `list_files` tool's name (its function below must have this name: `tools::tests` checks).
+pub const LIST_FILES: &str = "list_files";
+
 #[tool_router(router = file_router, vis = "pub(crate)")]
 impl Gateway {
     #[tool(description = "Read a file from a sandbox: up to length bytes (default 256 KiB, at most 10 MiB) from \
@@ -155,8 +162,8 @@ impl Gateway {
         Parameters(args): Parameters<ReadFileArgs>,
         Extension(parts): Extension<Parts>,
     ) -> Result<Json<ReadFileResult>, String> {
-        let call = self.call_context("read_file", &parts)?;
-        self.logged("read_file", &call, self.read_file_impl(&call, args)).await
+        let call = self.call_context(READ_FILE, &parts)?;
+        self.logged(READ_FILE, &call, self.read_file_impl(&call, args)).await
     }
 
     #[tool(description = "Write a file in a sandbox (creating parent directories, replacing an existing file). \
@@ -167,8 +174,8 @@ impl Gateway {
         Parameters(args): Parameters<WriteFileArgs>,
         Extension(parts): Extension<Parts>,
     ) -> Result<Json<WriteFileResult>, String> {
-        let call = self.call_context("write_file", &parts)?;
-        self.logged("write_file", &call, self.write_file_impl(&call, args)).await
+        let call = self.call_context(WRITE_FILE, &parts)?;
+        self.logged(WRITE_FILE, &call, self.write_file_impl(&call, args)).await
     }
 
     #[tool(description = "List a directory in a sandbox (depth 1-10, default 1; at most 5000 entries). \
@@ -178,8 +185,8 @@ impl Gateway {
         Parameters(args): Parameters<ListFilesArgs>,
         Extension(parts): Extension<Parts>,
     ) -> Result<Json<ListFilesResult>, String> {
-        let call = self.call_context("list_files", &parts)?;
-        self.logged("list_files", &call, self.list_files_impl(&call, args)).await
+        let call = self.call_context(LIST_FILES, &parts)?;
+        self.logged(LIST_FILES, &call, self.list_files_impl(&call, args)).await
     }
 }
 

@@ -16,3 +16,48 @@ pub mod result_size;
 pub mod sandbox;
 pub mod task;
 pub mod template;
+
+/// Every tool's name, in the order of `tools/list` families. Each is defined once, beside its tool; this
+/// list and the router are checked against each other below.
+pub const ALL: &[&str] = &[
+    sandbox::CREATE_SANDBOX,
+    sandbox::CONNECT_SANDBOX,
+    sandbox::KILL_SANDBOX,
+    sandbox::LIST_SANDBOXES,
+    template::LIST_TEMPLATES,
+    exec::RUN_COMMAND,
+    file::READ_FILE,
+    file::WRITE_FILE,
+    file::LIST_FILES,
+    task::START_TASK,
+    task::GET_TASK,
+    task::CANCEL_TASK,
+    task::LIST_TASKS,
+];
+
+impl crate::gateway::state::Gateway {
+    /// Every tool family, combined once (raw schemars schemas, legacy descriptions). A new family adds its
+    /// router here.
+    pub fn tool_router() -> rmcp::handler::server::router::tool::ToolRouter<crate::gateway::state::Gateway> {
+        Self::sandbox_router()
+            + Self::template_router()
+            + Self::exec_router()
+            + Self::file_router()
+            + Self::task_router()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_tool_name_is_defined_once_and_routed() {
+        let router = crate::gateway::state::Gateway::tool_router();
+        let mut routed: Vec<String> = router.list_all().into_iter().map(|t| t.name.into_owned()).collect();
+        let mut named: Vec<String> = ALL.iter().map(|n| n.to_string()).collect();
+        routed.sort();
+        named.sort();
+        assert_eq!(routed, named, "every #[tool] needs its name constant in ALL, and every constant a tool");
+    }
+}

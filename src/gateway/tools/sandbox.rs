@@ -201,6 +201,15 @@ pub struct ListSandboxesResult {
     pub truncated: bool,
 }
 
+/// The `create_sandbox` tool's name (its function below must have this name: `tools::tests` checks).
+pub const CREATE_SANDBOX: &str = "create_sandbox";
+/// The `connect_sandbox` tool's name (its function below must have this name: `tools::tests` checks).
+pub const CONNECT_SANDBOX: &str = "connect_sandbox";
+/// The `kill_sandbox` tool's name (its function below must have this name: `tools::tests` checks).
+pub const KILL_SANDBOX: &str = "kill_sandbox";
+/// The `list_sandboxes` tool's name (its function below must have this name: `tools::tests` checks).
+pub const LIST_SANDBOXES: &str = "list_sandboxes";
+
 #[tool_router(router = sandbox_router, vis = "pub(crate)")]
 impl Gateway {
     #[tool(description = "Create a new Linux sandbox. It becomes this session's default sandbox (tools that \
@@ -212,8 +221,8 @@ impl Gateway {
         Parameters(args): Parameters<CreateSandboxArgs>,
         Extension(parts): Extension<Parts>,
     ) -> Result<Json<CreateSandboxResult>, String> {
-        let call = self.call_context("create_sandbox", &parts)?;
-        self.logged("create_sandbox", &call, self.create_sandbox_impl(&call, args)).await
+        let call = self.call_context(CREATE_SANDBOX, &parts)?;
+        self.logged(CREATE_SANDBOX, &call, self.create_sandbox_impl(&call, args)).await
     }
 
     #[tool(description = "Connect to an existing sandbox of yours (resuming it if paused) and make it this \
@@ -223,8 +232,8 @@ impl Gateway {
         Parameters(args): Parameters<SandboxIdArgs>,
         Extension(parts): Extension<Parts>,
     ) -> Result<Json<ConnectSandboxResult>, String> {
-        let call = self.call_context("connect_sandbox", &parts)?;
-        self.logged("connect_sandbox", &call, self.connect_sandbox_impl(&call, args)).await
+        let call = self.call_context(CONNECT_SANDBOX, &parts)?;
+        self.logged(CONNECT_SANDBOX, &call, self.connect_sandbox_impl(&call, args)).await
     }
 
     #[tool(description = "Destroy a sandbox of yours now: every process in it stops and its files are lost. \
@@ -234,8 +243,8 @@ impl Gateway {
         Parameters(args): Parameters<SandboxIdArgs>,
         Extension(parts): Extension<Parts>,
     ) -> Result<Json<KillSandboxResult>, String> {
-        let call = self.call_context("kill_sandbox", &parts)?;
-        self.logged("kill_sandbox", &call, self.kill_sandbox_impl(&call, args)).await
+        let call = self.call_context(KILL_SANDBOX, &parts)?;
+        self.logged(KILL_SANDBOX, &call, self.kill_sandbox_impl(&call, args)).await
     }
 
     #[tool(description = "List your sandboxes (running or paused), with what this session thinks of each: \
@@ -245,8 +254,8 @@ impl Gateway {
         Parameters(_args): Parameters<ListSandboxesArgs>,
         Extension(parts): Extension<Parts>,
     ) -> Result<Json<ListSandboxesResult>, String> {
-        let call = self.call_context("list_sandboxes", &parts)?;
-        self.logged("list_sandboxes", &call, self.list_sandboxes_impl(&call)).await
+        let call = self.call_context(LIST_SANDBOXES, &parts)?;
+        self.logged(LIST_SANDBOXES, &call, self.list_sandboxes_impl(&call)).await
     }
 }
 

@@ -106,6 +106,15 @@ pub struct ListTasksArgs {
     pub sandbox_id: Option<String>,
 }
 
+/// The `start_task` tool's name (its function below must have this name: `tools::tests` checks).
+pub const START_TASK: &str = "start_task";
+/// The `get_task` tool's name (its function below must have this name: `tools::tests` checks).
+pub const GET_TASK: &str = "get_task";
+/// The `cancel_task` tool's name (its function below must have this name: `tools::tests` checks).
+pub const CANCEL_TASK: &str = "cancel_task";
+/// The `list_tasks` tool's name (its function below must have this name: `tools::tests` checks).
+pub const LIST_TASKS: &str = "list_tasks";
+
 #[tool_router(router = task_router, vis = "pub(crate)")]
 impl Gateway {
     #[tool(description = "Start a long-running shell command in the background in a sandbox and return at once with \
@@ -119,8 +128,8 @@ impl Gateway {
         Parameters(args): Parameters<StartTaskArgs>,
         Extension(parts): Extension<Parts>,
     ) -> Result<Json<StartedTask>, String> {
-        let call = self.call_context("start_task", &parts)?;
-        self.logged("start_task", &call, self.start_task_impl(&call, args)).await
+        let call = self.call_context(START_TASK, &parts)?;
+        self.logged(START_TASK, &call, self.start_task_impl(&call, args)).await
     }
 
     #[tool(description = "Read a background task's state, exit code and one page of its saved stdout/stderr. Needs \
@@ -133,8 +142,8 @@ impl Gateway {
         Parameters(args): Parameters<GetTaskArgs>,
         Extension(parts): Extension<Parts>,
     ) -> Result<Json<TaskView>, String> {
-        let call = self.call_context("get_task", &parts)?;
-        self.logged("get_task", &call, self.get_task_impl(&call, args)).await
+        let call = self.call_context(GET_TASK, &parts)?;
+        self.logged(GET_TASK, &call, self.get_task_impl(&call, args)).await
     }
 
     #[tool(
@@ -147,8 +156,8 @@ impl Gateway {
         Parameters(args): Parameters<CancelTaskArgs>,
         Extension(parts): Extension<Parts>,
     ) -> Result<Json<TaskView>, String> {
-        let call = self.call_context("cancel_task", &parts)?;
-        self.logged("cancel_task", &call, self.cancel_task_impl(&call, args)).await
+        let call = self.call_context(CANCEL_TASK, &parts)?;
+        self.logged(CANCEL_TASK, &call, self.cancel_task_impl(&call, args)).await
     }
 
     #[tool(description = "List every background task in a sandbox (task_id, state, times, exit code, first line of \
@@ -159,8 +168,8 @@ impl Gateway {
         Parameters(args): Parameters<ListTasksArgs>,
         Extension(parts): Extension<Parts>,
     ) -> Result<Json<ListTasksResult>, String> {
-        let call = self.call_context("list_tasks", &parts)?;
-        self.logged("list_tasks", &call, self.list_tasks_impl(&call, args)).await
+        let call = self.call_context(LIST_TASKS, &parts)?;
+        self.logged(LIST_TASKS, &call, self.list_tasks_impl(&call, args)).await
     }
 }
 

@@ -85,6 +85,9 @@ pub fn summary(template: wire::Template) -> TemplateSummary {
     }
 }
 
+/// The `list_templates` tool's name (its function below must have this name: `tools::tests` checks).
+pub const LIST_TEMPLATES: &str = "list_templates";
+
 #[tool_router(router = template_router, vis = "pub(crate)")]
 impl Gateway {
     #[tool(description = "List the templates create_sandbox can start a sandbox from: name (pass it as \
@@ -95,8 +98,8 @@ impl Gateway {
         Parameters(_args): Parameters<ListTemplatesArgs>,
         Extension(parts): Extension<Parts>,
     ) -> Result<Json<ListTemplatesResult>, String> {
-        let call = self.call_context("list_templates", &parts)?;
-        self.logged("list_templates", &call, self.list_templates_impl(&call)).await
+        let call = self.call_context(LIST_TEMPLATES, &parts)?;
+        self.logged(LIST_TEMPLATES, &call, self.list_templates_impl(&call)).await
     }
 }
 
