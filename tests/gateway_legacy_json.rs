@@ -1,4 +1,4 @@
-//! Quick legacy (2025-11-25 session) answers as `application/json` (`src/gateway/legacy_json.rs`),
+//! Quick legacy (2025-11-25 session) answers as `application/json` (`src/gateway/http/legacy_json.rs`),
 //! over real HTTP against the real `serve` binary and local provider: a quick call is JSON with its
 //! id and result, a call outliving the window still arrives whole as SSE, a request asking for
 //! progress streams, the switch turns it off, and rmcp's own client works either way.
