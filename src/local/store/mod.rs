@@ -16,6 +16,7 @@ mod gc;
 mod image;
 mod import;
 mod layout;
+mod pipeline;
 pub mod registry;
 mod whiteout;
 
@@ -25,6 +26,15 @@ use std::path::{Path, PathBuf};
 pub use digest::Digest;
 pub use gc::GcReport;
 pub use layout::{LayerMeta, Layout, RunConfig, StoreLock, TemplateRecord, env_map, write_atomic};
+
+/// A layer read by [`Store::extract_layer`], waiting for [`Store::commit_layer`].
+#[derive(Debug)]
+pub enum PreparedLayer {
+    /// The layer was stored already.
+    Stored(Digest),
+    /// Extracted and verified into a scratch directory (removed if dropped uncommitted).
+    Extracted { scratch: layout::Scratch, digest: Digest, size_bytes: u64 },
+}
 
 /// Default `local.template_store_limit_mb`.
 pub const DEFAULT_STORE_LIMIT_MB: u64 = 51200;
@@ -222,49 +232,58 @@ impl Store {
     /// caller holds the lock.
     pub fn ingest_layer(
         &self,
-        raw: impl Read,
+        raw: impl Read + Send,
         expected: Option<&Digest>,
         diff_id: Option<&Digest>,
     ) -> Result<Digest, StoreError> {
+        match self.extract_layer(raw, expected, diff_id)? {
+            PreparedLayer::Stored(digest) => Ok(digest),
+            prepared => self.commit_layer(prepared),
+        }
+    }
+
+    /// The part of [`Store::ingest_layer`] that needs no lock: extracts and verifies `raw` into a
+    /// scratch directory of this process (nothing a template can use until
+    /// [`Store::commit_layer`], under the lock, renames it into `layers/`). The decompression runs
+    /// on a thread of its own beside the extraction.
+    pub fn extract_layer(
+        &self,
+        raw: impl Read + Send,
+        expected: Option<&Digest>,
+        diff_id: Option<&Digest>,
+    ) -> Result<PreparedLayer, StoreError> {
         if let Some(digest) = expected
             && self.layout.layer_meta(digest).is_some()
         {
-            return Ok(digest.clone());
+            return Ok(PreparedLayer::Stored(digest.clone()));
         }
-        let used = self.usage_bytes();
-        let left = self.limit_bytes.saturating_sub(used);
+        let left = self.limit_bytes.saturating_sub(self.usage_bytes());
         if left == 0 {
             return Err(self.limit_error());
         }
         let scratch = self.layout.scratch("layer")?;
         let fs = scratch.path.join("fs");
         std::fs::create_dir(&fs).map_err(|e| StoreError::io(&fs, e))?;
-        let (hashed, state) = digest::HashingReader::new(raw);
-        let (plain, plain_state) = digest::HashingReader::new(image::decompress(hashed)?);
         let limits = extract::Limits { max_bytes: left, ..extract::Limits::default() };
-        let done = match extract::extract(plain, &fs, limits) {
-            Err(StoreError::TooLarge(_)) if left < extract::Limits::default().max_bytes => {
-                return Err(self.limit_error());
-            }
-            other => other?,
-        };
-        let actual = state.digest();
+        let ((done, uncompressed), actual) = pipeline::decode_beside(raw, |plain| {
+            let (plain, plain_state) = digest::HashingReader::new(plain);
+            let done = match extract::extract(plain, &fs, limits) {
+                Err(StoreError::TooLarge(_)) if left < extract::Limits::default().max_bytes => {
+                    return Err(self.limit_error());
+                }
+                other => other?,
+            };
+            Ok((done, plain_state.digest()))
+        })?;
         if let Some(expected) = expected
             && &actual != expected
         {
             return Err(StoreError::DigestMismatch { expected: expected.to_string(), actual: actual.to_string() });
         }
-        if let Some(diff_id) = diff_id {
-            let uncompressed = plain_state.digest();
-            if &uncompressed != diff_id {
-                return Err(StoreError::DigestMismatch {
-                    expected: diff_id.to_string(),
-                    actual: uncompressed.to_string(),
-                });
-            }
-        }
-        if used + done.size_bytes > self.limit_bytes {
-            return Err(self.limit_error());
+        if let Some(diff_id) = diff_id
+            && &uncompressed != diff_id
+        {
+            return Err(StoreError::DigestMismatch { expected: diff_id.to_string(), actual: uncompressed.to_string() });
         }
         if done.dropped_devices > 0 {
             tracing::info!(layer = %actual, count = done.dropped_devices, "device nodes left out of a layer");
@@ -272,13 +291,26 @@ impl Store {
         let meta = LayerMeta { digest: actual.to_string(), size_bytes: done.size_bytes, entries: done.entries };
         let json = serde_json::to_vec(&meta).map_err(|e| StoreError::Extract(e.to_string()))?;
         std::fs::write(scratch.path.join("layer.json"), json).map_err(|e| StoreError::io(&scratch.path, e))?;
-        let dest = self.layout.layer_dir(&actual);
-        if self.layout.layer_meta(&actual).is_some() {
-            return Ok(actual); // stored meanwhile under the same digest
+        Ok(PreparedLayer::Extracted { scratch, digest: actual, size_bytes: done.size_bytes })
+    }
+
+    /// Makes an extracted layer a stored one (checking the size limit again). The caller holds
+    /// the lock.
+    pub fn commit_layer(&self, prepared: PreparedLayer) -> Result<Digest, StoreError> {
+        let (scratch, digest, size_bytes) = match prepared {
+            PreparedLayer::Stored(digest) => return Ok(digest),
+            PreparedLayer::Extracted { scratch, digest, size_bytes } => (scratch, digest, size_bytes),
+        };
+        if self.layout.layer_meta(&digest).is_some() {
+            return Ok(digest); // stored meanwhile under the same digest
         }
+        if self.usage_bytes() + size_bytes > self.limit_bytes {
+            return Err(self.limit_error());
+        }
+        let dest = self.layout.layer_dir(&digest);
         let _ = std::fs::remove_dir_all(&dest); // a layer dir without layer.json is not a layer
         scratch.commit(&dest)?;
-        Ok(actual)
+        Ok(digest)
     }
 
     /// Registers (or replaces) a template made of stored layers. The caller holds the lock.
