@@ -11,7 +11,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use futures_util::StreamExt;
-use tokio::io::AsyncWriteExt;
 
 use super::digest::Digest;
 use super::image::{Document, ImageConfig, MAX_DOCUMENT, pick_manifest};
@@ -327,37 +326,81 @@ pub async fn fetch(store: &Store, reference: &str, options: &PullOptions) -> Res
                     used_mb: store.usage_bytes() >> 20,
                 });
             }
-            let scratch = store.layout.scratch("blob")?;
-            let path = scratch.path.join("blob");
             let response = session.get(&format!("{}/blobs/{digest}", session.base), "*/*").await?;
-            let mut file = tokio::fs::File::create(&path).await.map_err(|e| StoreError::io(&path, e))?;
-            let mut stream = response.bytes_stream();
-            let mut received = 0u64;
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|e| net(&parsed.registry, e))?;
-                received += chunk.len() as u64;
-                if received > remaining || (layer.size > 0 && received > layer.size) {
-                    return Err(StoreError::TooLarge(format!("layer {digest} is larger than announced or allowed")));
-                }
-                file.write_all(&chunk).await.map_err(|e| StoreError::io(&path, e))?;
-            }
-            file.flush().await.map_err(|e| StoreError::io(&path, e))?;
-            drop(file);
-            let (store2, digest2, diff_id) = (store.clone(), digest.clone(), config.diff_id(i));
-            tokio::task::spawn_blocking(move || {
-                let _lock = store2.lock()?;
-                let file = std::fs::File::open(&path).map_err(|e| StoreError::io(&path, e))?;
-                let stored = store2.ingest_layer(file, Some(&digest2), diff_id.as_ref());
-                drop(scratch);
-                stored
-            })
-            .await
-            .map_err(|e| StoreError::Extract(format!("layer task: {e}")))??;
+            stream_layer(
+                store,
+                response,
+                &digest,
+                config.diff_id(i),
+                remaining.min(layer_cap(layer.size)),
+                &parsed.registry,
+            )
+            .await?;
         }
         tracing::info!(layer = %digest, "layer ready");
         layers.push(digest);
     }
     Ok(FetchedImage { layers, config: config.run_config(), config_digest })
+}
+
+/// The most a layer announced as `size` bytes may send (any size when the manifest says 0).
+fn layer_cap(size: u64) -> u64 {
+    if size > 0 { size } else { u64::MAX }
+}
+
+/// Downloads one layer blob and extracts it as it arrives (the decompression and the extraction
+/// on two threads beside the download), verifies it, and stores it under the store's lock.
+async fn stream_layer(
+    store: &Store,
+    response: reqwest::Response,
+    digest: &Digest,
+    diff_id: Option<Digest>,
+    max_bytes: u64,
+    registry: &str,
+) -> Result<(), StoreError> {
+    let (chunks, mut received_chunks) = tokio::sync::mpsc::channel::<std::io::Result<bytes::Bytes>>(32);
+    let (store2, digest2) = (store.clone(), digest.clone());
+    let extractor = tokio::task::spawn_blocking(move || {
+        let blob = super::pipeline::ChunkReader::new(move || received_chunks.blocking_recv());
+        store2.extract_layer(blob, Some(&digest2), diff_id.as_ref())
+    });
+    let mut stream = response.bytes_stream();
+    let mut received = 0u64;
+    let mut download = Ok(());
+    while let Some(chunk) = stream.next().await {
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            Err(e) => {
+                download = Err(net(registry, e));
+                break;
+            }
+        };
+        received += chunk.len() as u64;
+        if received > max_bytes {
+            download = Err(StoreError::TooLarge(format!("layer {digest} is larger than announced or allowed")));
+            break;
+        }
+        if chunks.send(Ok(chunk)).await.is_err() {
+            break; // the extractor stopped: its error says why
+        }
+    }
+    if download.is_err() {
+        // The extractor must not take a cut stream for a whole one.
+        let _ = chunks.send(Err(std::io::Error::other("the download failed"))).await;
+    }
+    drop(chunks);
+    let extracted = extractor.await.map_err(|e| StoreError::Extract(format!("layer task: {e}")));
+    // A download error explains a broken stream better than the extractor's view of it.
+    download?;
+    let prepared = extracted??;
+    let store2 = store.clone();
+    tokio::task::spawn_blocking(move || {
+        let _lock = store2.lock()?;
+        store2.commit_layer(prepared)
+    })
+    .await
+    .map_err(|e| StoreError::Extract(format!("layer task: {e}")))??;
+    Ok(())
 }
 
 #[cfg(test)]
