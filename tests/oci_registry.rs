@@ -219,3 +219,140 @@ async fn the_bearer_token_flow_and_an_image_index_resolve_to_the_host_platform()
     assert_eq!(gets, 3, "the config twice (small documents are not shared), the layer once");
     server.abort();
 }
+
+/// A registry that injects faults a real one cannot produce on demand: a layer blob cut off
+/// mid-stream, one with the right length and wrong bytes, and one longer than its manifest says.
+/// Layers are extracted while they download, so each fault must fail the pull with a clear error
+/// and leave no layer, no template and no scratch directory behind; the intact blob then pulls.
+#[tokio::test(flavor = "multi_thread")]
+async fn cut_tampered_and_oversized_layer_downloads_leave_nothing_behind() {
+    require_root!();
+    use axum::extract::{Path as UrlPath, State};
+    use axum::http::{StatusCode, header};
+    use axum::response::IntoResponse;
+    use std::sync::{Arc, Mutex};
+
+    // A layer of a few MiB that compresses poorly, so the download spans many chunks.
+    let mut noise = vec![0u8; 6 << 20];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for b in noise.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    let mut layer = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(noise.len() as u64);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    h.set_cksum();
+    layer.append_data(&mut h, "opt/noise.bin", &noise[..]).unwrap();
+    let layer = layer.into_inner().unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, &layer).unwrap();
+    let blob = gz.finish().unwrap();
+    let digest = |b: &[u8]| format!("sha256:{}", hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b)));
+    let config = serde_json::to_vec(&json!({"architecture": "amd64", "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": [digest(&layer)]}}))
+    .unwrap();
+    let manifest = serde_json::to_vec(&json!({"schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": digest(&config), "size": config.len()},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": digest(&blob), "size": blob.len()}]}))
+    .unwrap();
+
+    #[derive(Clone, Copy, PartialEq, Debug)]
+    enum Fault {
+        Cut,
+        Tampered,
+        Oversized,
+        None,
+    }
+    struct S {
+        manifest: Vec<u8>,
+        config: (String, Vec<u8>),
+        blob: Vec<u8>,
+        fault: Mutex<Fault>,
+    }
+    let state =
+        Arc::new(S { manifest, config: (digest(&config), config), blob: blob.clone(), fault: Mutex::new(Fault::Cut) });
+    let app = axum::Router::new()
+        .route(
+            "/v2/img/manifests/{reference}",
+            axum::routing::get(|State(s): State<Arc<S>>| async move {
+                ([(header::CONTENT_TYPE, "application/vnd.oci.image.manifest.v1+json")], s.manifest.clone())
+                    .into_response()
+            }),
+        )
+        .route(
+            "/v2/img/blobs/{digest}",
+            axum::routing::get(|State(s): State<Arc<S>>, UrlPath(d): UrlPath<String>| async move {
+                if d == s.config.0 {
+                    return s.config.1.clone().into_response();
+                }
+                let fault = *s.fault.lock().unwrap();
+                let mut bytes = s.blob.clone();
+                match fault {
+                    Fault::Cut => {
+                        // Announce the whole length, send half, then drop the connection.
+                        let half = bytes::Bytes::from(bytes[..bytes.len() / 2].to_vec());
+                        let chunks: Vec<Result<bytes::Bytes, std::io::Error>> =
+                            vec![Ok(half), Err(std::io::Error::other("connection cut"))];
+                        let body = axum::body::Body::from_stream(futures_util::stream::iter(chunks));
+                        return ([(header::CONTENT_LENGTH, s.blob.len().to_string())], body).into_response();
+                    }
+                    Fault::Tampered => {
+                        let at = bytes.len() * 3 / 4;
+                        bytes[at] ^= 0x55;
+                    }
+                    Fault::Oversized => bytes.extend_from_slice(&[0u8; 4096]),
+                    Fault::None => {}
+                }
+                (StatusCode::OK, bytes).into_response()
+            }),
+        )
+        .with_state(state.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let reference = format!("{}/img:v1", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let state_dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let store_dir = state_dir.path().join("store");
+    let left_behind = |sub: &str| -> Vec<String> {
+        std::fs::read_dir(store_dir.join(sub))
+            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default()
+    };
+    for (fault, expected) in
+        [(Fault::Cut, "downloading layer"), (Fault::Tampered, "corrupt"), (Fault::Oversized, "larger than announced")]
+    {
+        *state.fault.lock().unwrap() = fault;
+        let out = tokio::task::spawn_blocking({
+            let (s, r) = (state_dir.path().to_owned(), reference.clone());
+            move || pull(&s, "noise", &r, None)
+        })
+        .await
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{fault:?}: the pull must fail: {stderr}");
+        assert!(stderr.to_lowercase().contains(expected), "{fault:?}: want {expected:?} in: {stderr}");
+        assert!(!stderr.contains("panicked"), "{fault:?}: {stderr}");
+        assert_eq!(left_behind("layers"), Vec::<String>::new(), "{fault:?}: a layer was stored");
+        assert_eq!(left_behind("templates"), Vec::<String>::new(), "{fault:?}: a template was registered");
+        assert_eq!(left_behind("tmp"), Vec::<String>::new(), "{fault:?}: scratch left in tmp/");
+    }
+    *state.fault.lock().unwrap() = Fault::None;
+    let out = tokio::task::spawn_blocking({
+        let (s, r) = (state_dir.path().to_owned(), reference.clone());
+        move || pull(&s, "noise", &r, None)
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stored = store_dir.join("layers").join(digest(&blob).trim_start_matches("sha256:")).join("fs/opt/noise.bin");
+    assert_eq!(std::fs::read(stored).unwrap(), noise, "the intact pull stores the layer's bytes");
+    server.abort();
+}

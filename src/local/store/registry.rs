@@ -103,7 +103,21 @@ struct Session {
 
 fn net(registry: &str, e: reqwest::Error) -> StoreError {
     // reqwest errors name the URL, never credentials (they travel in headers).
-    StoreError::Registry(format!("{registry}: {}", e.without_url()))
+    StoreError::Registry(format!("{registry}: {}", with_causes(e.without_url())))
+}
+
+/// An error and its causes, joined (reqwest's own text is often just "error decoding response body").
+fn with_causes(e: reqwest::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(&e);
+    while let Some(inner) = cause {
+        let part = inner.to_string();
+        if !text.contains(&part) {
+            text = format!("{text}: {part}");
+        }
+        cause = inner.source();
+    }
+    text
 }
 
 impl Session {
@@ -371,7 +385,8 @@ async fn stream_layer(
         let chunk = match chunk {
             Ok(chunk) => chunk,
             Err(e) => {
-                download = Err(net(registry, e));
+                let why = with_causes(e.without_url());
+                download = Err(StoreError::Registry(format!("{registry}: downloading layer {digest}: {why}")));
                 break;
             }
         };
