@@ -29,6 +29,8 @@ tier() {
 }
 
 tier "fast"
+step "toolchain (rust-toolchain.toml; Cargo.toml rust-version $(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml))"
+rustc --version
 step "format and lints (cargo fmt --check, cargo clippy -D warnings)"
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
