@@ -8,7 +8,7 @@
 //!    the stored base whose steps' commands are trivial (a new value per build, so nothing is
 //!    cached), with the steps' own run time (from the build log's timestamps) taken out;
 //! 3. a pull (`sandbox-mcp template pull`) of the Debian python3 image, one gzip layer of about
-//!    80 MB, from a `docker-registry` on loopback into an empty store;
+//!    98 MB (93 MiB; the target is for ~80 MB), from a `docker-registry` on loopback into an empty store;
 //! 4. the disk of ten templates built on one base, each adding a small RUN layer, against the
 //!    base's.
 //!
