@@ -81,19 +81,8 @@ async fn the_bearer_token_flow_and_an_image_index_resolve_to_the_host_platform()
     use std::collections::HashMap;
     use std::sync::Arc;
 
-    let mut layer = tar::Builder::new(Vec::new());
-    let mut h = tar::Header::new_gnu();
-    h.set_size(6);
-    h.set_mode(0o644);
-    h.set_uid(0);
-    h.set_gid(0);
-    h.set_mtime(0);
-    h.set_cksum();
-    layer.append_data(&mut h, "etc/tiny", &b"tiny!\n"[..]).unwrap();
-    let layer = layer.into_inner().unwrap();
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    std::io::Write::write_all(&mut gz, &layer).unwrap();
-    let blob = gz.finish().unwrap();
+    let layer = file_layer(&[("etc/tiny", b"tiny!\n")]);
+    let blob = gzip(&layer);
     let digest = |b: &[u8]| format!("sha256:{}", hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b)));
     let config = serde_json::to_vec(&json!({"architecture": "amd64", "os": "linux", "config": {"Env": ["A=1"]},
         "rootfs": {"type": "layers", "diff_ids": [digest(&layer)]}}))
@@ -241,19 +230,8 @@ async fn cut_tampered_and_oversized_layer_downloads_leave_nothing_behind() {
         x ^= x << 17;
         *b = x as u8;
     }
-    let mut layer = tar::Builder::new(Vec::new());
-    let mut h = tar::Header::new_gnu();
-    h.set_size(noise.len() as u64);
-    h.set_mode(0o644);
-    h.set_uid(0);
-    h.set_gid(0);
-    h.set_mtime(0);
-    h.set_cksum();
-    layer.append_data(&mut h, "opt/noise.bin", &noise[..]).unwrap();
-    let layer = layer.into_inner().unwrap();
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    std::io::Write::write_all(&mut gz, &layer).unwrap();
-    let blob = gz.finish().unwrap();
+    let layer = file_layer(&[("opt/noise.bin", &noise)]);
+    let blob = gzip(&layer);
     let digest = |b: &[u8]| format!("sha256:{}", hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b)));
     let config = serde_json::to_vec(&json!({"architecture": "amd64", "os": "linux",
         "rootfs": {"type": "layers", "diff_ids": [digest(&layer)]}}))

@@ -106,10 +106,10 @@ pub fn write_layout(dir: &Path, layers: &[Vec<u8>]) {
     std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
 }
 
-/// The second layer: removes /etc/motd (a whiteout), empties /var/cache/apt (opaque), adds a file.
-pub fn second_layer() -> Vec<u8> {
+/// A layer tar of regular files (`path`, bytes), owned by root, mode 0644.
+pub fn file_layer(files: &[(&str, &[u8])]) -> Vec<u8> {
     let mut builder = tar::Builder::new(Vec::new());
-    let mut add = |path: &str, data: &[u8]| {
+    for (path, data) in files {
         let mut header = tar::Header::new_gnu();
         header.set_size(data.len() as u64);
         header.set_mode(0o644);
@@ -117,12 +117,25 @@ pub fn second_layer() -> Vec<u8> {
         header.set_gid(0);
         header.set_mtime(0);
         header.set_cksum();
-        builder.append_data(&mut header, path, data).unwrap();
-    };
-    add("etc/.wh.motd", b"");
-    add("var/cache/apt/.wh..wh..opq", b"");
-    add("opt/layer2/hello", b"from the second layer\n");
+        builder.append_data(&mut header, path, *data).unwrap();
+    }
     builder.into_inner().unwrap()
+}
+
+/// `bytes` gzipped (fast level), as a layer blob.
+pub fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(bytes).unwrap();
+    gz.finish().unwrap()
+}
+
+/// The second layer: removes /etc/motd (a whiteout), empties /var/cache/apt (opaque), adds a file.
+pub fn second_layer() -> Vec<u8> {
+    file_layer(&[
+        ("etc/.wh.motd", b""),
+        ("var/cache/apt/.wh..wh..opq", b""),
+        ("opt/layer2/hello", b"from the second layer\n"),
+    ])
 }
 
 /// A layer of whiteouts removing `paths` (relative, e.g. `usr/bin/python3`).
