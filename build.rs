@@ -7,7 +7,7 @@
 //!   older glibc.
 //! - `SANDBOX_MCP_BUILD_ID`: a hash of the sources, so that `sandbox-mcp` uses the lean
 //!   `sandbox-mcp-envd` beside it only when both come from the same sources (see
-//!   `local::agent_binary`).
+//!   `local::control::agent_binary`).
 
 use std::hash::{Hash, Hasher};
 use std::path::Path;

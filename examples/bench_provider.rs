@@ -353,7 +353,7 @@ async fn run() -> anyhow::Result<()> {
     client.health().await.context("provider health")?;
     let mut rows = Vec::new();
     let result = bench(&client, &args, &mut rows).await;
-    let burst_size = 2 * sandbox_mcp::local::disk::POOL_SIZE;
+    let burst_size = 2 * sandbox_mcp::local::isolation::disk::POOL_SIZE;
     let burst_result = match &result {
         Ok(()) => Some(burst(&client, burst_size).await),
         Err(_) => None,
@@ -372,7 +372,7 @@ async fn run() -> anyhow::Result<()> {
     result?;
     print_table(&mut rows);
     let mut burst = burst_result.context("burst test did not run")??;
-    let pooled = sandbox_mcp::local::disk::POOL_SIZE.min(burst.len());
+    let pooled = sandbox_mcp::local::isolation::disk::POOL_SIZE.min(burst.len());
     let mut rest = burst.split_off(pooled);
     burst.sort_by(f64::total_cmp);
     rest.sort_by(f64::total_cmp);

@@ -5,7 +5,7 @@
 //! container convenience `SANDBOX_MCP_TOKENS="tenant:sha256hex,..."`, and
 //! finally the CLI flags (applied by the caller). See `config/local.toml`.
 
-pub use crate::local::provider_config::LocalConfig;
+pub use crate::local::control::provider_config::LocalConfig;
 pub use crate::tenant::is_valid_tenant;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -238,7 +238,7 @@ impl Default for SandboxConfig {
         Self {
             default_template: "base".into(),
             default_timeout_secs: 600,
-            max_timeout_secs: crate::local::provider_config::DEFAULT_MAX_SANDBOX_TIMEOUT_SECS,
+            max_timeout_secs: crate::local::control::provider_config::DEFAULT_MAX_SANDBOX_TIMEOUT_SECS,
             renew_on_use_secs: 600,
         }
     }
@@ -320,7 +320,7 @@ impl Config {
                 ));
             }
         }
-        if let Err(msg) = self.local.id_range.parse::<crate::local::userns::IdMap>() {
+        if let Err(msg) = self.local.id_range.parse::<crate::local::isolation::userns::IdMap>() {
             return invalid(msg);
         }
         for (name, root) in &self.local.templates {
@@ -606,8 +606,8 @@ mod tests {
         assert_eq!(c.local.resolved_state_dir(), Path::new("/srv/state"));
         assert_eq!(c.local.pids_limit, Some(10));
         assert_eq!(
-            c.local.id_range.parse::<crate::local::userns::IdMap>(),
-            Ok(crate::local::userns::IdMap::default()),
+            c.local.id_range.parse::<crate::local::isolation::userns::IdMap>(),
+            Ok(crate::local::isolation::userns::IdMap::default()),
             "local.id_range's default is the id map's"
         );
         let message = load("[local]\npids_limit = -1\n", &[]).unwrap_err().to_string();

@@ -2,7 +2,7 @@
 //! `sandbox-mcp-envd envd --agent-tag TAG --sandbox-dir-fd FD ...` (the same arguments as
 //! `sandbox-mcp envd`).
 //! Linked with nothing of the gateway, so each sandbox's agent maps a fraction of the full
-//! binary (see `local::agent_binary`).
+//! binary (see `local::control::agent_binary`).
 
 #![deny(unsafe_code)]
 
@@ -12,7 +12,7 @@ fn main() -> ExitCode {
     let mut args = std::env::args_os().skip(1);
     let result = match args.next() {
         Some(first) if first == "--build-id" => {
-            println!("{}", sandbox_mcp::local::agent_binary::BUILD_ID);
+            println!("{}", sandbox_mcp::local::control::agent_binary::BUILD_ID);
             return ExitCode::SUCCESS;
         }
         Some(first) if first == "envd" => sandbox_mcp::local::run_envd_from_args(args),

@@ -5,8 +5,8 @@
 //!
 //! Crate rules (checked by the compiler and by `tests/crate_rules.rs`):
 //! - `unsafe` is denied everywhere except in the modules of the local provider
-//!   that make system calls (each allowed by name in `local/mod.rs` and
-//!   `local/envd/mod.rs`, each `unsafe` block with a `SAFETY:` comment);
+//!   that make system calls (each allowed by name in the `mod.rs` of its folder
+//!   under `local/`, each `unsafe` block with a `SAFETY:` comment);
 //! - every source file opens with a `//!` comment saying what it owns.
 
 #![deny(unsafe_code)]

@@ -265,7 +265,7 @@ async fn a_templates_start_command_runs_at_create_and_create_waits_for_its_ready
         "the failed sandbox's directory is removed"
     );
     let agents: Vec<String> =
-        sandbox_mcp::local::agent_process::agents_under(&sandboxes).into_iter().map(|(_, id)| id).collect();
+        sandbox_mcp::local::control::agent_process::agents_under(&sandboxes).into_iter().map(|(_, id)| id).collect();
     assert_eq!(agents, vec![id_of(&sbx)], "no agent of the failed sandbox is left");
     // Its start command died with its agent; the ready sandbox lives on.
     let leftover = || {

@@ -260,9 +260,9 @@ debian = "/srv/rootfs/debian"
         assert_eq!((serve.max_sandboxes, serve.template_store_limit_mb), (100, 51200));
         assert_eq!(serve.template_ready_timeout_secs, 60);
         assert_eq!((serve.default_timeout_secs, serve.max_timeout_secs), (300, 86_400));
-        assert_eq!(serve.id_map, crate::local::userns::IdMap::default());
+        assert_eq!(serve.id_map, crate::local::isolation::userns::IdMap::default());
         assert_eq!(serve.listen_limits, crate::listen::ListenLimits::default());
-        assert_eq!(serve.state_dir, crate::local::provider_config::default_state_dir());
+        assert_eq!(serve.state_dir, crate::local::control::provider_config::default_state_dir());
     }
 
     #[test]

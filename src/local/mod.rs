@@ -4,40 +4,33 @@
 //! Entry points: [`start_provider`] (library, used by `serve`), [`run_provider`]
 //! (`sandbox-mcp provider`) and [`run_envd`] (`sandbox-mcp envd`, internal: the
 //! sandbox's PID 1).
+//!
+//! One folder per concern, lowest first (a folder imports only the ones above it in this list):
+//!
+//! - `fds.rs`: descriptor hygiene before an `exec`, shared by the sandbox launcher and envd;
+//! - `envd/`: the in-sandbox agent (processes and files over Connect and `/files`);
+//! - `net/`: a network namespace per sandbox and the provider's egress relays and rule check;
+//! - `template/`: template roots (`base` from an allow-list of the host, directories, stored
+//!   templates as stacked layers);
+//! - `isolation/`: the layers around every sandbox (namespaces at spawn, the in-sandbox set-up,
+//!   user namespace, seccomp, cgroups, disk), and the spec the agent builds its sandbox from;
+//! - `store/`: the template store (content-addressed layers, OCI import and pulls, GC);
+//! - `control/`: the sandbox table and lifecycle, records, ids, agent processes, settings;
+//! - `build/`: template builds (steps run in step sandboxes, harvested into layers);
+//! - `api/`: the HTTP surface: the control plane, the data-plane proxy, their error answer;
+//! - this file: the entry points, which start the provider and run the agent.
 
-pub mod agent_binary;
-pub mod agent_probe;
-#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
-pub mod agent_process;
-#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
-pub mod agent_spawn;
 pub mod api;
 pub mod build;
-pub mod cgroups;
-pub mod control_error;
-#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
-pub mod disk;
+pub mod control;
 pub mod envd;
 #[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 pub mod fds;
-pub mod list_query;
+pub mod isolation;
 #[allow(unsafe_code)] // system calls; every block has a SAFETY comment
 pub mod net;
-pub mod provider_config;
-pub mod proxy;
-pub mod record;
-#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
-pub mod sandbox_init;
-pub mod sandbox_table;
-pub mod seccomp;
-pub mod shell_profile;
-#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
-pub mod state_lock;
 pub mod store;
 pub mod template;
-pub mod template_start;
-#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
-pub mod userns;
 
 use std::net::SocketAddr;
 use std::os::fd::FromRawFd;
@@ -47,7 +40,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-pub use provider_config::LocalProviderConfig;
+use control::{sandbox_table, state_lock};
+use isolation::{agent_spawn, sandbox_init, spec, userns};
+
+use control::provider_config;
+
+pub use control::provider_config::LocalProviderConfig;
 
 /// Arguments of `sandbox-mcp provider`. The settings come from the `[local]` section (and the
 /// listener limits from `[server]`) of `--config` and `SANDBOX_MCP_<SECTION>__<KEY>`, exactly as
@@ -233,7 +231,7 @@ pub struct RunningProvider {
     /// The address it listens on.
     pub addr: SocketAddr,
     /// The sandbox table (e.g. to kill everything on an explicit clean shutdown).
-    pub provider: Arc<sandbox_table::Provider>,
+    pub provider: Arc<sandbox_table::SandboxTable>,
     shutdown: tokio_util::sync::CancellationToken,
     server: tokio::task::JoinHandle<()>,
     _lock: state_lock::StateLock,
@@ -261,7 +259,7 @@ impl RunningProvider {
 }
 
 /// How often records, the state directory and live agents are reconciled (see
-/// [`sandbox_table::Provider::reconcile_once`]).
+/// [`sandbox_table::SandboxTable::reconcile_once`]).
 pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Starts the provider on `listener`: checks isolation is permitted, re-adopts sandboxes left by a
@@ -286,7 +284,7 @@ pub async fn start_provider(
         .map_err(anyhow::Error::msg)?;
     tokio::task::spawn_blocking(net::netns::probe).await.context("network probe")?.map_err(anyhow::Error::msg)?;
     let provider = Arc::new(
-        tokio::task::spawn_blocking(move || sandbox_table::Provider::new(cfg))
+        tokio::task::spawn_blocking(move || sandbox_table::SandboxTable::new(cfg))
             .await
             .context("preparing the provider")??,
     );
@@ -368,7 +366,7 @@ pub fn run_envd(args: EnvdArgs) -> anyhow::Result<()> {
     let userns = args.userns_fd.map(|fd| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
     // SAFETY: the provider passes the sandbox directory (O_PATH) at this descriptor and nothing else owns it.
     let dir_fd = args.sandbox_dir_fd.map(|fd| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
-    let setup = move || -> anyhow::Result<(std::os::unix::net::UnixListener, record::SandboxSpec)> {
+    let setup = move || -> anyhow::Result<(std::os::unix::net::UnixListener, spec::SandboxSpec)> {
         let sandbox_dir = match (args.sandbox_dir, &dir_fd) {
             (Some(dir), _) => dir,
             (None, Some(fd)) => {
@@ -378,7 +376,7 @@ pub fn run_envd(args: EnvdArgs) -> anyhow::Result<()> {
             (None, None) => anyhow::bail!("--sandbox-dir or --sandbox-dir-fd is required"),
         };
         drop(dir_fd);
-        let spec: record::SandboxSpec = record::read_json(&sandbox_dir.join(record::SPEC_FILE))?;
+        let spec: spec::SandboxSpec = control::record::read_json(&sandbox_dir.join(spec::SPEC_FILE))?;
         let listener = sandbox_init::enter_sandbox(&sandbox_dir, &spec, disk, userns)?;
         listener.set_nonblocking(true).context("non-blocking socket")?;
         Ok((listener, spec))

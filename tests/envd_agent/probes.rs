@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use sandbox_mcp::local::agent_process::rss_kib;
+use sandbox_mcp::local::control::agent_process::rss_kib;
 use sandbox_mcp::local::envd::{self, EnvdOptions};
 use serde_json::json;
 

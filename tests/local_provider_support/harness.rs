@@ -11,7 +11,7 @@ use base64::Engine;
 use reqwest::StatusCode;
 use sandbox_mcp::connect_rpc::{EnvelopeDecoder, encode_json_message};
 /// Mount points in the host's mount namespace at or under a directory.
-pub use sandbox_mcp::local::agent_process::host_mounts_under;
+pub use sandbox_mcp::local::control::agent_process::host_mounts_under;
 use serde_json::{Value, json};
 
 pub(crate) use crate::common::require_root;

@@ -15,8 +15,8 @@ use http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 
 use super::{ApiResult, AppState, json_body};
+use crate::local::api::control_error::ControlError;
 use crate::local::build::{BuildError, Builds, LogLine, Status, steps::BuildSpec, validate_tag};
-use crate::local::control_error::ControlError;
 use crate::local::store::{Store, StoreError, TemplateRecord, split_tag};
 
 impl From<BuildError> for ControlError {

@@ -18,8 +18,8 @@ use http::StatusCode;
 
 use super::{ApiResult, AppState, total_memory_mb};
 use crate::e2b::wire;
-use crate::local::control_error::ControlError;
-use crate::local::sandbox_table::Provider;
+use crate::local::api::control_error::ControlError;
+use crate::local::control::sandbox_table::SandboxTable;
 use crate::local::template::TemplateRoot;
 
 /// The directories of the sandbox's default PATH, in its order (`envd::spawn::DEFAULT_PATH`).
@@ -38,7 +38,7 @@ pub(super) async fn list(State(state): State<Arc<AppState>>) -> ApiResult<Json<V
 }
 
 /// What every template of this provider shares: its sandboxes' limits.
-fn common(provider: &Provider) -> wire::Template {
+fn common(provider: &SandboxTable) -> wire::Template {
     wire::Template {
         cpu_count: std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1),
         memory_mb: provider.cfg.memory_limit_mb.unwrap_or_else(total_memory_mb),
@@ -72,7 +72,7 @@ fn directory_entry(common: &wire::Template, name: &str, kind: &str, root: &Templ
     }
 }
 
-fn templates(provider: &Provider) -> ApiResult<Vec<wire::Template>> {
+fn templates(provider: &SandboxTable) -> ApiResult<Vec<wire::Template>> {
     let common = common(provider);
     let configured = &provider.cfg.templates;
     let mut out = Vec::new();

@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::sandbox_table::Provider;
 use super::store::{self, StoreError};
+use crate::local::control::sandbox_table::SandboxTable;
 
 /// Builds that run at once; later ones wait (status `waiting`).
 pub const CONCURRENT_BUILDS: usize = 2;
@@ -192,7 +192,7 @@ impl Build {
 
 /// The builds of this provider process.
 pub struct Builds {
-    provider: Arc<Provider>,
+    provider: Arc<SandboxTable>,
     table: Mutex<HashMap<String, Arc<Build>>>,
     queue: Arc<tokio::sync::Semaphore>,
     pub files: files::Uploads,
@@ -220,7 +220,7 @@ pub fn validate_tag(tag: &str) -> Result<(), BuildError> {
 }
 
 impl Builds {
-    pub fn new(provider: Arc<Provider>) -> Result<Arc<Builds>, BuildError> {
+    pub fn new(provider: Arc<SandboxTable>) -> Result<Arc<Builds>, BuildError> {
         let store = provider
             .template_store()
             .ok_or_else(|| BuildError::Conflict("the template store could not be opened".into()))?;

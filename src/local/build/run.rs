@@ -19,11 +19,11 @@ use super::steps::{Base, Context, Plan, Step, cache_key};
 use super::{Build, Builds, Failure, REASON_TAIL_LINES};
 use crate::e2b::CallOptions;
 use crate::e2b::wire::{self, ProcessEvent};
-use crate::local::sandbox_table::{BUILD_STEP_METADATA, BUILD_STEP_TEMPLATE_PREFIX, CreateParams};
+use crate::local::control::sandbox_table::{BUILD_STEP_METADATA, BUILD_STEP_TEMPLATE_PREFIX, CreateParams};
+use crate::local::control::template_start::run_user;
 use crate::local::store::registry::{self, PullOptions};
 use crate::local::store::{Digest, NewTemplate, RunConfig, Store, env_map, write_atomic};
 use crate::local::template::TemplateRoot;
-use crate::local::template_start::run_user;
 
 /// Longest a step may run.
 const STEP_TIMEOUT: Duration = Duration::from_secs(3600);

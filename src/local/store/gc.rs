@@ -31,7 +31,8 @@ pub fn collect(store: &Store, state_dir: &Path) -> Result<GcReport, StoreError> 
     // Running sandboxes keep their layers even when their template was removed.
     if let Ok(sandboxes) = std::fs::read_dir(state_dir.join("sandboxes")) {
         for sandbox in sandboxes.flatten() {
-            let Ok(spec) = std::fs::read_to_string(sandbox.path().join(crate::local::record::SPEC_FILE)) else {
+            let Ok(spec) = std::fs::read_to_string(sandbox.path().join(crate::local::isolation::spec::SPEC_FILE))
+            else {
                 continue;
             };
             for (hex, _) in std::fs::read_dir(&layers_dir).into_iter().flatten().flatten().filter_map(|e| {

@@ -1,7 +1,9 @@
 //! The E2B-compatible control plane over HTTP
 //! (`docs/provider-contract.md#control-plane`): routes, API
 //! key check, JSON bodies with size limits, `{code, message}` errors, and the
-//! switch that sends `E2b-Sandbox-Id` traffic to the data-plane proxy.
+//! switch that sends `E2b-Sandbox-Id` traffic to the data-plane proxy (`proxy`). The list
+//! query's parsing is `list_query`, the error answer `control_error`; template builds and
+//! `GET /templates` are `builds` and `templates`.
 
 use std::sync::Arc;
 
@@ -17,25 +19,28 @@ use serde::de::DeserializeOwned;
 use subtle::ConstantTimeEq;
 
 mod builds;
+pub mod control_error;
+pub mod list_query;
+pub mod proxy;
 mod templates;
 
-use super::control_error::ControlError;
-use super::record::{SandboxRecord, rfc3339_ms};
-use super::sandbox_table::{CreateParams, Provider};
 use crate::e2b::wire::{
     self, ConnectSandbox, HEADER_API_KEY, HEADER_NEXT_TOKEN, HEADER_SANDBOX_ID, NewSandbox, SandboxDetail,
     SandboxState, SetTimeout,
 };
+use crate::local::control::record::{SandboxRecord, rfc3339_ms};
+use crate::local::control::sandbox_table::{CreateParams, SandboxTable};
+use control_error::ControlError;
 
 /// Shared state of the HTTP layer.
 pub struct AppState {
-    pub provider: Arc<Provider>,
+    pub provider: Arc<SandboxTable>,
     /// Template builds; `None` when the template store could not be opened.
     pub builds: Option<Arc<crate::local::build::Builds>>,
 }
 
 impl AppState {
-    pub fn new(provider: Arc<Provider>) -> AppState {
+    pub fn new(provider: Arc<SandboxTable>) -> AppState {
         let builds = match crate::local::build::Builds::new(provider.clone()) {
             Ok(builds) => Some(builds),
             Err(err) => {
@@ -98,15 +103,15 @@ pub fn router(state: Arc<AppState>) -> Router {
 async fn route_data_plane(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(id) = req.headers().get(HEADER_SANDBOX_ID) {
         let id = id.to_str().unwrap_or("").to_owned();
-        return super::proxy::forward(state.provider.clone(), &id, req).await;
+        return proxy::forward(state.provider.clone(), &id, req).await;
     }
     let host = req.headers().get(http::header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
-    if let Some((port, id)) = super::net::inbound::parse_host(host)
+    if let Some((port, id)) = crate::local::net::inbound::parse_host(host)
         && let Some(entry) = state.provider.get(id)
     {
         let id = id.to_owned();
         if port == wire::ENVD_PORT {
-            return super::proxy::forward(state.provider.clone(), &id, req).await;
+            return proxy::forward(state.provider.clone(), &id, req).await;
         }
         return inbound(&entry, &id, port, req).await;
     }
@@ -115,12 +120,18 @@ async fn route_data_plane(State(state): State<Arc<AppState>>, req: Request, next
 
 /// A request for a port of a sandbox, from outside. The traffic token is checked first, so a
 /// caller without it learns nothing of the sandbox's state or ports.
-async fn inbound(entry: &super::sandbox_table::SandboxEntry, id: &str, port: u16, req: Request) -> Response {
+async fn inbound(
+    entry: &crate::local::control::sandbox_table::SandboxEntry,
+    id: &str,
+    port: u16,
+    req: Request,
+) -> Response {
     let rec = entry.snapshot();
     let allow_public = rec.network.allow_public_traffic;
-    if let Err(why) = super::net::inbound::check_traffic(&req, allow_public, rec.traffic_access_token.as_deref()) {
+    if let Err(why) = crate::local::net::inbound::check_traffic(&req, allow_public, rec.traffic_access_token.as_deref())
+    {
         tracing::debug!(sandbox = %id, port, ?why, "inbound request refused: traffic access token");
-        return super::net::inbound::refusal(id, why);
+        return crate::local::net::inbound::refusal(id, why);
     }
     if rec.state != SandboxState::Running {
         return ControlError::new(
@@ -132,7 +143,7 @@ async fn inbound(entry: &super::sandbox_table::SandboxEntry, id: &str, port: u16
     let Some(netns) = entry.netns() else {
         return ControlError::new(StatusCode::BAD_GATEWAY, format!("sandbox {id} has no network")).into_response();
     };
-    super::net::inbound::forward(&netns, id, port, req).await
+    crate::local::net::inbound::forward(&netns, id, port, req).await
 }
 
 async fn check_api_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
@@ -193,7 +204,7 @@ fn network_view(rec: &SandboxRecord) -> wire::SandboxNetwork {
     }
 }
 
-fn detail_view(provider: &Provider, rec: &SandboxRecord, with_token: bool) -> SandboxDetail {
+fn detail_view(provider: &SandboxTable, rec: &SandboxRecord, with_token: bool) -> SandboxDetail {
     let memory_mb = provider.cfg.memory_limit_mb.unwrap_or_else(total_memory_mb);
     SandboxDetail {
         template_id: rec.template.clone(),
@@ -226,7 +237,7 @@ fn total_memory_mb() -> u64 {
 }
 
 fn check_id(id: &str) -> ApiResult<()> {
-    if super::record::is_valid_sandbox_id(id) {
+    if crate::local::control::ids::is_valid_sandbox_id(id) {
         Ok(())
     } else {
         Err(ControlError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")))
@@ -246,7 +257,7 @@ async fn create(State(state): State<Arc<AppState>>, body: Body) -> ApiResult<Res
         metadata: req.metadata.unwrap_or_default(),
         env_vars: req.env_vars.unwrap_or_default(),
         allow_internet_access: req.allow_internet_access.unwrap_or(true),
-        network: super::net::policy::NetworkConfig {
+        network: crate::local::net::policy::NetworkConfig {
             allow_out: network.allow_out.unwrap_or_default(),
             deny_out: network.deny_out.unwrap_or_default(),
             // E2B's documented default: sandbox URLs are public unless the create says otherwise
@@ -356,20 +367,21 @@ async fn metrics(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> 
         .get(&id)
         .ok_or_else(|| ControlError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")))?;
     let rec = entry.snapshot();
-    let mem_used = super::cgroups::memory_usage(&rec.cgroups).unwrap_or(0);
+    let mem_used = crate::local::isolation::cgroups::memory_usage(&rec.cgroups).unwrap_or(0);
     let mem_total = state.provider.cfg.memory_limit_mb.unwrap_or_else(total_memory_mb) * 1024 * 1024;
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     // The sandbox's root as its agent sees it: statvfs reports the overlay's upper filesystem,
     // i.e. the sandbox's disk image when the limit is on.
-    let disk = super::disk::usage(std::path::Path::new(&format!("/proc/{}/root/", rec.envd_pid))).unwrap_or((0, 0));
+    let disk = crate::local::isolation::disk::usage(std::path::Path::new(&format!("/proc/{}/root/", rec.envd_pid)))
+        .unwrap_or((0, 0));
     Ok(Json(serde_json::json!([{
         "timestampUnix": chrono::Utc::now().timestamp(),
-        "timestamp": rfc3339_ms(super::record::now_ms()),
+        "timestamp": rfc3339_ms(crate::local::control::record::now_ms()),
         "cpuCount": cpus,
         "cpuUsedPct": 0.0,
         "memUsed": mem_used,
         "memTotal": mem_total,
-        "memCache": super::cgroups::memory_cache(&rec.cgroups).unwrap_or(0),
+        "memCache": crate::local::isolation::cgroups::memory_cache(&rec.cgroups).unwrap_or(0),
         "diskUsed": disk.0,
         "diskTotal": disk.1,
     }])))
@@ -384,7 +396,7 @@ async fn list_v2(State(state): State<Arc<AppState>>, req: Request) -> ApiResult<
 }
 
 fn list(state: &AppState, query: &str, v1: bool) -> ApiResult<Response> {
-    let q = super::list_query::parse(query).map_err(|m| ControlError::new(StatusCode::BAD_REQUEST, m))?;
+    let q = list_query::parse(query).map_err(|m| ControlError::new(StatusCode::BAD_REQUEST, m))?;
     let states = if v1 { vec![SandboxState::Running] } else { q.states.clone() };
     let mut recs: Vec<SandboxRecord> = state
         .provider
@@ -402,7 +414,7 @@ fn list(state: &AppState, query: &str, v1: bool) -> ApiResult<Response> {
         Some(token) => recs
             .iter()
             .position(|r| {
-                let key = super::list_query::page_key(r);
+                let key = list_query::page_key(r);
                 if q.descending { key < *token } else { key > *token }
             })
             .unwrap_or(recs.len()),
@@ -415,7 +427,7 @@ fn list(state: &AppState, query: &str, v1: bool) -> ApiResult<Response> {
     let mut response = Json(items).into_response();
     if more
         && let Some(last) = page.last()
-        && let Ok(value) = HeaderValue::from_str(&super::list_query::page_key(last))
+        && let Ok(value) = HeaderValue::from_str(&list_query::page_key(last))
     {
         response.headers_mut().insert(HEADER_NEXT_TOKEN, value);
     }

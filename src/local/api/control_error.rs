@@ -5,8 +5,8 @@ use axum::Json;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode};
 
-use super::sandbox_table::ProviderError;
 use crate::e2b::wire;
+use crate::local::control::sandbox_table::ProviderError;
 
 /// A control-plane error response: `{"code": <status>, "message": "..."}`.
 #[derive(Debug)]

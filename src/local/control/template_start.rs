@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::store::{RunConfig, env_map};
 use crate::e2b::wire::{ProcessConfig, ProcessEvent, StartRequest};
 use crate::e2b::{CallOptions, EnvdClient, OutputLimits, ProcessStream};
+use crate::local::store::{RunConfig, env_map};
 
 /// How often the ready command is tried.
 pub const READY_POLL: Duration = Duration::from_millis(150);

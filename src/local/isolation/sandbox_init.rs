@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
-use super::record::{SOCKET_FILE, SandboxSpec};
 use super::seccomp;
+use super::spec::{SOCKET_FILE, SandboxSpec};
 use super::userns::{self, IdMap};
 
 /// Size of the sandbox's `/dev/shm` tmpfs (Docker's default). tmpfs pages are charged to the
@@ -453,7 +453,7 @@ fn hosts_with_name(hosts: &str, sandbox_id: &str) -> String {
 fn write_resolv_conf(root: &Path) -> anyhow::Result<()> {
     let path = root.join("etc/resolv.conf");
     let _ = std::fs::remove_file(&path);
-    let text = format!("nameserver {}\n", super::net::netns::GATEWAY_ADDR);
+    let text = format!("nameserver {}\n", crate::local::net::netns::GATEWAY_ADDR);
     std::fs::write(&path, text).context("writing /etc/resolv.conf")
 }
 

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 
 use percent_encoding::percent_decode_str;
 
-use super::record::SandboxRecord;
 use crate::e2b::wire::SandboxState;
+use crate::local::control::record::SandboxRecord;
 
 /// Default and largest page size.
 pub const MAX_LIMIT: usize = 100;

@@ -14,8 +14,8 @@ use sha2::Digest;
 use subtle::ConstantTimeEq;
 
 use super::control_error::ControlError;
-use super::sandbox_table::Provider;
 use crate::e2b::wire::{HEADER_ACCESS_TOKEN, SandboxState};
+use crate::local::control::sandbox_table::SandboxTable;
 
 /// Headers that belong to one hop and are never forwarded.
 const HOP_BY_HOP: &[&str] = &[
@@ -39,7 +39,7 @@ fn not_found(sandbox_id: &str, detail: &str) -> Response {
 }
 
 /// Handles one data-plane request for the agent of `sandbox_id`.
-pub async fn forward(provider: Arc<Provider>, sandbox_id: &str, req: Request<Body>) -> Response {
+pub async fn forward(provider: Arc<SandboxTable>, sandbox_id: &str, req: Request<Body>) -> Response {
     let Some(entry) = provider.get(sandbox_id) else {
         return not_found(sandbox_id, "");
     };

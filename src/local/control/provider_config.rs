@@ -22,7 +22,7 @@ pub const DEFAULT_DISK_LIMIT_MB: u64 = 10240;
 /// Default `local.id_range`: inside the range systemd reserves for containers, far from login users.
 pub const DEFAULT_ID_RANGE: &str = "1000000000:65536";
 /// Default `local.template_store_limit_mb`.
-pub const DEFAULT_TEMPLATE_STORE_LIMIT_MB: u64 = super::store::DEFAULT_STORE_LIMIT_MB;
+pub const DEFAULT_TEMPLATE_STORE_LIMIT_MB: u64 = crate::local::store::DEFAULT_STORE_LIMIT_MB;
 /// Default `local.template_ready_timeout_secs`: how long a create waits for a stored template's
 /// ready command.
 pub const DEFAULT_TEMPLATE_READY_TIMEOUT_SECS: u64 = 60;
@@ -95,8 +95,8 @@ impl Default for LocalConfig {
 
 impl LocalConfig {
     /// The provider's network settings from this section.
-    pub fn network(&self) -> super::net::NetConfig {
-        let mut net = super::net::NetConfig::default();
+    pub fn network(&self) -> crate::local::net::NetConfig {
+        let mut net = crate::local::net::NetConfig::default();
         if !self.dns_servers.is_empty() {
             net.dns_servers = self.dns_servers.clone();
         }
@@ -138,7 +138,7 @@ pub struct LocalProviderConfig {
     /// (`local.template_ready_timeout_secs`).
     pub template_ready_timeout_secs: u64,
     /// Host uid/gid range that ids inside every sandbox map to (`local.id_range`).
-    pub id_map: super::userns::IdMap,
+    pub id_map: crate::local::isolation::userns::IdMap,
     /// Per-sandbox disk limit, MiB (`local.disk_limit_mb`); `None`: no limit.
     pub disk_limit_mb: Option<u64>,
     /// Largest control-plane request body, bytes.
@@ -151,7 +151,7 @@ pub struct LocalProviderConfig {
     /// it at the real `sandbox-mcp` or `sandbox-mcp-envd`.
     pub agent_binary: PathBuf,
     /// Sandbox networking (DNS upstreams, namespace pool, inbound domain).
-    pub network: super::net::NetConfig,
+    pub network: crate::local::net::NetConfig,
     /// Connection cap and timeouts of the provider's HTTP listener.
     pub listen_limits: crate::listen::ListenLimits,
 }
@@ -177,7 +177,7 @@ impl Default for LocalProviderConfig {
             max_control_body_bytes: 1024 * 1024,
             max_data_body_bytes: 1024 * 1024 * 1024,
             agent_binary: PathBuf::from(super::agent_binary::SELF_EXE),
-            network: super::net::NetConfig::default(),
+            network: crate::local::net::NetConfig::default(),
             listen_limits: crate::listen::ListenLimits::default(),
         }
     }

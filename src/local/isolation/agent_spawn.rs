@@ -89,7 +89,7 @@ fn sandbox_clone_flags() -> libc::c_int {
 /// network namespace `netns`, handing it its directory at [`SANDBOX_DIR_FD`] and what the
 /// provider prepared for it (its disk at [`DISK_FD`], its user namespace at [`USERNS_FD`]).
 /// `agent_tag` must already be in the directory's `agent.tag`. The caller puts the agent into
-/// its cgroups while it sets the sandbox up (see `Provider::create`).
+/// its cgroups while it sets the sandbox up (see `SandboxTable::create`).
 pub fn spawn_agent(
     agent_binary: &Path,
     sandbox_dir: &Path,
@@ -127,7 +127,7 @@ pub fn spawn_agent(
     }
     // A minimal environment: the provider's own (which may hold its API key) never leaks in.
     let mut env_owned =
-        vec![CString::new(format!("PATH={}", super::envd::DEFAULT_PATH)).map_err(|_| AgentSpawnError::Nul)?];
+        vec![CString::new(format!("PATH={}", crate::local::envd::DEFAULT_PATH)).map_err(|_| AgentSpawnError::Nul)?];
     if let Ok(filter) = std::env::var("RUST_LOG") {
         env_owned.push(CString::new(format!("RUST_LOG={filter}")).map_err(|_| AgentSpawnError::Nul)?);
     }
@@ -187,7 +187,7 @@ pub fn spawn_agent(
             }
             // Nothing else crosses into the sandbox: everything past READY_FD is close-on-exec
             // except what was passed on purpose.
-            super::fds::mark_inherited_fds_cloexec(READY_FD + 1);
+            crate::local::fds::mark_inherited_fds_cloexec(READY_FD + 1);
             for (i, (_, target)) in passed.iter().enumerate() {
                 if high[i] >= 0 {
                     libc::fcntl(*target, libc::F_SETFD, 0);

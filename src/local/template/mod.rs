@@ -8,7 +8,9 @@
 //! links) as extra copy-on-write layers. It is built once per input set and
 //! cached in `STATE/templates/base-<fingerprint>`. Other templates are root
 //! filesystem directories named in `[local.templates]`, or stored templates
-//! (the template store's layers, stacked).
+//! (the template store's layers, stacked). The generated login profile is `shell_profile`.
+
+pub mod shell_profile;
 
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
@@ -251,7 +253,7 @@ fn populate(root: &Path, host_root: &Path, layers: &[Layer], links: &[(String, P
     }
     // The host's profile without its `$(id -u)` process (`shell_profile`).
     let profile = etc.join("profile");
-    super::shell_profile::lighten_file(&profile).map_err(io_at(&profile))?;
+    shell_profile::lighten_file(&profile).map_err(io_at(&profile))?;
     for (name, mode, content) in generated_etc() {
         let path = etc.join(name);
         let mut file = std::fs::File::create(&path).map_err(io_at(&path))?;

@@ -11,18 +11,18 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 
 use super::agent_process;
-use super::cgroups::{self, CgroupLayout, Limits};
-use super::net::policy::{EgressPolicy, NetworkConfig};
-use super::net::{NetPool, SandboxNet};
+use super::identity::{self, Liveness, process_is, process_start_time};
+use super::ids;
 use super::provider_config::LocalProviderConfig;
-use super::record::{
-    self, LOG_FILE, Liveness, RECORD_FILE, SOCKET_FILE, SPEC_FILE, SandboxRecord, SandboxSpec, now_ms, process_is,
-    process_start_time, write_json_atomic,
-};
-use super::store::RunConfig;
-use super::template::TemplateRoot;
+use super::record::{self, LOG_FILE, RECORD_FILE, SandboxRecord, now_ms, write_json_atomic};
 use crate::e2b::EnvdClient;
 use crate::e2b::wire::SandboxState;
+use crate::local::isolation::cgroups::{self, CgroupLayout, Limits};
+use crate::local::isolation::spec::{SOCKET_FILE, SPEC_FILE, SandboxSpec};
+use crate::local::net::policy::{EgressPolicy, NetworkConfig};
+use crate::local::net::{NetPool, SandboxNet};
+use crate::local::store::RunConfig;
+use crate::local::template::TemplateRoot;
 
 /// How long a new agent may take to report ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -136,20 +136,21 @@ pub struct CreateParams {
     pub keep_disk: bool,
 }
 
-/// The provider's shared state.
-pub struct Provider {
+/// The sandbox table: the provider's shared state (settings, templates, pools) and its
+/// sandboxes by id.
+pub struct SandboxTable {
     pub cfg: LocalProviderConfig,
     /// The `base` template root built from the host's allow-list.
     base: TemplateRoot,
     /// Imported and pulled templates (`sandbox-mcp template`); `None` when it cannot be opened.
-    store: Option<super::store::Store>,
+    store: Option<crate::local::store::Store>,
     /// Ready disk images when the disk limit is on.
-    disks: Option<Arc<super::disk::DiskPool>>,
+    disks: Option<Arc<crate::local::isolation::disk::DiskPool>>,
     sandboxes_dir: PathBuf,
     cgroups: CgroupLayout,
     net: Arc<NetPool>,
     /// User namespaces made ahead of time.
-    userns: Arc<super::userns::UsernsPool>,
+    userns: Arc<crate::local::isolation::userns::UsernsPool>,
     table: Mutex<HashMap<String, Arc<SandboxEntry>>>,
     /// Creates in flight (counted against `max_sandboxes`).
     pending: Mutex<usize>,
@@ -159,9 +160,9 @@ pub struct Provider {
     busy: Arc<Mutex<HashSet<String>>>,
 }
 
-impl Provider {
+impl SandboxTable {
     /// Prepares the state directory and cgroups (the caller has run the isolation probe).
-    pub fn new(mut cfg: LocalProviderConfig) -> anyhow::Result<Provider> {
+    pub fn new(mut cfg: LocalProviderConfig) -> anyhow::Result<SandboxTable> {
         cfg.agent_binary = super::agent_binary::choose(&cfg.agent_binary);
         let sandboxes_dir = cfg.state_dir.join("sandboxes");
         std::fs::create_dir_all(&sandboxes_dir)
@@ -180,9 +181,9 @@ impl Provider {
         }
         let base = match cfg.templates.get("base") {
             Some(root) => TemplateRoot::directory(root.clone()),
-            None => super::template::build_base(&cfg.state_dir, Path::new("/"))?,
+            None => crate::local::template::build_base(&cfg.state_dir, Path::new("/"))?,
         };
-        let store = match super::store::Store::open(&cfg.state_dir, cfg.template_store_limit_mb) {
+        let store = match crate::local::store::Store::open(&cfg.state_dir, cfg.template_store_limit_mb) {
             Ok(store) => Some(store),
             Err(err) => {
                 tracing::warn!(%err, "the template store cannot be opened: only base and local.templates are served");
@@ -190,7 +191,7 @@ impl Provider {
             }
         };
         let disks = match cfg.disk_limit_mb {
-            Some(mb) => match super::disk::DiskPool::new(&cfg.state_dir, mb, cfg.id_map.host(0)) {
+            Some(mb) => match crate::local::isolation::disk::DiskPool::new(&cfg.state_dir, mb, cfg.id_map.host(0)) {
                 Ok(pool) => Some(Arc::new(pool)),
                 Err(err) => {
                     tracing::warn!(
@@ -224,8 +225,8 @@ impl Provider {
         let cgroups = CgroupLayout::detect();
         tracing::info!(?cgroups, state_dir = %cfg.state_dir.display(), "local provider state");
         let net = NetPool::new(cfg.network.clone());
-        let userns = super::userns::UsernsPool::new(cfg.id_map);
-        Ok(Provider {
+        let userns = crate::local::isolation::userns::UsernsPool::new(cfg.id_map);
+        Ok(SandboxTable {
             cfg,
             base,
             store,
@@ -253,7 +254,7 @@ impl Provider {
             return Ok(Some((self.base.clone(), RunConfig::default())));
         }
         let Some(store) = &self.store else { return Ok(None) };
-        let internal = |e: super::store::StoreError| ProviderError::Internal(format!("template store: {e}"));
+        let internal = |e: crate::local::store::StoreError| ProviderError::Internal(format!("template store: {e}"));
         let Some(record) = store.lookup(name).map_err(internal)? else { return Ok(None) };
         Ok(TemplateRoot::stacked(store.lowers(&record).map_err(internal)?).map(|root| (root, record.config)))
     }
@@ -264,7 +265,7 @@ impl Provider {
     }
 
     /// The template store, when it could be opened.
-    pub fn template_store(&self) -> Option<&super::store::Store> {
+    pub fn template_store(&self) -> Option<&crate::local::store::Store> {
         self.store.as_ref()
     }
 
@@ -336,7 +337,7 @@ impl Provider {
         lifetime_ms: i64,
         policy: EgressPolicy,
     ) -> Result<SandboxRecord, ProviderError> {
-        let id = record::new_sandbox_id();
+        let id = ids::new_sandbox_id();
         self.busy_ids().insert(id.clone());
         let result = self.create_in_dir(params, template, lifetime_ms, policy, id.clone()).await;
         self.busy_ids().remove(&id);
@@ -366,7 +367,7 @@ impl Provider {
                     let (dest, pool) = (image.clone(), pool.clone());
                     tokio::task::spawn_blocking(move || pool.take(&dest))
                         .await
-                        .unwrap_or_else(|e| Err(super::disk::DiskError::Task(e.to_string())))
+                        .unwrap_or_else(|e| Err(crate::local::isolation::disk::DiskError::Task(e.to_string())))
                 }
             };
             if !pool.refilling() {
@@ -400,7 +401,7 @@ impl Provider {
             return Err(internal("cannot write the sandbox spec", &e));
         }
         // Before the agent exists, so that every agent can be found by it (see `agent_process`).
-        let agent_tag = record::new_agent_tag();
+        let agent_tag = ids::new_agent_tag();
         if let Err(e) = std::fs::write(dir.join(record::AGENT_TAG_FILE), &agent_tag) {
             remove_sandbox_dir(&dir);
             return Err(internal("cannot write the agent tag", &e));
@@ -421,13 +422,13 @@ impl Provider {
         };
         let limits = Limits { memory_limit_mb: self.cfg.memory_limit_mb, pids_limit: self.cfg.pids_limit };
         let cgroup_dirs = self.cgroups.create(&id, limits);
-        let spawned = super::agent_spawn::spawn_agent(
+        let spawned = crate::local::isolation::agent_spawn::spawn_agent(
             &self.cfg.agent_binary,
             &dir,
             &agent_tag,
             &dir.join(LOG_FILE),
             std::os::fd::AsFd::as_fd(&prepared.netns),
-            super::agent_spawn::Prepared {
+            crate::local::isolation::agent_spawn::Prepared {
                 disk: disk_mount.as_ref().map(std::os::fd::AsFd::as_fd),
                 userns: Some(std::os::fd::AsFd::as_fd(&userns)),
             },
@@ -468,7 +469,7 @@ impl Provider {
             return Err(ProviderError::Internal(format!("the sandbox failed to start: {message} {detail}")));
         }
         let now = now_ms();
-        let traffic_access_token = (!params.network.allow_public_traffic).then(record::new_access_token);
+        let traffic_access_token = (!params.network.allow_public_traffic).then(ids::new_access_token);
         let mut rec = SandboxRecord {
             id: id.clone(),
             template: params.template,
@@ -482,7 +483,7 @@ impl Provider {
             state: SandboxState::Running,
             envd_pid: pid,
             envd_start_time: start_time,
-            envd_access_token: record::new_access_token(),
+            envd_access_token: ids::new_access_token(),
             cgroups: cgroup_dirs,
             pause_method: None,
         };
@@ -528,7 +529,7 @@ impl Provider {
 
     /// Kills a sandbox. Returns once its agent got SIGKILL (the kernel then kills every process of
     /// its PID namespace); waiting for the exit, removing the cgroups and the directory continue in
-    /// the background (see [`Provider::cleanups_in_flight`]).
+    /// the background (see [`SandboxTable::cleanups_in_flight`]).
     pub async fn kill(&self, id: &str) -> Result<(), ProviderError> {
         let entry = self.get(id).ok_or_else(|| ProviderError::NotFound(id.to_owned()))?;
         let _op = entry.op.lock().await;
@@ -746,13 +747,13 @@ impl Provider {
     /// One pass of the reaper: kills sandboxes past their deadline and cleans up dead agents. An
     /// agent counts as dead only on positive evidence (`/proc/<pid>` absent, a zombie, or a
     /// recycled pid), never because `/proc` could not be read; and nothing is dropped before its
-    /// agent got SIGKILL (see [`Provider::kill`]).
+    /// agent got SIGKILL (see [`SandboxTable::kill`]).
     pub async fn reap_once(&self) {
         let now = now_ms();
         for entry in self.all() {
             let rec = entry.snapshot();
             let expired = rec.end_at_ms <= now;
-            let liveness = record::process_liveness(rec.envd_pid, rec.envd_start_time);
+            let liveness = identity::process_liveness(rec.envd_pid, rec.envd_start_time);
             let dead = liveness == Liveness::Gone;
             if liveness == Liveness::Unknown && !expired {
                 tracing::debug!(sandbox = %rec.id, "cannot read the agent's /proc entry; checking again later");
@@ -791,7 +792,7 @@ impl Provider {
             for entry in entries.flatten() {
                 let Some(id) = entry.file_name().to_str().map(str::to_owned) else { continue };
                 // Re-read: a create may have finished since the snapshot.
-                if !record::is_valid_sandbox_id(&id) || known(&id) {
+                if !ids::is_valid_sandbox_id(&id) || known(&id) {
                     continue;
                 }
                 tracing::warn!(sandbox = %id, "reconciliation: removing an untracked sandbox directory");

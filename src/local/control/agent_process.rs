@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::io::unix::AsyncFd;
 
-use super::record::process_is;
+use super::identity::process_is;
 
 fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
     // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor or -1.
@@ -57,7 +57,7 @@ pub fn try_send_kill(pid: i32, start_time: u64) -> std::io::Result<Option<OwnedF
         }
         Err(err) => return Err(err),
     };
-    if super::record::process_liveness(pid, start_time) == super::record::Liveness::Unknown {
+    if super::identity::process_liveness(pid, start_time) == super::identity::Liveness::Unknown {
         return Err(std::io::Error::other("cannot read /proc to verify the agent's identity"));
     }
     if process_is(pid, start_time)
@@ -141,7 +141,7 @@ enum AgentName {
 fn agent_name(cmdline: &[u8]) -> Option<AgentName> {
     let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
     let value = |flag: &str| args.iter().position(|a| *a == flag.as_bytes()).and_then(|i| args.get(i + 1));
-    if let Some(tag) = value(super::agent_spawn::AGENT_TAG_FLAG) {
+    if let Some(tag) = value(crate::local::isolation::agent_spawn::AGENT_TAG_FLAG) {
         return String::from_utf8(tag.to_vec()).ok().map(AgentName::Tag);
     }
     use std::os::unix::ffi::OsStrExt;
@@ -183,7 +183,7 @@ pub fn agents_under(sandboxes_dir: &Path) -> Vec<(i32, String)> {
         .flatten()
         .filter_map(|e| {
             let id = e.file_name().to_str()?.to_owned();
-            super::record::is_valid_sandbox_id(&id).then_some(())?;
+            super::ids::is_valid_sandbox_id(&id).then_some(())?;
             Some((read_agent_tag(&e.path())?, id))
         })
         .collect();
@@ -193,7 +193,7 @@ pub fn agents_under(sandboxes_dir: &Path) -> Vec<(i32, String)> {
             AgentName::Tag(tag) => Some((pid, tags.get(&tag)?.clone())),
             AgentName::Dir(dir) if dir.parent() == Some(sandboxes_dir) => {
                 let id = dir.file_name()?.to_str()?.to_owned();
-                super::record::is_valid_sandbox_id(&id).then_some((pid, id))
+                super::ids::is_valid_sandbox_id(&id).then_some((pid, id))
             }
             AgentName::Dir(_) => None,
         })

@@ -1,0 +1,48 @@
+//! What the provider hands the in-sandbox agent: the spec (`spec.json` in the sandbox's
+//! directory, written before the agent starts and read by it before it builds the sandbox) and
+//! the name of the agent's Unix socket there, which both sides use.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// File name of the spec envd reads at start.
+pub const SPEC_FILE: &str = "spec.json";
+/// File name of envd's Unix socket inside the sandbox directory.
+pub const SOCKET_FILE: &str = "envd.sock";
+
+/// What envd needs to build the sandbox (written by the provider before spawning).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxSpec {
+    pub sandbox_id: String,
+    /// Root directory of the template (lower layer of the overlay).
+    pub template_root: PathBuf,
+    /// The provider's state directory, hidden inside the sandbox.
+    pub state_dir: PathBuf,
+    #[serde(default)]
+    pub env_vars: HashMap<String, String>,
+    /// Whether the sandbox was created with internet access (egress is enforced by the provider;
+    /// kept for the record).
+    pub allow_internet_access: bool,
+    pub user_uid: u32,
+    pub user_gid: u32,
+    /// Extra copy-on-write layers mounted inside the root (the host's `/usr` for `base`).
+    #[serde(default)]
+    pub template_layers: Vec<crate::local::template::Layer>,
+    /// Read-only layers stacked above `template_root`, bottom first (a stored template's
+    /// layers after its first); empty for `base` and directory templates.
+    #[serde(default)]
+    pub template_lowers: Vec<PathBuf>,
+    /// Host id range that root and every user inside map to (the sandbox's user namespace).
+    #[serde(default)]
+    pub id_map: super::userns::IdMap,
+    /// The sandbox's disk image (`disk_limit_mb`), mounted at `DIR/disk`; all its writes go there.
+    #[serde(default)]
+    pub disk_image: Option<PathBuf>,
+    /// A stored template's sandbox: `/home` and `/root` come from the template's layers (the
+    /// overlay) instead of private empty binds; `/tmp` stays private. False (the default, and
+    /// what specs written before it mean) for `base` and directory templates.
+    #[serde(default)]
+    pub home_from_template: bool,
+}
