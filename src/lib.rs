@@ -21,6 +21,7 @@ pub mod listen;
 pub mod local;
 pub mod logging;
 pub mod masking;
+pub mod procfs;
 pub mod sync;
 pub mod tasks;
 pub mod tenant;

@@ -10,6 +10,7 @@
 use serde_json::{Map, Value};
 
 use super::protocol::{SupervisorStatus, TaskState};
+use crate::procfs::ProcStat;
 
 /// Largest status.json read directly (a 64 Ki-character command escapes to
 /// at most about 800 KiB of JSON); larger ones are left to the supervisor.
@@ -120,25 +121,14 @@ fn truthy(value: Option<&Value>) -> bool {
     }
 }
 
-/// `(state character, start time)` from the text of `/proc/PID/stat`. The
-/// command name (field 2) may hold spaces and ')': fields are counted after
-/// the last ')'.
-pub fn parse_proc_stat(raw: &[u8]) -> Option<(u8, u64)> {
-    let close = raw.iter().rposition(|b| *b == b')')?;
-    let rest = std::str::from_utf8(raw.get(close + 1..)?).ok()?;
-    let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
-    // fields[0] is field 3 (state); field N is fields[N - 3]; starttime is field 22.
-    let state = *fields.first()?.as_bytes().first()?;
-    let start = fields.get(19)?.parse().ok()?;
-    Some((state, start))
-}
-
 /// The supervisor's `process_alive`: the process exists, is not a zombie and
 /// has the recorded start time (so it is the same process, not a reused pid).
 pub fn supervisor_alive(proc_stat: Option<&[u8]>, start_time: u64) -> bool {
-    match proc_stat.and_then(parse_proc_stat) {
-        Some((state, start)) => start == start_time && !matches!(state, b'Z' | b'X' | b'x'),
-        None => false,
+    match proc_stat.and_then(ProcStat::parse) {
+        Some(ProcStat { state, start_time: Some(start) }) => {
+            start == start_time && !matches!(state, b'Z' | b'X' | b'x')
+        }
+        _ => false,
     }
 }
 
@@ -151,14 +141,13 @@ mod tests {
     #[test]
     fn proc_stat_fields_are_counted_after_the_last_paren() {
         let stat = b"4242 (py) thon) x) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10 0";
-        assert_eq!(parse_proc_stat(stat), Some((b'S', 987_654)));
         assert!(supervisor_alive(Some(stat), 987_654));
         assert!(!supervisor_alive(Some(stat), 987_655), "another process reusing the pid");
         let zombie = b"4242 (python3) Z 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 0 0 0";
         assert!(!supervisor_alive(Some(zombie), 987_654));
         assert!(!supervisor_alive(None, 987_654));
-        assert_eq!(parse_proc_stat(b"garbage"), None);
-        assert_eq!(parse_proc_stat(b"1 (x) S 1 2"), None);
+        assert!(!supervisor_alive(Some(b"garbage"), 987_654));
+        assert!(!supervisor_alive(Some(b"1 (x) S 1 2"), 987_654), "a line without a start time");
     }
 
     #[test]

@@ -245,10 +245,7 @@ pub fn spawn_until<T: Send + 'static>(
 
 /// VmRSS of a process in KiB (0 when it is gone).
 pub fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:")?.split_whitespace().next()?.parse().ok()))
-        .unwrap_or(0)
+    i32::try_from(pid).ok().and_then(sandbox_mcp::procfs::rss_kib).unwrap_or(0)
 }
 
 /// Polls `condition` (blocking) every 20 ms until it holds or `timeout` passes; returns its last value.

@@ -4,8 +4,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use sandbox_mcp::local::control::agent_process::rss_kib;
 use sandbox_mcp::local::envd::{self, EnvdOptions};
+use sandbox_mcp::procfs::rss_kib;
 use serde_json::json;
 
 use super::support::*;

@@ -211,12 +211,6 @@ pub fn host_mounts_under(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Resident set size of `pid` in KiB.
-pub fn rss_kib(pid: i32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse().ok())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -39,14 +39,11 @@ pub fn process_liveness(pid: i32, start_time: u64) -> Liveness {
 /// Parses `/proc/<pid>/stat`: `Some(None)` for a zombie/dead process, `Some(Some(start))` for a
 /// live one, `None` if the text is not a stat line.
 fn parse_start_time(stat: &str) -> Option<Option<u64>> {
-    // The command name may contain spaces and parentheses: parse after the last ')'.
-    let after = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    // fields[0] is field 3 (state); start time is field 22 → index 19.
-    if matches!(fields.first().copied(), Some("Z") | Some("X")) {
+    let stat = crate::procfs::ProcStat::parse(stat.as_bytes())?;
+    if matches!(stat.state, b'Z' | b'X') {
         return Some(None);
     }
-    Some(Some(fields.get(19)?.parse().ok()?))
+    Some(Some(stat.start_time?))
 }
 
 /// True if `pid` is alive and still the process that had `start_time`.
