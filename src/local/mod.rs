@@ -280,9 +280,8 @@ pub async fn start_provider(
     let probe_dir = cfg.state_dir.join(format!(".probe-{}", std::process::id()));
     tokio::task::spawn_blocking(move || agent_spawn::probe_isolation(&probe_dir))
         .await
-        .context("isolation probe")?
-        .map_err(anyhow::Error::msg)?;
-    tokio::task::spawn_blocking(net::netns::probe).await.context("network probe")?.map_err(anyhow::Error::msg)?;
+        .context("isolation probe")??;
+    tokio::task::spawn_blocking(net::netns::probe).await.context("network probe")??;
     let provider = Arc::new(
         tokio::task::spawn_blocking(move || sandbox_table::SandboxTable::new(cfg))
             .await

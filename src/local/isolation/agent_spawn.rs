@@ -208,35 +208,62 @@ pub fn spawn_agent(
     Ok(SpawnedAgent { pid, ready: ready_r })
 }
 
+/// What the hint of every isolation-probe failure says to do.
+const PROBE_HINT: &str = "run it as root or with CAP_SYS_ADMIN (in a container: --cap-add SYS_ADMIN and an unconfined \
+                          seccomp/AppArmor profile)";
+
+/// Why the isolation probe failed: each a sentence for the operator.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("cannot create {path}: {err}", path = .path.display())]
+    Scratch { path: std::path::PathBuf, err: std::io::Error },
+    #[error("state directory path contains a NUL byte")]
+    NulInStateDir,
+    #[error("bad path")]
+    BadPath,
+    #[error("nul")]
+    Nul,
+    #[error("{0}")]
+    Pipe(AgentSpawnError),
+    #[error(
+        "sandbox-mcp provider needs permission to create PID/mount/UTS/IPC namespaces, but \
+         clone(CLONE_NEWPID|CLONE_NEWNS|CLONE_NEWUTS|CLONE_NEWIPC) failed with {0}; {PROBE_HINT}."
+    )]
+    Namespaces(nix::Error),
+    #[error("sandbox-mcp provider cannot make mounts private in a new mount namespace ({0}); {PROBE_HINT}.")]
+    PrivateMounts(nix::Error),
+    #[error(
+        "sandbox-mcp provider cannot mount an overlay filesystem ({err}): the kernel needs overlayfs, \
+         the state directory {state_dir} must be on a filesystem that can be an overlay upper layer (not \
+         overlayfs itself), and the provider needs CAP_SYS_ADMIN; {PROBE_HINT}."
+    )]
+    Overlay { err: nix::Error, state_dir: String },
+    #[error("sandbox-mcp provider's isolation probe failed unexpectedly: {0}")]
+    Unexpected(String),
+}
+
 /// Checks, in a throw-away child, that this process may create the namespaces and the overlay
 /// mount sandboxes need. `scratch` is an empty directory on the state filesystem. Returns one
 /// clear sentence on failure.
-pub fn probe_isolation(scratch: &Path) -> Result<(), String> {
-    let hint = "run it as root or with CAP_SYS_ADMIN (in a container: --cap-add SYS_ADMIN and an unconfined \
-                seccomp/AppArmor profile)";
-    let mk = |name: &str| -> Result<CString, String> {
+pub fn probe_isolation(scratch: &Path) -> Result<(), ProbeError> {
+    let mk = |name: &str| -> Result<CString, ProbeError> {
         let path = scratch.join(name);
-        std::fs::create_dir_all(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-        CString::new(path.as_os_str().as_bytes()).map_err(|_| "state directory path contains a NUL byte".to_owned())
+        std::fs::create_dir_all(&path).map_err(|err| ProbeError::Scratch { path: path.clone(), err })?;
+        CString::new(path.as_os_str().as_bytes()).map_err(|_| ProbeError::NulInStateDir)
     };
     let (upper, work, merged) = (mk("upper")?, mk("work")?, mk("merged")?);
     let opts =
         CString::new(format!("lowerdir=/,upperdir={},workdir={}", upper.to_string_lossy(), work.to_string_lossy()))
-            .map_err(|_| "bad path".to_owned())?;
-    let overlay = CString::new("overlay").map_err(|_| "nul")?;
-    let root = CString::new("/").map_err(|_| "nul")?;
-    let (report_r, report_w) = pipe_cloexec().map_err(|e| e.to_string())?;
+            .map_err(|_| ProbeError::BadPath)?;
+    let overlay = CString::new("overlay").map_err(|_| ProbeError::Nul)?;
+    let root = CString::new("/").map_err(|_| ProbeError::Nul)?;
+    let (report_r, report_w) = pipe_cloexec().map_err(ProbeError::Pipe)?;
     let report_fd = report_w.as_raw_fd();
 
     let flags = sandbox_clone_flags();
     let pid = match raw_clone(flags) {
         Ok(pid) => pid,
-        Err(err) => {
-            return Err(format!(
-                "sandbox-mcp provider needs permission to create PID/mount/UTS/IPC namespaces, but \
-                 clone(CLONE_NEWPID|CLONE_NEWNS|CLONE_NEWUTS|CLONE_NEWIPC) failed with {err}; {hint}."
-            ));
-        }
+        Err(err) => return Err(ProbeError::Namespaces(err)),
     };
     if pid == 0 {
         // SAFETY: async-signal-safe system calls on buffers prepared before the clone.
@@ -273,17 +300,13 @@ pub fn probe_isolation(scratch: &Path) -> Result<(), String> {
         (_, [step, errno]) => {
             let err = nix::Error::from_raw(i32::from(*errno));
             Err(match step {
-                1 => {
-                    format!("sandbox-mcp provider cannot make mounts private in a new mount namespace ({err}); {hint}.")
-                }
-                _ => format!(
-                    "sandbox-mcp provider cannot mount an overlay filesystem ({err}): the kernel needs overlayfs, \
-                     the state directory {} must be on a filesystem that can be an overlay upper layer (not \
-                     overlayfs itself), and the provider needs CAP_SYS_ADMIN; {hint}.",
-                    scratch.parent().map(|p| p.display().to_string()).unwrap_or_default()
-                ),
+                1 => ProbeError::PrivateMounts(err),
+                _ => ProbeError::Overlay {
+                    err,
+                    state_dir: scratch.parent().map(|p| p.display().to_string()).unwrap_or_default(),
+                },
             })
         }
-        (status, _) => Err(format!("sandbox-mcp provider's isolation probe failed unexpectedly: {status:?}")),
+        (status, _) => Err(ProbeError::Unexpected(format!("{status:?}"))),
     }
 }

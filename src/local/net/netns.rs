@@ -191,15 +191,20 @@ fn open_tun(create: bool) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// Network namespaces cannot be prepared on this host (the probe at provider start).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "sandbox-mcp provider cannot give sandboxes their own network: {0}. It needs CAP_NET_ADMIN, \
+     /dev/net/tun and a kernel with nf_tables (nat, reject); in a container also --device \
+     /dev/net/tun --cap-add NET_ADMIN"
+)]
+pub struct ProbeError(io::Error);
+
 /// Checks once, at provider start, that network namespaces can be prepared here (TUN, netlink,
 /// nf_tables); the error names what is missing.
-pub fn probe() -> Result<(), String> {
+pub fn probe() -> Result<(), ProbeError> {
     match prepare(&HostAddrs::new(&[])) {
         Ok(_) => Ok(()),
-        Err(err) => Err(format!(
-            "sandbox-mcp provider cannot give sandboxes their own network: {err}. It needs CAP_NET_ADMIN, \
-             /dev/net/tun and a kernel with nf_tables (nat, reject); in a container also --device \
-             /dev/net/tun --cap-add NET_ADMIN"
-        )),
+        Err(err) => Err(ProbeError(err)),
     }
 }
