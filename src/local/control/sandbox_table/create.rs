@@ -251,9 +251,23 @@ impl SandboxTable {
     }
 }
 
+/// Why a new agent did not report ready.
+#[derive(Debug, thiserror::Error)]
+enum ReadyError {
+    #[error("{0}")]
+    Pipe(std::io::Error),
+    #[error("the sandbox agent did not become ready within {secs} s")]
+    Timeout { secs: u64 },
+    #[error("the sandbox agent exited during set-up")]
+    ExitedDuringSetUp,
+    /// What the agent wrote on its readiness pipe instead of `ok`: its set-up error.
+    #[error("{0}")]
+    SetUp(String),
+}
+
 /// Waits for the agent's `ok` on its readiness pipe; any other text is its set-up error.
-async fn wait_ready(ready: OwnedFd) -> Result<(), String> {
-    let mut pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(ready).map_err(|e| e.to_string())?;
+async fn wait_ready(ready: OwnedFd) -> Result<(), ReadyError> {
+    let mut pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(ready).map_err(ReadyError::Pipe)?;
     let mut buf = Vec::new();
     let read = tokio::time::timeout(READY_TIMEOUT, async {
         let mut chunk = [0u8; 512];
@@ -273,9 +287,9 @@ async fn wait_ready(ready: OwnedFd) -> Result<(), String> {
     .await;
     let text = String::from_utf8_lossy(&buf).trim().to_owned();
     match (read, text.as_str()) {
-        (Err(_), _) => Err(format!("the sandbox agent did not become ready within {} s", READY_TIMEOUT.as_secs())),
+        (Err(_), _) => Err(ReadyError::Timeout { secs: READY_TIMEOUT.as_secs() }),
         (Ok(()), "ok") => Ok(()),
-        (Ok(()), "") => Err("the sandbox agent exited during set-up".to_owned()),
-        (Ok(()), msg) => Err(msg.to_owned()),
+        (Ok(()), "") => Err(ReadyError::ExitedDuringSetUp),
+        (Ok(()), msg) => Err(ReadyError::SetUp(msg.to_owned())),
     }
 }
