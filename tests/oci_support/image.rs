@@ -22,6 +22,10 @@ pub fn debian_python_rootfs() -> Option<PathBuf> {
 }
 
 fn debian_rootfs_with(name: &str, extra: &[&str]) -> Option<PathBuf> {
+    // Tests of one binary run on several threads of one process: one builds, the others wait and
+    // then find the tar (they would otherwise write the same `.tar.<pid>` at once).
+    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = BUILDING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let cache = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/oci-test-cache");
     let tar = cache.join(format!("{name}.tar"));
     if tar.is_file() {
