@@ -21,7 +21,7 @@
 //!    added p50). `BENCH_ONLY=redis` runs only this part.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::process::Command;

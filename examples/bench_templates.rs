@@ -19,11 +19,11 @@
 //! their paths in `BENCH_DEBIAN_ROOTFS` and `BENCH_DEBIAN_PYTHON_ROOTFS`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
-#[path = "../tests/oci_support/image.rs"]
+#[path = "../tests/it/oci.rs"]
 mod oci;
-#[path = "../tests/oci_support/registry.rs"]
+#[path = "../tests/it/registry.rs"]
 mod registry;
 
 use std::path::{Path, PathBuf};

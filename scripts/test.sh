@@ -57,7 +57,7 @@ if [ ! -x "$venv/bin/python" ] || ! cmp -s scripts/requirements-test.txt "$venv/
   "$venv/bin/pip" install --quiet --disable-pip-version-check -r scripts/requirements-test.txt
   cp scripts/requirements-test.txt "$venv/.requirements"
 fi
-# The official MCP Python SDK v2 beside v1 (tests/gateway_python_v2_interop.rs), in its own venv.
+# The official MCP Python SDK v2 beside v1 (tests/it/gateway_python_v2_interop.rs), in its own venv.
 venv2="$root/.venv-mcp2"
 if [ ! -x "$venv2/bin/python" ] || ! cmp -s tests/interop/requirements-mcp2.txt "$venv2/.requirements"; then
   rm -rf "$venv2"
@@ -83,15 +83,15 @@ npm_pinned() {
     echo "$*" > "$dir/.version"
   fi
 }
-# The official TypeScript MCP client and its Tasks extension package (tests/gateway_ts_interop.rs,
+# The official TypeScript MCP client and its Tasks extension package (tests/it/gateway_ts_interop.rs,
 # the README's TypeScript snippet), pinned.
 npm_pinned "$venv/ts-client" @modelcontextprotocol/client@2.4.0 @modelcontextprotocol/ext-tasks@0.2.2
 export SANDBOX_MCP_TS_CLIENT_DIR="$venv/ts-client"
-# The MCP Inspector CLI (the README's Inspector snippet, tests/readme_clients.rs), pinned; its npx runs offline
+# The MCP Inspector CLI (the README's Inspector snippet, tests/it/readme_clients.rs), pinned; its npx runs offline
 # from this install.
 npm_pinned "$venv/inspector" @modelcontextprotocol/inspector@2.12.0
 export SANDBOX_MCP_INSPECTOR_DIR="$venv/inspector"
-# The official E2B JavaScript SDK (its Template build API: tests/template_builds.rs), pinned to the
+# The official E2B JavaScript SDK (its Template build API: tests/it/template_builds.rs), pinned to the
 # release whose Template API matches the Python SDK's (e2b 2.63.0 in scripts/requirements-test.txt).
 npm_pinned "$venv/e2b-js" e2b@2.51.0
 export SANDBOX_MCP_E2B_JS_DIR="$venv/e2b-js"
@@ -104,7 +104,7 @@ if ! cmp -s tests/oauth/package-lock.json tests/oauth/node_modules/.installed-lo
   cp tests/oauth/package-lock.json tests/oauth/node_modules/.installed-lock
 fi
 
-step "redis-server (legacy MCP sessions in Redis: tests/gateway_redis_sessions.rs)"
+step "redis-server (legacy MCP sessions in Redis: tests/it/gateway_redis_sessions.rs)"
 if ! command -v redis-server >/dev/null; then
   apt-get update -qq
   apt-get install -y -qq redis-server >/dev/null
@@ -122,7 +122,7 @@ if ! command -v podman >/dev/null || ! command -v runc >/dev/null || ! command -
   apt-get update -qq
   apt-get install -y -qq podman runc slirp4netns mmdebstrap uidmap >/dev/null
 fi
-# OCI templates (tests/oci_templates.rs, tests/oci_registry.rs): a loopback registry with htpasswd
+# OCI templates (tests/it/oci_templates.rs, tests/it/oci_registry.rs): a loopback registry with htpasswd
 # auth, and zstd for the test's zstd layers.
 if ! command -v docker-registry >/dev/null || ! command -v htpasswd >/dev/null || ! command -v zstd >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
@@ -130,7 +130,7 @@ if ! command -v docker-registry >/dev/null || ! command -v htpasswd >/dev/null |
   apt-get install -y -qq docker-registry apache2-utils zstd >/dev/null
 fi
 
-# The per-sandbox disk limit formats ext4 images (tests/sandbox_privileges.rs).
+# The per-sandbox disk limit formats ext4 images (tests/it/sandbox_privileges.rs).
 if ! command -v mkfs.ext4 >/dev/null && ! [ -x /usr/sbin/mkfs.ext4 ] && ! [ -x /sbin/mkfs.ext4 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
@@ -143,13 +143,9 @@ cargo build --all-targets --locked
 export SANDBOX_MCP_BIN="$root/target/debug/sandbox-mcp"
 
 step "rust integration tests (against the real local provider and gateway)"
-# Every test target but the fast tier's (the library's unit tests, crate_rules, test_kit).
-integration_tests=()
-for file in tests/*.rs; do
-  name=$(basename "$file" .rs)
-  case "$name" in crate_rules | test_kit) ;; *) integration_tests+=(--test "$name") ;; esac
-done
-cargo test --bins --examples "${integration_tests[@]}" --locked -- --test-threads=2
+# One test binary, tests/it/ (crate_rules and test_kit ran in the fast tier), plus the unit tests
+# of the binaries and examples.
+cargo test --bins --examples --test it --locked -- --test-threads=2
 
 tier "interop and images"
 step "MCP conformance suite against serve"

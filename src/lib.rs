@@ -29,6 +29,6 @@ pub mod tenant;
 /// The integration tests' skip gate for unit tests too (`SANDBOX_MCP_NO_SKIP=1` turns a skip
 /// into a failure).
 #[cfg(test)]
-#[path = "../tests/common/gate.rs"]
+#[path = "../tests/it/common/gate.rs"]
 #[allow(dead_code)]
 pub(crate) mod skip_gate;

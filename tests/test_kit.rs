@@ -1,8 +1,9 @@
-//! The test kit's own tests (`tests/common`): the process guard stops a whole process group, the
+//! The test kit's own tests (`tests/it/common`): the process guard stops a whole process group, the
 //! listening lines of the provider and the gateway parse, `SANDBOX_MCP_NO_SKIP=1` turns a skip
 //! into a failure, and the benches' percentiles. No root needed.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
+#[path = "it/common/mod.rs"]
 mod common;
 
 use std::io::{BufRead, BufReader};

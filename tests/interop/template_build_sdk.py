@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The official E2B Python SDK's Template API (e2b==2.63.0) against the local provider.
 
-Usage: template_build_sdk.py SCENARIO   (run by tests/template_builds.rs)
+Usage: template_build_sdk.py SCENARIO   (run by tests/it/template_builds.rs)
 
 Environment: PROVIDER_URL (the provider's origin: control plane and envd), E2B_API_KEY,
 REGISTRY (a private loopback registry, host:port) with REGISTRY_USER / REGISTRY_PASSWORD,

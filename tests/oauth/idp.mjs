@@ -1,4 +1,4 @@
-// Test authorization server for tests/gateway_oauth.rs: the certified
+// Test authorization server for tests/it/gateway_oauth.rs: the certified
 // `oidc-provider` (pinned in package.json) on 127.0.0.1, with resource
 // indicators (RFC 8707), JWT access tokens for the gateway's resource, opaque
 // tokens for a second resource (introspection), open dynamic client

@@ -1,5 +1,5 @@
 """The official Python MCP SDK's OAuth client, run headless against a gateway
-protected by [auth.oauth] (driven by tests/gateway_oauth.rs).
+protected by [auth.oauth] (driven by tests/it/gateway_oauth.rs).
 
 Usage: mcp_oauth_client.py MCP_URL LOGIN
 

@@ -1,0 +1,161 @@
+//! Graceful shutdown of `sandbox-mcp serve` against a separate `sandbox-mcp
+//! provider` (the E2B code path): on SIGTERM readiness fails first, the
+//! in-flight call completes with its output, the process exits 0 within the
+//! grace period, the session's owned sandbox is killed and the sandbox it
+//! retained (a task runs there) survives. A restarted gateway then logs the
+//! surviving sandbox of its deployment at start-up.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
+
+use crate::common;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::json;
+
+const GRACE_SECS: u64 = 15;
+
+async fn status_of(url: String) -> u16 {
+    match reqwest::Client::new().get(url).timeout(Duration::from_secs(2)).send().await {
+        Ok(r) => r.status().as_u16(),
+        Err(_) => 0,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_calls_kills_owned_keeps_retained() {
+    require_root!();
+    let provider = Provider::start();
+    let provider_client = provider.client();
+    let extra = format!("deployment = \"shutdown-test\"\n[server]\nshutdown_grace_secs = {GRACE_SECS}\n");
+    let mut gateway = Gateway::start_e2b(&provider, &extra, &[]);
+    assert_eq!(status_of(format!("{}/readyz", gateway.base())).await, 200);
+
+    let client = connect(&gateway.mcp_url(), None).await;
+    let s1 = ok(&client, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_string();
+    let s2 = ok(&client, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_string();
+    let task = ok(&client, "start_task", json!({"command": "sleep 120", "sandbox_id": s2})).await;
+    assert!(task["task_id"].is_string(), "{task}");
+
+    let slow = {
+        let client = client.clone();
+        let s1 = s1.clone();
+        tokio::spawn(async move {
+            call(&client, "run_command", json!({"command": "sleep 3; echo done", "sandbox_id": s1})).await
+        })
+    };
+    // In flight: its command runs in the sandbox (a host process, as sandboxes share the host's kernel).
+    let running =
+        eventually(Duration::from_secs(10), || async { !host_processes_with("sleep 3; echo done").is_empty() });
+    assert!(running.await, "the slow call's command never started; log:\n{}", gateway.log_text());
+    assert!(!slow.is_finished(), "the slow call ended before SIGTERM");
+
+    gateway.signal_term();
+    let term_sent = Instant::now();
+    // Readiness must fail while the call is still in flight (and while the listener still answers).
+    let mut ready = 200;
+    while term_sent.elapsed() < Duration::from_secs(2) {
+        ready = status_of(format!("{}/readyz", gateway.base())).await;
+        if ready != 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(ready, 503, "readyz must answer 503 right after SIGTERM; log:\n{}", gateway.log_text());
+    assert!(!slow.is_finished(), "readiness must flip before the in-flight call completes");
+    assert_eq!(status_of(format!("{}/healthz", gateway.base())).await, 200, "liveness stays up during the drain");
+
+    let finished = tokio::time::timeout(Duration::from_secs(GRACE_SECS), slow).await.expect("slow call").unwrap();
+    assert_ne!(finished.is_error, Some(true), "{}", text(&finished));
+    assert_eq!(finished.structured_content.unwrap()["stdout"], json!("done\n"));
+
+    let mut child = gateway.take_process().expect("serve process");
+    let deadline = term_sent + Duration::from_secs(GRACE_SECS + 5);
+    let status = loop {
+        if let Some(status) = child.try_status() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            child.kill9();
+            panic!("serve did not exit within the grace period; log:\n{}", gateway.log_text());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "serve exited with {status}; log:\n{}", gateway.log_text());
+    let log = gateway.log_text();
+    assert!(log.contains("killed its owned sandboxes") && log.contains("\"shutdown\""), "{log}");
+    drop(client);
+
+    assert!(!sandbox_exists(&provider_client, &s1).await, "owned sandbox {s1} survived the shutdown");
+    assert!(sandbox_exists(&provider_client, &s2).await, "retained sandbox {s2} was killed by the shutdown");
+
+    // A new gateway of the same deployment counts the survivor at start-up.
+    let restarted = Gateway::start_e2b(&provider, &extra, &[]);
+    assert!(
+        restarted.wait_log("\"alive\":1", Duration::from_secs(15)).await,
+        "start-up log lacks the sandbox count; log:\n{}",
+        restarted.log_text()
+    );
+    assert!(restarted.log_text().contains("\"deployment\":\"shutdown-test\""), "{}", restarted.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_overlong_call_still_exits_within_grace() {
+    require_root!();
+    const SHORT_GRACE_SECS: u64 = 4;
+    let provider = Provider::start();
+    let provider_client = provider.client();
+    let extra = format!("[server]\nshutdown_grace_secs = {SHORT_GRACE_SECS}\n");
+    let mut gateway = Gateway::start_e2b(&provider, &extra, &[]);
+    let client = connect(&gateway.mcp_url(), None).await;
+    let s1 = ok(&client, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_string();
+
+    // A call far longer than the grace period: shutdown must not wait for it.
+    let overlong = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let Some(serde_json::Value::Object(args)) = Some(json!({"command": "sleep 60; echo late", "timeout": 120}))
+            else {
+                unreachable!()
+            };
+            let request = rmcp::model::CallToolRequestParams::new("run_command").with_arguments(args);
+            tokio::time::timeout(Duration::from_secs(60), client.call_tool(request)).await
+        })
+    };
+    let running =
+        eventually(Duration::from_secs(10), || async { !host_processes_with("sleep 60; echo late").is_empty() });
+    assert!(running.await, "the overlong call's command never started; log:\n{}", gateway.log_text());
+    gateway.signal_term();
+    let term_sent = Instant::now();
+
+    let mut child = gateway.take_process().expect("serve process");
+    let status = loop {
+        if let Some(status) = child.try_status() {
+            break status;
+        }
+        if term_sent.elapsed() > Duration::from_secs(30) {
+            child.kill9();
+            panic!("serve did not exit; log:\n{}", gateway.log_text());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let took = term_sent.elapsed();
+    assert!(status.success(), "serve exited with {status}; log:\n{}", gateway.log_text());
+    // The grace bounds the whole shutdown (drain + cleanup), plus at most ~1 s to close connections.
+    assert!(
+        took < Duration::from_secs(SHORT_GRACE_SECS) + Duration::from_millis(1500),
+        "shutdown took {took:?} with a {SHORT_GRACE_SECS} s grace; log:\n{}",
+        gateway.log_text()
+    );
+    let log = gateway.log_text();
+    assert!(log.contains("grace period over"), "{log}");
+    // The call did not complete normally, and the owned sandbox was still cleaned up.
+    eprintln!("shutdown with an overlong call took {took:?} (grace {SHORT_GRACE_SECS} s)");
+    if !overlong.is_finished() {
+        // The client may wait for a response that will never come.
+        overlong.abort();
+    } else if let Ok(Ok(Ok(result))) = overlong.await {
+        assert!(!text(&result).contains("late"), "the overlong call cannot have finished: {}", text(&result));
+    }
+    assert!(!sandbox_exists(&provider_client, &s1).await, "owned sandbox {s1} survived the shutdown; log:\n{log}");
+    drop(client);
+}

@@ -1,0 +1,179 @@
+//! How tasks end and what is refused: timeout, cancel of a TERM-ignoring
+//! task (KILL), cleanup of the task's process group (and the documented
+//! escape of a child that called setsid), a killed supervisor (unknown; its
+//! liveness probe through the files API), a
+//! killed sandbox (clear error), and the argument rejections, including
+//! the 129th task.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
+
+use crate::{common, tasks_support};
+use std::time::{Duration, Instant};
+
+use common::{eventually, require_root};
+use serde_json::{Value, json};
+use tasks_support::{Env, Mcp};
+
+async fn run(mcp: &Mcp, sandbox_id: &str, command: &str) -> Value {
+    mcp.call("run_command", json!({"sandbox_id": sandbox_id, "command": command})).await.ok()
+}
+
+async fn pid_alive(mcp: &Mcp, sandbox_id: &str, pid: u64) -> bool {
+    let v = run(mcp, sandbox_id, &format!("test -d /proc/{pid} && ! grep -q '^State:.*Z' /proc/{pid}/status")).await;
+    v["exit_code"] == 0
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn timeout_cancel_group_cleanup_and_lost_supervisor() {
+    require_root!();
+    let (_env, serve, mcp) = Env::local("").await;
+    let sandbox_id = mcp.create_sandbox().await;
+
+    // Timeout: TERM at 1 s.
+    let v = mcp.start_task(&sandbox_id, "sleep 600", json!({"timeout": 1})).await;
+    let timed = mcp.wait_done(&sandbox_id, v["task_id"].as_str().unwrap(), Duration::from_secs(30)).await;
+    assert_eq!(timed["state"], "timed_out", "{timed}");
+    assert!(timed["exit_code"].is_i64());
+
+    // A task that ignores TERM, with a child in its group and a child that escaped with setsid.
+    let command = "trap '' TERM; sleep 900 & echo child=$!; setsid sleep 901 & echo escaped=$!; \
+                   while true; do sleep 0.2; done";
+    let v = mcp.start_task(&sandbox_id, command, json!({})).await;
+    let task_id = v["task_id"].as_str().unwrap().to_string();
+    let mut out = String::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !out.contains("escaped=") {
+        assert!(Instant::now() < deadline, "no output: {out}");
+        out = mcp.get_task(&sandbox_id, &task_id, json!({"wait_seconds": 2})).await["stdout"]
+            .as_str()
+            .unwrap()
+            .to_string();
+    }
+    let pid_of = |key: &str| -> u64 { out.lines().find_map(|l| l.strip_prefix(key)).unwrap().trim().parse().unwrap() };
+    let (child, escaped) = (pid_of("child="), pid_of("escaped="));
+    assert!(pid_alive(&mcp, &sandbox_id, child).await);
+    let t0 = Instant::now();
+    let c = mcp.call("cancel_task", json!({"sandbox_id": sandbox_id, "task_id": task_id})).await.ok();
+    assert_eq!(c["state"], "cancelled", "TERM ignored, KILL after the grace period: {c}");
+    assert_eq!(c["cancel_confirmed"], true);
+    assert_eq!(c["exit_code"], 137, "{c}");
+    assert!(t0.elapsed() < Duration::from_secs(8));
+    assert!(!pid_alive(&mcp, &sandbox_id, child).await, "a child in the task's group survived the cancel");
+    assert!(pid_alive(&mcp, &sandbox_id, escaped).await, "the setsid child escapes (documented)");
+    run(&mcp, &sandbox_id, &format!("kill -9 {escaped}")).await;
+    // Cancel of a finished task: saved outcome, nothing signalled.
+    let again = mcp.call("cancel_task", json!({"sandbox_id": sandbox_id, "task_id": task_id})).await.ok();
+    assert_eq!((&again["state"], &again["finished_at"]), (&c["state"], &c["finished_at"]));
+
+    // Killing the supervisor: the task reads as unknown; cancel does not claim success.
+    let v = mcp.start_task(&sandbox_id, "sleep 902", json!({})).await;
+    let task_id = v["task_id"].as_str().unwrap().to_string();
+    let status = format!("/home/user/.sandbox-mcp/tasks/{task_id}/status.json");
+    let pid = run(
+        &mcp,
+        &sandbox_id,
+        &format!(
+            "for i in $(seq 50); do test -s {status} && break; sleep 0.1; done; \
+         python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[\"supervisor_pid\"])' {status}"
+        ),
+    )
+    .await;
+    let supervisor_pid: u64 = pid["stdout"].as_str().unwrap().trim().parse().unwrap();
+    // get_task's liveness probe without a process: envd's files API reads the daemon's
+    // status.json through its cwd while it lives, and not after.
+    let probe = format!("/proc/{supervisor_pid}/cwd/status.json");
+    let read = mcp.call("read_file", json!({"sandbox_id": sandbox_id, "path": probe})).await.ok();
+    let record: Value = serde_json::from_str(read["content"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        (record["task_id"].as_str(), record["supervisor_pid"].as_u64()),
+        (Some(&*task_id), Some(supervisor_pid))
+    );
+    run(&mcp, &sandbox_id, &format!("kill -9 {supervisor_pid}")).await;
+    // The probe path goes with the process (at once, or as soon as it is reaped).
+    let read_probe = || mcp.call("read_file", json!({"sandbox_id": sandbox_id, "path": probe}));
+    let gone = eventually(Duration::from_secs(10), || async { read_probe().await.is_error }).await;
+    assert!(gone, "{probe} still reads after the supervisor was killed");
+    assert!(!read_probe().await.err().is_empty());
+    let lost = mcp.get_task(&sandbox_id, &task_id, json!({})).await;
+    assert_eq!(lost["state"], "unknown", "{lost}");
+    assert!(lost["error"].as_str().unwrap().contains("supervisor"));
+    let c = mcp.call("cancel_task", json!({"sandbox_id": sandbox_id, "task_id": task_id})).await.ok();
+    assert_eq!(c["cancel_confirmed"], false, "{c}");
+    assert_ne!(c["state"], "cancelled");
+
+    // Killing the sandbox: a clear error, also for a session that had it cached.
+    let other = Mcp::connect(&serve.mcp_url()).await;
+    other.call("kill_sandbox", json!({"sandbox_id": sandbox_id})).await.ok();
+    let err = mcp.call("get_task", json!({"sandbox_id": sandbox_id, "task_id": task_id})).await.err();
+    assert!(err.contains(&format!("sandbox {sandbox_id} not found or no longer running; its tasks are gone")), "{err}");
+    let err = other.call("list_tasks", json!({"sandbox_id": sandbox_id})).await.err();
+    assert!(err.contains("its tasks are gone"), "{err}");
+    other.close().await;
+    mcp.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_arguments_are_refused_before_any_connection() {
+    require_root!();
+    let (_env, _serve, mcp) = Env::local("").await;
+    let tools = mcp.client.list_all_tools().await.unwrap();
+    for name in ["start_task", "get_task", "cancel_task", "list_tasks"] {
+        let tool = tools.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("{name} is not listed"));
+        assert_eq!(tool.input_schema.get("additionalProperties"), Some(&json!(false)), "{name}");
+        assert!(tool.output_schema.is_some(), "{name} has no output schema");
+    }
+    let good_id = "0123456789abcdef0123456789abcdef";
+    // No sandbox, no default.
+    let err = mcp.call("start_task", json!({"command": "true"})).await.err();
+    assert!(err.contains("create_sandbox"), "{err}");
+    // Validation precedes the sandbox lookup: a missing sandbox is not what is reported.
+    let ghost = "nosuchsandbox";
+    let cases = [
+        ("start_task", json!({"sandbox_id": ghost, "command": "a".repeat(65_537)}), "65,536"),
+        ("start_task", json!({"sandbox_id": ghost, "command": "\u{1F600}".repeat(30_000)}), "98,304"),
+        ("start_task", json!({"sandbox_id": ghost, "command": "true", "timeout": 0}), "timeout"),
+        ("start_task", json!({"sandbox_id": ghost, "command": "true", "timeout": 3601}), "timeout"),
+        ("start_task", json!({"sandbox_id": ghost, "command": "true", "envs": {"1BAD": "x"}}), "valid variable name"),
+        ("start_task", json!({"sandbox_id": ghost, "command": "true", "cwd": "rel/dir"}), "cwd"),
+        ("start_task", json!({"sandbox_id": ghost, "command": "true", "bogus": 1}), "bogus"),
+        ("get_task", json!({"sandbox_id": ghost, "task_id": "xyz"}), "32 lowercase"),
+        ("get_task", json!({"sandbox_id": ghost, "task_id": good_id.to_uppercase()}), "32 lowercase"),
+        ("get_task", json!({"sandbox_id": ghost, "task_id": good_id, "stdout_offset": 1_048_577}), "stdout_offset"),
+        ("get_task", json!({"sandbox_id": ghost, "task_id": good_id, "stderr_offset": 1_048_577}), "stderr_offset"),
+        ("get_task", json!({"sandbox_id": ghost, "task_id": good_id, "limit": 0}), "limit"),
+        ("get_task", json!({"sandbox_id": ghost, "task_id": good_id, "limit": 65_537}), "limit"),
+        ("get_task", json!({"sandbox_id": ghost, "task_id": good_id, "wait_seconds": 31}), "wait_seconds"),
+        ("get_task", json!({"sandbox_id": ghost, "task_id": good_id, "stdout_offset": -1}), "stdout_offset"),
+        ("get_task", json!({"task_id": good_id}), "sandbox_id"),
+        ("get_task", json!({"sandbox_id": ghost, "task_id": good_id, "extra": true}), "extra"),
+        ("cancel_task", json!({"sandbox_id": ghost, "task_id": "../../etc/passwd"}), "32 lowercase"),
+        ("cancel_task", json!({"sandbox_id": ghost, "task_id": good_id, "wait_seconds": 1}), "wait_seconds"),
+        ("list_tasks", json!({"sandbox_id": ghost, "all": true}), "all"),
+    ];
+    for (tool, args, needle) in cases {
+        let err = mcp.call(tool, args.clone()).await.err();
+        assert!(err.contains(needle), "{tool} {args}: {err}");
+        assert!(!err.contains("not found"), "{tool} {args}: validated after a lookup: {err}");
+    }
+    // A well-formed request for a sandbox that does not exist.
+    let err = mcp.call("get_task", json!({"sandbox_id": ghost, "task_id": good_id})).await.err();
+    assert!(err.contains("its tasks are gone"), "{err}");
+    // An unknown task in a real sandbox.
+    let sandbox_id = mcp.create_sandbox().await;
+    let err = mcp.call("get_task", json!({"sandbox_id": sandbox_id, "task_id": good_id})).await.err();
+    assert!(err.contains("list_tasks"), "{err}");
+    // Exactly 65,536 characters is accepted.
+    let v = mcp.start_task(&sandbox_id, &format!("true #{}", "a".repeat(65_530)), json!({})).await;
+    assert_ne!(v["state"], "unknown");
+
+    // 128 task directories, then the next start is refused.
+    let starts = (1..128).map(|_| mcp.call("start_task", json!({"sandbox_id": sandbox_id, "command": "true"})));
+    for reply in futures_util::future::join_all(starts).await {
+        reply.ok();
+    }
+    let listed = mcp.call("list_tasks", json!({})).await.ok();
+    assert_eq!(listed["tasks"].as_array().unwrap().len(), 128);
+    let err = mcp.call("start_task", json!({"sandbox_id": sandbox_id, "command": "true"})).await.err();
+    assert!(err.contains("128"), "{err}");
+    mcp.call("kill_sandbox", json!({"sandbox_id": sandbox_id})).await.ok();
+    mcp.close().await;
+}
