@@ -16,13 +16,13 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use super::negotiation::{self, ByteRange, byte_range};
 
-use super::EnvdState;
 use super::fsops::{io_error, resolve_path, run_as_user};
 use super::staged::StagedUpload;
-use super::users::{UserAccount, basic_auth_user, resolve_user};
 use super::xattrs::{metadata_from_headers, write_metadata};
 use crate::connect_rpc::{Code, ConnectError};
 use crate::e2b::wire::{ErrorBody, UploadedEntry};
+use crate::local::envd::EnvdState;
+use crate::local::envd::users::{UserAccount, basic_auth_user, resolve_user};
 
 /// Metadata to store on every uploaded file.
 type Metadata = std::collections::BTreeMap<String, String>;
