@@ -320,8 +320,8 @@ impl Config {
                 ));
             }
         }
-        if let Err(msg) = self.local.id_range.parse::<crate::local::isolation::userns::IdMap>() {
-            return invalid(msg);
+        if let Err(err) = self.local.id_range.parse::<crate::local::isolation::userns::IdMap>() {
+            return invalid(err.to_string());
         }
         for (name, root) in &self.local.templates {
             if name.is_empty() || !root.is_absolute() {

@@ -97,7 +97,7 @@ impl Drop for OwnRuntime {
 /// file (see `LocalProviderConfig::from_config`), with the gateway's API key. The provider's
 /// default sandbox timeout is left alone: every create from the gateway carries one.
 pub fn embedded_provider_config(config: &Config, api_key: String) -> anyhow::Result<LocalProviderConfig> {
-    let mut provider_config = LocalProviderConfig::from_config(config).map_err(anyhow::Error::msg)?;
+    let mut provider_config = LocalProviderConfig::from_config(config)?;
     provider_config.api_key = Some(api_key);
     Ok(provider_config)
 }

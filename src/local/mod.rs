@@ -185,15 +185,16 @@ impl ProviderArgs {
             anyhow::ensure!(secs > 0, "--max-timeout must be at least 1 second");
             config.sandbox.max_timeout_secs = secs;
         }
-        let mut cfg = LocalProviderConfig::from_config(&config).map_err(anyhow::Error::msg)?;
+        let mut cfg = LocalProviderConfig::from_config(&config)?;
         cfg.api_key = self.api_key.clone().filter(|k| !k.is_empty());
         cfg.default_timeout_secs = self.default_timeout;
         Ok(cfg)
     }
 }
 
+// Clap value parsers: their errors are `String`, clap's convention for them.
 fn parse_id_range(s: &str) -> Result<String, String> {
-    s.parse::<userns::IdMap>().map(|_| s.to_owned())
+    s.parse::<userns::IdMap>().map(|_| s.to_owned()).map_err(|e| e.to_string())
 }
 
 fn parse_template(s: &str) -> Result<(String, PathBuf), String> {

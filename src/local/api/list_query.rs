@@ -51,8 +51,23 @@ fn decodings(s: &str) -> Vec<String> {
     out
 }
 
+/// Why a list query was refused (the 400 answer's message).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ListQueryError {
+    #[error("metadata filter '{0}' is not key=value")]
+    Metadata(String),
+    #[error("unknown state '{0}' (use running or paused)")]
+    State(String),
+    #[error("limit '{0}' is not a number")]
+    LimitNotNumber(String),
+    #[error("limit must be between 1 and {MAX_LIMIT}")]
+    LimitOutOfRange,
+    #[error("order '{0}' must be asc or desc")]
+    Order(String),
+}
+
 /// Parses the raw query string.
-pub fn parse(query: &str) -> Result<ListFilter, String> {
+pub fn parse(query: &str) -> Result<ListFilter, ListQueryError> {
     let mut filter = ListFilter { limit: MAX_LIMIT, ..Default::default() };
     for (name, value) in url::form_urlencoded::parse(query.as_bytes()) {
         match name.as_ref() {
@@ -63,11 +78,11 @@ pub fn parse(query: &str) -> Result<ListFilter, String> {
                     continue;
                 }
                 let Some(text) = outer.iter().find(|d| d.contains('=')).cloned() else {
-                    return Err(format!("metadata filter '{value}' is not key=value"));
+                    return Err(ListQueryError::Metadata(value.into_owned()));
                 };
                 for pair in text.split('&').filter(|p| !p.is_empty()) {
                     let Some((k, v)) = pair.split_once('=') else {
-                        return Err(format!("metadata filter '{pair}' is not key=value"));
+                        return Err(ListQueryError::Metadata(pair.to_owned()));
                     };
                     filter.metadata.push((decodings(k), decodings(v)));
                 }
@@ -77,7 +92,7 @@ pub fn parse(query: &str) -> Result<ListFilter, String> {
                     let state = match s {
                         "running" => SandboxState::Running,
                         "paused" => SandboxState::Paused,
-                        other => return Err(format!("unknown state '{other}' (use running or paused)")),
+                        other => return Err(ListQueryError::State(other.to_owned())),
                     };
                     if !filter.states.contains(&state) {
                         filter.states.push(state);
@@ -85,9 +100,9 @@ pub fn parse(query: &str) -> Result<ListFilter, String> {
                 }
             }
             "limit" => {
-                let n: usize = value.parse().map_err(|_| format!("limit '{value}' is not a number"))?;
+                let n: usize = value.parse().map_err(|_| ListQueryError::LimitNotNumber(value.to_string()))?;
                 if n == 0 || n > MAX_LIMIT {
-                    return Err(format!("limit must be between 1 and {MAX_LIMIT}"));
+                    return Err(ListQueryError::LimitOutOfRange);
                 }
                 filter.limit = n;
             }
@@ -96,7 +111,7 @@ pub fn parse(query: &str) -> Result<ListFilter, String> {
                 filter.descending = match value.as_ref() {
                     "asc" | "" => false,
                     "desc" => true,
-                    other => return Err(format!("order '{other}' must be asc or desc")),
+                    other => return Err(ListQueryError::Order(other.to_owned())),
                 }
             }
             _ => {}
@@ -137,5 +152,12 @@ mod tests {
         assert!(parse("limit=0").is_err());
         assert!(parse("limit=x").is_err());
         assert!(parse("metadata=novalue").is_err());
+        let message = |q: &str| parse(q).unwrap_err().to_string();
+        assert_eq!(message("state=dead"), "unknown state 'dead' (use running or paused)");
+        assert_eq!(message("limit=0"), "limit must be between 1 and 100");
+        assert_eq!(message("limit=x"), "limit 'x' is not a number");
+        assert_eq!(message("metadata=novalue"), "metadata filter 'novalue' is not key=value");
+        assert_eq!(message("metadata=a%3D1%26b"), "metadata filter 'b' is not key=value");
+        assert_eq!(message("order=up"), "order 'up' must be asc or desc");
     }
 }

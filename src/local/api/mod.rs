@@ -396,7 +396,7 @@ async fn list_v2(State(state): State<Arc<AppState>>, req: Request) -> ApiResult<
 }
 
 fn list(state: &AppState, query: &str, v1: bool) -> ApiResult<Response> {
-    let q = list_query::parse(query).map_err(|m| ControlError::new(StatusCode::BAD_REQUEST, m))?;
+    let q = list_query::parse(query).map_err(|e| ControlError::new(StatusCode::BAD_REQUEST, e.to_string()))?;
     let states = if v1 { vec![SandboxState::Running] } else { q.states.clone() };
     let mut recs: Vec<SandboxRecord> = state
         .provider

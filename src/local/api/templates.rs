@@ -22,7 +22,7 @@ use crate::local::api::control_error::ControlError;
 use crate::local::control::sandbox_table::SandboxTable;
 use crate::local::template::TemplateRoot;
 
-/// The directories of the sandbox's default PATH, in its order (`envd::spawn::DEFAULT_PATH`).
+/// The directories of the sandbox's default PATH, in its order (`envd::process::spawn::DEFAULT_PATH`).
 const PATH_DIRS: &[&str] = &["usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "bin"];
 /// Most symlinks followed in one lookup (as the kernel's 40, but a template needs few).
 const MAX_LINKS: usize = 16;

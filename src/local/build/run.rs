@@ -350,7 +350,7 @@ async fn run_and_harvest(of: &StepOf<'_>, context: &Context, job: Job<'_>, id: &
     let mut argv = vec!["-c".to_owned(), job.script.to_owned()];
     match &job.tar {
         Some(tar) => {
-            let name = place_in_tmp(&data, tar, provider.cfg.id_map.host(0)).map_err(|e| stop(n, e))?;
+            let name = place_in_tmp(&data, tar, provider.cfg.id_map.host(0)).map_err(|e| stop(n, e.to_string()))?;
             argv.push(format!("/tmp/{name}"));
         }
         None => argv.push("sh".to_owned()),
@@ -427,9 +427,18 @@ async fn run_and_harvest(of: &StepOf<'_>, context: &Context, job: Job<'_>, id: &
     Ok(layer)
 }
 
+/// Why a step's files did not get into its sandbox's /tmp.
+#[derive(Debug, thiserror::Error)]
+enum PlaceError {
+    #[error("cannot put the step's files into its sandbox: {0}")]
+    Write(std::io::Error),
+    #[error("cannot read the uploaded files: {0}")]
+    Read(std::io::Error),
+}
+
 /// Copies `tar` into the step sandbox's private /tmp (before anything of the step runs there),
 /// never through a name the sandbox made: a fresh name, `O_EXCL | O_NOFOLLOW`.
-fn place_in_tmp(data: &Path, tar: &Path, sandbox_root: u32) -> Result<String, String> {
+fn place_in_tmp(data: &Path, tar: &Path, sandbox_root: u32) -> Result<String, PlaceError> {
     let name = format!(".sandbox-mcp-files-{}.tar", hex::encode(rand::random::<[u8; 8]>()));
     let dest = data.join("tmp.d").join(&name);
     let mut out = std::fs::OpenOptions::new()
@@ -438,12 +447,11 @@ fn place_in_tmp(data: &Path, tar: &Path, sandbox_root: u32) -> Result<String, St
         .mode(0o644)
         .custom_flags(libc::O_NOFOLLOW)
         .open(&dest)
-        .map_err(|e| format!("cannot put the step's files into its sandbox: {e}"))?;
-    let mut input = std::fs::File::open(tar).map_err(|e| format!("cannot read the uploaded files: {e}"))?;
-    std::io::copy(&mut input, &mut out).map_err(|e| format!("cannot put the step's files into its sandbox: {e}"))?;
+        .map_err(PlaceError::Write)?;
+    let mut input = std::fs::File::open(tar).map_err(PlaceError::Read)?;
+    std::io::copy(&mut input, &mut out).map_err(PlaceError::Write)?;
     // The sandbox's root owns it (and so may remove it from the sticky /tmp).
-    std::os::unix::fs::fchown(&out, Some(sandbox_root), Some(sandbox_root))
-        .map_err(|e| format!("cannot put the step's files into its sandbox: {e}"))?;
+    std::os::unix::fs::fchown(&out, Some(sandbox_root), Some(sandbox_root)).map_err(PlaceError::Write)?;
     Ok(name)
 }
 

@@ -188,8 +188,10 @@ impl LocalProviderConfig {
     /// `sandbox.max_timeout_secs`; the API key and the default sandbox timeout keep their defaults
     /// for the caller to set. Both entry points go through here (`serve` with its file,
     /// `sandbox-mcp provider` with its file and its flags applied), so the same settings make the
-    /// same provider.
-    pub fn from_config(config: &crate::config::Config) -> Result<Self, String> {
+    /// same provider. Fails only on a `local.id_range` that is no usable range.
+    pub fn from_config(
+        config: &crate::config::Config,
+    ) -> Result<Self, crate::local::isolation::userns::IdMapParseError> {
         let local = &config.local;
         Ok(LocalProviderConfig {
             state_dir: local.resolved_state_dir(),

@@ -34,7 +34,21 @@ pub enum StartError {
         "template '{template}': its ready command `{cmd}` did not succeed within {secs} s \
          (local.template_ready_timeout_secs); {last}{start}"
     )]
-    NotReady { template: String, cmd: String, secs: u64, last: String, start: String },
+    NotReady { template: String, cmd: String, secs: u64, last: LastAttempt, start: String },
+}
+
+/// How the last try of a ready command went, when the wait for it gave up.
+#[derive(Debug, thiserror::Error)]
+pub enum LastAttempt {
+    /// The deadline passed before a first try.
+    #[error("it was never tried")]
+    NeverTried,
+    /// It ran to its end (or was stopped) without exiting 0: how, with its last output.
+    #[error("the last attempt {0}")]
+    Ended(String),
+    /// No attempt finished; the last one failed to run.
+    #[error("the last attempt failed: {0}")]
+    Failed(crate::e2b::E2bError),
 }
 
 /// Whether `config` asks for anything at create.
@@ -93,10 +107,10 @@ async fn poll_ready(
     config: &RunConfig,
     opts: &CallOptions,
     deadline: Instant,
-) -> Result<(), String> {
+) -> Result<(), LastAttempt> {
     let req = request(ready, config);
     let limits = OutputLimits { max_stdout: TAIL_BYTES, max_stderr: TAIL_BYTES };
-    let mut last = "it was never tried".to_owned();
+    let mut last = LastAttempt::NeverTried;
     let mut completed = false;
     loop {
         let remaining = deadline.saturating_duration_since(Instant::now());
@@ -110,11 +124,11 @@ async fn poll_ready(
                 tail.push(&out.stdout);
                 tail.push(&out.stderr);
                 tail.end = Some(if out.exited { format!("exited with code {}", out.exit_code) } else { out.status });
-                last = format!("the last attempt {}", tail.render().unwrap_or_default());
+                last = LastAttempt::Ended(tail.render().unwrap_or_default());
                 completed = true;
             }
             // An attempt cut short by the deadline says less than the last one that finished.
-            Err(err) if !completed => last = format!("the last attempt failed: {err}"),
+            Err(err) if !completed => last = LastAttempt::Failed(err),
             Err(err) => tracing::debug!(sandbox = client.sandbox_id(), %err, "a ready attempt failed"),
         }
         tokio::time::sleep_until((Instant::now() + READY_POLL).min(deadline)).await;
@@ -236,5 +250,8 @@ mod tests {
         let text = tail.render().unwrap();
         assert!(text.starts_with("exited with code 3, output:\n") && text.ends_with("\nthe end"), "{text}");
         assert!(!text.contains("line 0"), "{text}");
+        assert_eq!(LastAttempt::NeverTried.to_string(), "it was never tried");
+        let ended = LastAttempt::Ended(text.clone()).to_string();
+        assert_eq!(ended, format!("the last attempt {text}"));
     }
 }

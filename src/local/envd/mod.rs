@@ -10,12 +10,14 @@
 //! file operations use the runtime's blocking pool (cap it with
 //! `max_blocking_threads` if RSS matters).
 //!
-//! Processes: spawned with `std::process::Command` in their own process
-//! group, exit statuses collected by one SIGCHLD reaper (`reaper.rs`). With
-//! `reap_orphans` (PID 1 of a sandbox) the reaper calls `waitpid(-1)`, so
-//! nothing else in the process may wait for its own children (no
-//! `tokio::process`). Files: operations run with the requesting user's
-//! filesystem identity (`setfsuid`, see `fsops.rs`).
+//! Processes (`process/`): spawned with `std::process::Command` in their own
+//! process group, exit statuses collected by one SIGCHLD reaper
+//! (`process/reaper.rs`). With `reap_orphans` (PID 1 of a sandbox) the reaper
+//! calls `waitpid(-1)`, so nothing else in the process may wait for its own
+//! children (no `tokio::process`). Files (`files/`): operations run with the
+//! requesting user's filesystem identity (`setfsuid`, see `files/fsops.rs`).
+//! Shared by both: the Connect plumbing (`rpc.rs`) and who a request runs as
+//! (`users.rs`).
 //!
 //! Compression: gzip-encoded uploads (`Content-Encoding: gzip`, raw and
 //! multipart bodies alike) are decoded, and downloads are gzipped when
@@ -25,23 +27,10 @@
 //! RPCs (all answer `unimplemented`).
 
 mod files;
-mod fs_rpc;
-#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
-mod fsops;
-mod negotiation;
-mod process_rpc;
-#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
-mod reaper;
+mod process;
 mod rpc;
-#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
-mod spawn;
-#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
-mod staged;
-mod table;
 mod usage_metrics;
 mod users;
-#[allow(unsafe_code)] // system calls; every block has a SAFETY comment
-mod xattrs;
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -54,8 +43,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
 
 use crate::connect_rpc::{Code, ConnectError};
-pub use reaper::ExitOutcome;
-pub use spawn::DEFAULT_PATH;
+pub use process::reaper::ExitOutcome;
+pub use process::spawn::DEFAULT_PATH;
+use process::{reaper, table};
 
 /// Configuration of one envd instance (one per sandbox). `Debug` shows the
 /// names of the env vars, never their values (they may hold secrets).
@@ -142,9 +132,9 @@ fn app(state: Arc<EnvdState>) -> Router {
         .route("/health", get(health))
         .route("/envs", get(envs))
         .route("/metrics", get(get_metrics))
-        .route("/files", get(files::download).post(files::upload))
-        .route("/process.Process/{method}", connect_service(process_rpc::handle))
-        .route("/filesystem.Filesystem/{method}", connect_service(fs_rpc::handle))
+        .route("/files", get(files::http::download).post(files::http::upload))
+        .route("/process.Process/{method}", connect_service(process::process_rpc::handle))
+        .route("/filesystem.Filesystem/{method}", connect_service(files::fs_rpc::handle))
         .fallback(fallback)
         .layer(DefaultBodyLimit::disable())
         .with_state(state)
@@ -178,7 +168,7 @@ async fn fallback(uri: axum::http::Uri) -> Response {
     if path.starts_with("/process.") || path.starts_with("/filesystem.") {
         return rpc::unimplemented(format!("unknown method {path}"));
     }
-    files::http_error(StatusCode::NOT_FOUND, format!("no envd route for {path}"))
+    files::http::http_error(StatusCode::NOT_FOUND, format!("no envd route for {path}"))
 }
 
 #[cfg(test)]

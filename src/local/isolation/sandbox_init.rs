@@ -33,8 +33,8 @@ pub const SHM_SIZE_BYTES: u64 = 64 * 1024 * 1024;
 /// Makes envd the last process of its sandbox the OOM killer picks, so a process exhausting the
 /// sandbox's memory is killed and the sandbox survives: envd lowers its own `oom_score_adj` to
 /// -1000 when it may (CAP_SYS_RESOURCE; some container runtimes withhold it), and every command it
-/// starts raises its own to +500 (see `envd::spawn`), which needs no privilege and which an
-/// unprivileged sandbox user cannot undo.
+/// starts raises its own to +500 (see `envd::process::spawn`), which needs no privilege and which
+/// an unprivileged sandbox user cannot undo.
 fn shield_from_oom_killer() {
     // EACCES/EPERM without CAP_SYS_RESOURCE is expected in some containers and stays quiet (envd's
     // last log line becomes the provider's start-up error detail); commands still run at +500.

@@ -42,17 +42,20 @@ impl Default for IdMap {
     }
 }
 
+/// A `local.id_range` that is not a usable `START:COUNT` (the text as given).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "local.id_range must be START:COUNT with START > 0 and COUNT >= {MIN_COUNT} (as in /etc/subuid), \
+     e.g. \"1000000000:65536\"; got {0:?}"
+)]
+pub struct IdMapParseError(pub String);
+
 impl std::str::FromStr for IdMap {
-    type Err = String;
+    type Err = IdMapParseError;
 
     /// Parses `START:COUNT` (as in `/etc/subuid`).
-    fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || {
-            format!(
-                "local.id_range must be START:COUNT with START > 0 and COUNT >= {MIN_COUNT} (as in /etc/subuid), \
-                 e.g. \"1000000000:65536\"; got {s:?}"
-            )
-        };
+    fn from_str(s: &str) -> Result<Self, IdMapParseError> {
+        let bad = || IdMapParseError(s.to_owned());
         let (start, count) = s.trim().split_once(':').ok_or_else(bad)?;
         let host_base: u32 = start.trim().parse().map_err(|_| bad())?;
         let count: u32 = count.trim().parse().map_err(|_| bad())?;
@@ -271,9 +274,14 @@ mod tests {
     fn id_range_parses_like_subuid_and_rejects_unusable_ranges() {
         assert_eq!("100000:65536".parse::<IdMap>().unwrap(), IdMap { host_base: 100000, count: 65536 });
         for bad in ["", "0:65536", "100000", "100000:1000", "4294967000:65536", "a:b"] {
-            let err = bad.parse::<IdMap>().unwrap_err();
+            let err = bad.parse::<IdMap>().unwrap_err().to_string();
             assert!(err.contains("local.id_range"), "{err}");
         }
+        assert_eq!(
+            "a:b".parse::<IdMap>().unwrap_err().to_string(),
+            "local.id_range must be START:COUNT with START > 0 and COUNT >= 65536 (as in /etc/subuid), \
+             e.g. \"1000000000:65536\"; got \"a:b\""
+        );
         assert_eq!(IdMap::default().host(1000), 1_000_001_000);
     }
 }

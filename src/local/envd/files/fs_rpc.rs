@@ -8,12 +8,12 @@ use axum::body::Body;
 use axum::http::HeaderMap;
 use axum::response::Response;
 
-use super::EnvdState;
 use super::fsops::{entry, io_error, list_dir, resolve_path, run_as_user};
-use super::rpc::{self, CallKind};
-use super::users::request_user;
 use crate::connect_rpc::{Code, ConnectError};
 use crate::e2b::wire::{Empty, EntryResponse, ListDirRequest, ListDirResponse, MoveRequest, PathRequest};
+use crate::local::envd::EnvdState;
+use crate::local::envd::rpc::{self, CallKind};
+use crate::local::envd::users::request_user;
 
 /// Dispatches `POST /filesystem.Filesystem/{method}`.
 pub async fn handle(state: Arc<EnvdState>, method: String, headers: HeaderMap, body: Body) -> Response {

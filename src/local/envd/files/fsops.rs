@@ -14,8 +14,7 @@ use std::path::{Path, PathBuf};
 
 use crate::connect_rpc::{Code, ConnectError};
 use crate::e2b::wire::{EntryInfo, FILE_TYPE_DIRECTORY, FILE_TYPE_FILE, FILE_TYPE_SYMLINK, FILE_TYPE_UNSPECIFIED};
-
-use super::users::{UserAccount, group_name, user_name};
+use crate::local::envd::users::{UserAccount, group_name, user_name};
 
 /// Runs `op` on a blocking thread with the filesystem identity of `user`.
 pub async fn run_as_user<T: Send + 'static>(

@@ -16,13 +16,13 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use super::negotiation::{self, ByteRange, byte_range};
 
-use super::EnvdState;
 use super::fsops::{io_error, resolve_path, run_as_user};
 use super::staged::StagedUpload;
-use super::users::{UserAccount, basic_auth_user, resolve_user};
 use super::xattrs::{metadata_from_headers, write_metadata};
 use crate::connect_rpc::{Code, ConnectError};
 use crate::e2b::wire::{ErrorBody, UploadedEntry};
+use crate::local::envd::EnvdState;
+use crate::local::envd::users::{UserAccount, basic_auth_user, resolve_user};
 
 /// Metadata to store on every uploaded file.
 type Metadata = std::collections::BTreeMap<String, String>;
@@ -117,8 +117,8 @@ pub async fn download(State(state): State<Arc<EnvdState>>, request: Request) -> 
     let headers = request.headers();
     let gzip = match negotiation::response_is_gzip(headers) {
         Ok(gzip) => gzip,
-        Err(message) => {
-            return http_error(StatusCode::BAD_REQUEST, format!("error parsing Accept-Encoding: {message}"));
+        Err(err) => {
+            return http_error(StatusCode::BAD_REQUEST, format!("error parsing Accept-Encoding: {err}"));
         }
     };
     // As envd: a range or conditional request is answered uncompressed.
@@ -180,7 +180,7 @@ pub async fn upload(State(state): State<Arc<EnvdState>>, request: Request) -> Re
     };
     let gzip = match negotiation::request_is_gzip(request.headers()) {
         Ok(gzip) => gzip,
-        Err(message) => return http_error(StatusCode::BAD_REQUEST, message),
+        Err(err) => return http_error(StatusCode::BAD_REQUEST, err.to_string()),
     };
     // As envd: the coding applies to the whole body, multipart included.
     let request = if gzip { request.map(negotiation::gunzip) } else { request };

@@ -22,8 +22,8 @@ use std::path::{Path, PathBuf};
 use tokio::io::AsyncWriteExt;
 
 use super::fsops::{io_error, run_as_user};
-use super::users::UserAccount;
 use crate::connect_rpc::{Code, ConnectError};
+use crate::local::envd::users::UserAccount;
 
 /// An upload in progress. Dropped without [`StagedUpload::commit`], it
 /// removes its staging file.

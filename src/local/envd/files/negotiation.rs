@@ -48,25 +48,33 @@ pub fn byte_range(header: Option<&str>, size: u64) -> ByteRange {
     }
 }
 
+/// A content coding negotiation this envd cannot satisfy (the 400 answer's message).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CodingError {
+    /// The request body's `Content-Encoding` (as sent) is neither identity nor gzip.
+    #[error("Content-Encoding '{0}' is not supported by this envd; upload uncompressed or with gzip")]
+    UnsupportedUpload(String),
+    /// `Accept-Encoding` refuses identity and offers nothing else this envd speaks.
+    #[error("no acceptable encoding found, supported: [gzip]")]
+    NoneAcceptable,
+}
+
 /// Whether the request body is gzip (`Ok(false)`: none or `identity`); an
 /// error names an unsupported coding.
-pub fn request_is_gzip(headers: &HeaderMap) -> Result<bool, String> {
+pub fn request_is_gzip(headers: &HeaderMap) -> Result<bool, CodingError> {
     let Some(value) = headers.get(header::CONTENT_ENCODING) else { return Ok(false) };
     let raw = value.to_str().unwrap_or("?");
     match coding_and_quality(raw).0.as_str() {
         "" | "identity" => Ok(false),
         "gzip" => Ok(true),
-        _ => Err(format!(
-            "Content-Encoding '{}' is not supported by this envd; upload uncompressed or with gzip",
-            raw.trim()
-        )),
+        _ => Err(CodingError::UnsupportedUpload(raw.trim().to_owned())),
     }
 }
 
 /// Whether to gzip a download, from `Accept-Encoding` (the best coding by
 /// quality; identity is acceptable unless refused with `q=0`). An error
 /// means nothing acceptable is on offer.
-pub fn response_is_gzip(headers: &HeaderMap) -> Result<bool, String> {
+pub fn response_is_gzip(headers: &HeaderMap) -> Result<bool, CodingError> {
     let Some(value) = headers.get(header::ACCEPT_ENCODING) else { return Ok(false) };
     let raw = value.to_str().unwrap_or("");
     if raw.trim().is_empty() {
@@ -84,7 +92,7 @@ pub fn response_is_gzip(headers: &HeaderMap) -> Result<bool, String> {
             _ => {}
         }
     }
-    if identity_refused { Err("no acceptable encoding found, supported: [gzip]".to_owned()) } else { Ok(false) }
+    if identity_refused { Err(CodingError::NoneAcceptable) } else { Ok(false) }
 }
 
 /// `gzip;q=0.5` → `("gzip", 0.5)`; names are case-insensitive, quality defaults to 1.
@@ -157,7 +165,10 @@ mod tests {
         assert_eq!(accept("gzip;q=0"), Ok(false));
         assert_eq!(accept("*"), Ok(false));
         assert_eq!(accept("*, identity;q=0"), Ok(true));
-        assert!(accept("br, identity;q=0").is_err());
+        assert_eq!(
+            accept("br, identity;q=0").unwrap_err().to_string(),
+            "no acceptable encoding found, supported: [gzip]"
+        );
     }
 
     #[test]
@@ -166,6 +177,9 @@ mod tests {
         assert_eq!(request_is_gzip(&HeaderMap::new()), Ok(false));
         assert_eq!(coding("identity"), Ok(false));
         assert_eq!(coding("GZip"), Ok(true));
-        assert!(coding("br").unwrap_err().contains("'br' is not supported"));
+        assert_eq!(
+            coding(" br ").unwrap_err().to_string(),
+            "Content-Encoding 'br' is not supported by this envd; upload uncompressed or with gzip"
+        );
     }
 }

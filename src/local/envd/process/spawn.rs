@@ -12,7 +12,7 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use super::users::UserAccount;
+use crate::local::envd::users::UserAccount;
 
 /// Default `PATH` of sandbox processes.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";

@@ -17,17 +17,17 @@ use bytes::Bytes;
 use futures_util::Stream;
 use tokio::sync::mpsc;
 
-use super::EnvdState;
-use super::fsops::resolve_path;
-use super::rpc::{self, CallKind};
 use super::spawn::{self, SpawnError, SpawnSpec, SpawnedChild};
 use super::table::{self, Attach, ProcOutput};
-use super::users::{UserAccount, request_user};
 use crate::connect_rpc::{Code, ConnectError, FLAG_MESSAGE, encode_end_stream, encode_envelope, encode_json_message};
 use crate::e2b::wire::{
     Empty, Empty2, EndEvent, ListProcessesResponse, ProcessEvent, ProcessEventMessage, ProcessRequest, ProcessSelector,
     SendInputRequest, SendSignalRequest, StartEvent, StartRequest, signal_number,
 };
+use crate::local::envd::EnvdState;
+use crate::local::envd::files::fsops::resolve_path;
+use crate::local::envd::rpc::{self, CallKind};
+use crate::local::envd::users::{UserAccount, request_user};
 
 /// Keepalive interval when the client sends no `Keepalive-Ping-Interval`.
 const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(90);
