@@ -11,7 +11,7 @@
 //! makes async-signal-safe system calls on data prepared before the clone.
 
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -85,6 +85,59 @@ fn sandbox_clone_flags() -> libc::c_int {
     libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC
 }
 
+/// The child copies each passed descriptor to a number at least this high before moving it to
+/// its place: above every target, so no `dup2` clobbers another's source.
+const DUP_FLOOR: i32 = 16;
+
+/// The agent's command line and environment, decided before the clone (the child only reads
+/// them). The sandbox's path is in neither: every host user can read an argv.
+#[derive(Debug)]
+struct AgentCommand {
+    argv: Vec<CString>,
+    env: Vec<CString>,
+}
+
+/// `sandbox-mcp envd --agent-tag TAG --sandbox-dir-fd 6 --ready-fd 3`, plus `--disk-fd 4` and
+/// `--userns-fd 5` for what was prepared, in an environment of only `PATH` and the provider's
+/// `RUST_LOG` (`rust_log`): the provider's own environment (which may hold its API key) never
+/// leaks in.
+fn agent_command(
+    agent_tag: &str,
+    prepared: Prepared<'_>,
+    rust_log: Option<String>,
+) -> Result<AgentCommand, AgentSpawnError> {
+    let cstr = |s: &str| CString::new(s).map_err(|_| AgentSpawnError::Nul);
+    let mut argv = vec![
+        cstr("sandbox-mcp")?,
+        cstr("envd")?,
+        cstr(AGENT_TAG_FLAG)?,
+        cstr(agent_tag)?,
+        cstr("--sandbox-dir-fd")?,
+        cstr(&SANDBOX_DIR_FD.to_string())?,
+        cstr("--ready-fd")?,
+        cstr(&READY_FD.to_string())?,
+    ];
+    for (fd, flag, number) in [(prepared.disk, "--disk-fd", DISK_FD), (prepared.userns, "--userns-fd", USERNS_FD)] {
+        if fd.is_some() {
+            argv.push(cstr(flag)?);
+            argv.push(cstr(&number.to_string())?);
+        }
+    }
+    let mut env = vec![cstr(&format!("PATH={}", crate::local::envd::DEFAULT_PATH))?];
+    if let Some(filter) = rust_log {
+        env.push(cstr(&format!("RUST_LOG={filter}"))?);
+    }
+    Ok(AgentCommand { argv, env })
+}
+
+/// The descriptors the agent receives: (descriptor in the provider, its number in the agent),
+/// one per passed resource, -1 in the provider for what was not prepared. The pipe end `ready`
+/// lands on [`READY_FD`], the sandbox directory `dir` on [`SANDBOX_DIR_FD`].
+fn passed_fds(ready: RawFd, prepared: Prepared<'_>, dir: RawFd) -> [(RawFd, i32); 4] {
+    let raw = |fd: Option<BorrowedFd<'_>>| fd.map_or(-1, |fd| fd.as_raw_fd());
+    [(ready, READY_FD), (raw(prepared.disk), DISK_FD), (raw(prepared.userns), USERNS_FD), (dir, SANDBOX_DIR_FD)]
+}
+
 /// Clones `sandbox-mcp envd --agent-tag TAG --sandbox-dir-fd 6 ...` into new namespaces and the
 /// network namespace `netns`, handing it its directory at [`SANDBOX_DIR_FD`] and what the
 /// provider prepared for it (its disk at [`DISK_FD`], its user namespace at [`USERNS_FD`]).
@@ -105,35 +158,10 @@ pub fn spawn_agent(
         nix::sys::stat::Mode::empty(),
     )
     .map_err(sys("open the sandbox directory"))?;
-    let cstr = |s: &str| CString::new(s).map_err(|_| AgentSpawnError::Nul);
-    let mut argv_owned = vec![
-        cstr("sandbox-mcp")?,
-        cstr("envd")?,
-        cstr(AGENT_TAG_FLAG)?,
-        cstr(agent_tag)?,
-        cstr("--sandbox-dir-fd")?,
-        cstr(&SANDBOX_DIR_FD.to_string())?,
-        cstr("--ready-fd")?,
-        cstr(&READY_FD.to_string())?,
-    ];
-    // (descriptor in the provider, its number in the agent), one per passed resource.
-    let mut passed = [(-1, READY_FD), (-1, DISK_FD), (-1, USERNS_FD), (dir_fd.as_raw_fd(), SANDBOX_DIR_FD)];
-    for (slot, fd, flag) in [(1, prepared.disk, "--disk-fd"), (2, prepared.userns, "--userns-fd")] {
-        if let Some(fd) = fd {
-            passed[slot].0 = fd.as_raw_fd();
-            argv_owned.push(CString::new(flag).map_err(|_| AgentSpawnError::Nul)?);
-            argv_owned.push(CString::new(passed[slot].1.to_string()).map_err(|_| AgentSpawnError::Nul)?);
-        }
-    }
-    // A minimal environment: the provider's own (which may hold its API key) never leaks in.
-    let mut env_owned =
-        vec![CString::new(format!("PATH={}", crate::local::envd::DEFAULT_PATH)).map_err(|_| AgentSpawnError::Nul)?];
-    if let Ok(filter) = std::env::var("RUST_LOG") {
-        env_owned.push(CString::new(format!("RUST_LOG={filter}")).map_err(|_| AgentSpawnError::Nul)?);
-    }
-    let mut argv: Vec<*const libc::c_char> = argv_owned.iter().map(|s| s.as_ptr()).collect();
+    let command = agent_command(agent_tag, prepared, std::env::var("RUST_LOG").ok())?;
+    let mut argv: Vec<*const libc::c_char> = command.argv.iter().map(|s| s.as_ptr()).collect();
     argv.push(std::ptr::null());
-    let mut envp: Vec<*const libc::c_char> = env_owned.iter().map(|s| s.as_ptr()).collect();
+    let mut envp: Vec<*const libc::c_char> = command.env.iter().map(|s| s.as_ptr()).collect();
     envp.push(std::ptr::null());
 
     let log = std::fs::OpenOptions::new()
@@ -148,7 +176,7 @@ pub fn spawn_agent(
     let (log_fd, null_fd) = (log.as_raw_fd(), devnull.as_raw_fd());
     let (sync_r_fd, sync_w_fd, ready_w_fd) = (sync_r.as_raw_fd(), sync_w.as_raw_fd(), ready_w.as_raw_fd());
     let netns_fd = netns.as_raw_fd();
-    passed[0].0 = ready_w_fd;
+    let passed = passed_fds(ready_w_fd, prepared, dir_fd.as_raw_fd());
 
     let pid =
         raw_clone(sandbox_clone_flags()).map_err(sys("clone(CLONE_NEWPID|CLONE_NEWNS|CLONE_NEWUTS|CLONE_NEWIPC)"))?;
@@ -174,7 +202,7 @@ pub fn spawn_agent(
             let mut high = [-1; 4];
             for (i, (fd, _)) in passed.iter().enumerate() {
                 if *fd >= 0 {
-                    high[i] = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 16);
+                    high[i] = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, DUP_FLOOR);
                     if high[i] < 0 {
                         libc::_exit(123);
                     }
@@ -308,5 +336,120 @@ pub fn probe_isolation(scratch: &Path) -> Result<(), ProbeError> {
             })
         }
         (status, _) => Err(ProbeError::Unexpected(format!("{status:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsFd;
+
+    use super::*;
+
+    fn strings(list: &[CString]) -> Vec<&str> {
+        list.iter().map(|s| s.to_str().unwrap()).collect()
+    }
+
+    /// The agent's arguments as envd itself parses them.
+    fn parsed(command: &AgentCommand) -> crate::local::EnvdArgs {
+        use clap::{Args, FromArgMatches};
+        assert_eq!(strings(&command.argv[..2]), ["sandbox-mcp", "envd"]);
+        let parser = crate::local::EnvdArgs::augment_args(clap::Command::new("envd").no_binary_name(true));
+        let matches = parser.try_get_matches_from(strings(&command.argv[2..])).unwrap();
+        crate::local::EnvdArgs::from_arg_matches(&matches).unwrap()
+    }
+
+    #[test]
+    fn the_agent_is_cloned_into_new_pid_mount_uts_and_ipc_namespaces_like_a_fork() {
+        let flags = sandbox_clone_flags();
+        for (name, flag) in [
+            ("CLONE_NEWPID", libc::CLONE_NEWPID),
+            ("CLONE_NEWNS", libc::CLONE_NEWNS),
+            ("CLONE_NEWUTS", libc::CLONE_NEWUTS),
+            ("CLONE_NEWIPC", libc::CLONE_NEWIPC),
+        ] {
+            assert_ne!(flags & flag, 0, "{name} missing");
+        }
+        // The network namespace is joined (setns) and the user namespace entered by envd later;
+        // nothing is shared with the provider (no thread, no shared memory, descriptors or cwd).
+        for (name, flag) in [
+            ("CLONE_NEWNET", libc::CLONE_NEWNET),
+            ("CLONE_NEWUSER", libc::CLONE_NEWUSER),
+            ("CLONE_VM", libc::CLONE_VM),
+            ("CLONE_FILES", libc::CLONE_FILES),
+            ("CLONE_FS", libc::CLONE_FS),
+            ("CLONE_SIGHAND", libc::CLONE_SIGHAND),
+            ("CLONE_THREAD", libc::CLONE_THREAD),
+        ] {
+            assert_eq!(flags & flag, 0, "{name} set");
+        }
+    }
+
+    #[test]
+    fn the_agent_argv_names_its_tag_and_descriptors_but_no_path() {
+        let command = agent_command("tag123", Prepared::default(), None).unwrap();
+        assert_eq!(
+            strings(&command.argv),
+            ["sandbox-mcp", "envd", "--agent-tag", "tag123", "--sandbox-dir-fd", "6", "--ready-fd", "3"]
+        );
+        // Every host user can read an argv: no path at all, the directory comes as a descriptor.
+        assert!(command.argv.iter().all(|a| !a.as_bytes().contains(&b'/')), "{:?}", command.argv);
+        let args = parsed(&command);
+        assert_eq!(args.sandbox_dir, None);
+        assert_eq!(args.agent_tag.as_deref(), Some("tag123"));
+        assert_eq!((args.sandbox_dir_fd, args.ready_fd), (Some(SANDBOX_DIR_FD), Some(READY_FD)));
+        assert_eq!((args.disk_fd, args.userns_fd), (None, None));
+        assert!(matches!(agent_command("a\0b", Prepared::default(), None), Err(AgentSpawnError::Nul)));
+    }
+
+    #[test]
+    fn the_agent_argv_and_its_descriptors_agree_on_what_was_prepared() {
+        let (disk, userns) = (std::fs::File::open("/dev/null").unwrap(), std::fs::File::open("/dev/null").unwrap());
+        let (ready, dir) = (40, 41);
+        for (with_disk, with_userns) in [(false, false), (true, false), (false, true), (true, true)] {
+            let prepared =
+                Prepared { disk: with_disk.then(|| disk.as_fd()), userns: with_userns.then(|| userns.as_fd()) };
+            let args = parsed(&agent_command("t", prepared, None).unwrap());
+            let passed = passed_fds(ready, prepared, dir);
+            let expect = |on: bool, fd: &std::fs::File| if on { fd.as_raw_fd() } else { -1 };
+            assert_eq!(
+                passed,
+                [
+                    (ready, READY_FD),
+                    (expect(with_disk, &disk), DISK_FD),
+                    (expect(with_userns, &userns), USERNS_FD),
+                    (dir, SANDBOX_DIR_FD)
+                ]
+            );
+            // Each descriptor envd is told of is one the child moves to that number.
+            for (told, slot) in [(args.ready_fd, 0), (args.disk_fd, 1), (args.userns_fd, 2), (args.sandbox_dir_fd, 3)] {
+                let (fd, target) = passed[slot];
+                assert_eq!(told, (fd >= 0).then_some(target), "slot {slot} with {with_disk}/{with_userns}");
+            }
+        }
+    }
+
+    #[test]
+    fn passed_descriptors_land_above_stdio_and_below_the_dup_floor() {
+        let targets: Vec<i32> = passed_fds(40, Prepared::default(), 41).iter().map(|(_, t)| *t).collect();
+        let mut unique = targets.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), targets.len(), "two resources share a number: {targets:?}");
+        // The child marks everything from READY_FD + 1 close-on-exec, then clears the flag on
+        // the targets: so READY_FD must be the lowest, above stdin/stdout/stderr.
+        assert_eq!(unique.first(), Some(&READY_FD));
+        assert!(unique.iter().all(|t| *t > libc::STDERR_FILENO), "{targets:?}");
+        // The high copies (>= DUP_FLOOR) never collide with a target.
+        assert!(unique.iter().all(|t| *t < DUP_FLOOR), "{targets:?}");
+    }
+
+    #[test]
+    fn the_agent_environment_is_path_and_rust_log_only() {
+        let path = format!("PATH={}", crate::local::envd::DEFAULT_PATH);
+        let bare = agent_command("t", Prepared::default(), None).unwrap();
+        assert_eq!(strings(&bare.env), [path.as_str()]);
+        let logged = agent_command("t", Prepared::default(), Some("sandbox_mcp=debug".into())).unwrap();
+        assert_eq!(strings(&logged.env), [path.as_str(), "RUST_LOG=sandbox_mcp=debug"]);
+        assert!(agent_command("t", Prepared::default(), Some("x\0".into())).is_err());
     }
 }
