@@ -1,6 +1,5 @@
-//! Unit tests of `sandbox_init` that need no root: the plan `enter_sandbox` carries out (the
-//! overlay layers, `/proc`, `/dev`, the private directories, the hidden state directory) and
-//! the `/etc/hosts` rewrite.
+//! Unit tests of `sandbox_plan` that need no root: the plan `enter_sandbox` carries out (the
+//! overlay layers, `/proc`, `/dev`, the private directories, the hidden state directory).
 
 use std::path::{Path, PathBuf};
 
@@ -294,16 +293,4 @@ fn the_state_directory_is_hidden_behind_an_empty_read_only_tmpfs() {
     let mut elsewhere = spec();
     elsewhere.state_dir = "/srv/sandboxes/state".into();
     assert_eq!(plan(&elsewhere, true).hide_state.target, dir("root/srv/sandboxes/state"));
-}
-
-#[test]
-fn the_sandbox_name_replaces_an_earlier_one_in_etc_hosts() {
-    let fresh = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost\n";
-    let once = hosts_with_name(fresh, "aaa");
-    assert_eq!(once, format!("{fresh}127.0.1.1\taaa\n"));
-    // A root committed by a build carries its builder's line (and maybe an image's own).
-    let twice = hosts_with_name(&format!("127.0.1.1 debian\n{once}# 127.0.1.1 stays\n"), "bbb");
-    assert_eq!(twice, format!("{fresh}# 127.0.1.1 stays\n127.0.1.1\tbbb\n"));
-    assert_eq!(hosts_with_name("", "ccc"), "127.0.1.1\tccc\n");
-    assert_eq!(hosts_with_name("127.0.0.1 localhost", "d"), "127.0.0.1 localhost\n127.0.1.1\td\n");
 }
