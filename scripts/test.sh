@@ -31,6 +31,8 @@ tier() {
 tier "fast"
 step "toolchain (rust-toolchain.toml; Cargo.toml rust-version $(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml))"
 rustc --version
+# Free disk where target/ lives: a full run needs about 15 GB (see the README).
+df -h . | tail -1
 step "format and lints (cargo fmt --check, cargo clippy -D warnings)"
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
