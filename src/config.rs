@@ -6,6 +6,7 @@
 //! finally the CLI flags (applied by the caller). See `config/local.toml`.
 
 pub use crate::local::control::provider_config::LocalConfig;
+use crate::local::control::provider_config::LocalProviderConfig;
 pub use crate::tenant::is_valid_tenant;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -273,6 +274,30 @@ pub struct TasksConfig {
 }
 
 impl Config {
+    /// The provider's configuration from `[local]`, the listener limits of `[server]` and
+    /// `sandbox.max_timeout_secs`; the API key and the default sandbox timeout keep their defaults
+    /// for the caller to set. Both entry points go through here (`serve` with its file,
+    /// `sandbox-mcp provider` with its file and its flags applied), so the same settings make the
+    /// same provider. Fails only on a `local.id_range` that is no usable range.
+    pub fn local_provider(&self) -> Result<LocalProviderConfig, crate::local::isolation::userns::IdMapParseError> {
+        let local = &self.local;
+        Ok(LocalProviderConfig {
+            state_dir: local.resolved_state_dir(),
+            max_sandboxes: usize::try_from(local.max_sandboxes).unwrap_or(usize::MAX),
+            memory_limit_mb: local.memory_limit_mb,
+            pids_limit: local.pids_limit,
+            max_timeout_secs: self.sandbox.max_timeout_secs,
+            templates: local.templates.clone().into_iter().collect(),
+            template_store_limit_mb: local.template_store_limit_mb,
+            template_ready_timeout_secs: local.template_ready_timeout_secs,
+            id_map: local.id_range.parse()?,
+            disk_limit_mb: local.disk_limit_mb,
+            network: local.network(),
+            listen_limits: self.server.listen_limits(),
+            ..LocalProviderConfig::default()
+        })
+    }
+
     /// Loads defaults, then `file` (if any), then the environment, and validates the result.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
         Self::load_with_env(file, &std::env::vars().collect::<Vec<_>>())

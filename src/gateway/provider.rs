@@ -94,10 +94,10 @@ impl Drop for OwnRuntime {
 }
 
 /// The embedded provider's configuration: what `sandbox-mcp provider --config` makes of the same
-/// file (see `LocalProviderConfig::from_config`), with the gateway's API key. The provider's
+/// file (see `Config::local_provider`), with the gateway's API key. The provider's
 /// default sandbox timeout is left alone: every create from the gateway carries one.
 pub fn embedded_provider_config(config: &Config, api_key: String) -> anyhow::Result<LocalProviderConfig> {
-    let mut provider_config = LocalProviderConfig::from_config(config)?;
+    let mut provider_config = config.local_provider()?;
     provider_config.api_key = Some(api_key);
     Ok(provider_config)
 }

@@ -185,7 +185,7 @@ impl ProviderArgs {
             anyhow::ensure!(secs > 0, "--max-timeout must be at least 1 second");
             config.sandbox.max_timeout_secs = secs;
         }
-        let mut cfg = LocalProviderConfig::from_config(&config)?;
+        let mut cfg = config.local_provider()?;
         cfg.api_key = self.api_key.clone().filter(|k| !k.is_empty());
         cfg.default_timeout_secs = self.default_timeout;
         Ok(cfg)

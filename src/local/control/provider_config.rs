@@ -2,7 +2,7 @@
 //! configuration file (defaults here, `SANDBOX_MCP_LOCAL__<KEY>` overrides in `crate::config`),
 //! which the flags of `sandbox-mcp provider` override field by field; [`LocalProviderConfig`] is
 //! everything a running provider needs, built from the configuration by
-//! [`LocalProviderConfig::from_config`] for both entry points (`serve`'s embedded provider and
+//! `Config::local_provider` (in `config.rs`) for both entry points (`serve`'s embedded provider and
 //! `sandbox-mcp provider`).
 
 use std::collections::{BTreeMap, HashMap};
@@ -180,34 +180,6 @@ impl Default for LocalProviderConfig {
             network: crate::local::net::NetConfig::default(),
             listen_limits: crate::listen::ListenLimits::default(),
         }
-    }
-}
-
-impl LocalProviderConfig {
-    /// The provider's configuration from `[local]`, the listener limits of `[server]` and
-    /// `sandbox.max_timeout_secs`; the API key and the default sandbox timeout keep their defaults
-    /// for the caller to set. Both entry points go through here (`serve` with its file,
-    /// `sandbox-mcp provider` with its file and its flags applied), so the same settings make the
-    /// same provider. Fails only on a `local.id_range` that is no usable range.
-    pub fn from_config(
-        config: &crate::config::Config,
-    ) -> Result<Self, crate::local::isolation::userns::IdMapParseError> {
-        let local = &config.local;
-        Ok(LocalProviderConfig {
-            state_dir: local.resolved_state_dir(),
-            max_sandboxes: usize::try_from(local.max_sandboxes).unwrap_or(usize::MAX),
-            memory_limit_mb: local.memory_limit_mb,
-            pids_limit: local.pids_limit,
-            max_timeout_secs: config.sandbox.max_timeout_secs,
-            templates: local.templates.clone().into_iter().collect(),
-            template_store_limit_mb: local.template_store_limit_mb,
-            template_ready_timeout_secs: local.template_ready_timeout_secs,
-            id_map: local.id_range.parse()?,
-            disk_limit_mb: local.disk_limit_mb,
-            network: local.network(),
-            listen_limits: config.server.listen_limits(),
-            ..LocalProviderConfig::default()
-        })
     }
 }
 
