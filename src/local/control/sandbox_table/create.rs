@@ -21,6 +21,7 @@ use crate::local::isolation::spec::{SPEC_FILE, SandboxSpec};
 use crate::local::net::policy::EgressPolicy;
 use crate::local::store::RunConfig;
 use crate::local::template::TemplateRoot;
+use crate::logging::escaped;
 
 /// How long a new agent may take to report ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -183,7 +184,7 @@ impl SandboxTable {
             tracing::warn!(sandbox = %id, %err, "moving the sandbox agent into its cgroups failed");
         }
         if let Err(message) = ready {
-            tracing::warn!(sandbox = %id, error = %message, "sandbox agent failed to start");
+            tracing::warn!(sandbox = %id, error = %escaped(&message), "sandbox agent failed to start");
             agent_process::kill_and_wait(pid, start_time, KILL_TIMEOUT).await;
             cgroups::remove(&cgroup_dirs).await;
             let log = std::fs::read_to_string(dir.join(LOG_FILE)).unwrap_or_default();
@@ -228,7 +229,7 @@ impl SandboxTable {
                 Err(e) => Err(e),
             };
             if let Err(err) = started {
-                tracing::warn!(sandbox = %id, template = %rec.template, %err, "sandbox not ready; killing it");
+                tracing::warn!(sandbox = %id, template = %escaped(&rec.template), err = %escaped(&err), "sandbox not ready; killing it");
                 drop(net);
                 self.destroy(&rec, &dir).await;
                 return Err(err);
