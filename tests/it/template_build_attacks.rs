@@ -235,3 +235,26 @@ async fn an_image_of_symlinked_mount_points_changes_nothing_on_the_host() {
     assert_eq!(mount_count(), mounts_before, "the host's mount table changed");
     assert!(std::fs::read_dir(host.path().join("home")).unwrap().next().is_none());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_image_whose_mount_points_are_symlinks_is_refused_naming_the_path() {
+    require_root!();
+    let p = Provider::start(&[]);
+    let host = tempfile::tempdir_in("/var/tmp").unwrap();
+    std::fs::create_dir(host.path().join("home")).unwrap();
+    // A tiny image (no Debian root): the set-up refuses it before anything of it runs.
+    import(&p.state, "tinylinks", &[file_layer(&[("etc/tiny", b"tiny\n")]), symlink_layer(host.path(), true)]);
+    let mounts_before = mount_count();
+    let (status, v) =
+        p.call(Method::POST, "/v2/sandboxes", Some(json!({"templateID": "tinylinks", "timeout": 60}))).await;
+    eprintln!("tiny links: {status} {v}");
+    assert_eq!(status, reqwest::StatusCode::BAD_REQUEST, "{v}");
+    let message = v["message"].as_str().unwrap_or_default();
+    assert!(message.contains("'tinylinks'") && message.contains("/dev") && message.contains("symlink"), "{v}");
+    let sandboxes = p.state.join("sandboxes");
+    assert!(wait_until(Duration::from_secs(10), || std::fs::read_dir(&sandboxes).unwrap().next().is_none()));
+    assert_eq!(mount_count(), mounts_before, "the host's mount table changed");
+    assert!(std::fs::read_dir(host.path().join("home")).unwrap().next().is_none());
+    let (_, list) = p.call(Method::GET, "/sandboxes", None).await;
+    assert_eq!(list.as_array().map(Vec::len), Some(0), "{list}");
+}

@@ -17,6 +17,7 @@ use crate::local::control::identity::process_start_time;
 use crate::local::control::record::{self, LOG_FILE, RECORD_FILE, SandboxRecord, now_ms, write_json_atomic};
 use crate::local::control::{agent_process, ids, template_start};
 use crate::local::isolation::cgroups::{self, Limits};
+use crate::local::isolation::sandbox_init::TEMPLATE_REFUSED;
 use crate::local::isolation::spec::{SPEC_FILE, SandboxSpec};
 use crate::local::net::policy::EgressPolicy;
 use crate::local::store::RunConfig;
@@ -189,6 +190,13 @@ impl SandboxTable {
             cgroups::remove(&cgroup_dirs).await;
             let log = std::fs::read_to_string(dir.join(LOG_FILE)).unwrap_or_default();
             remove_sandbox_dir(&dir);
+            // An image the set-up cannot be made in (its mount points symlinks): the caller's to fix.
+            if let ReadyError::SetUp(text) = &message
+                && let Some(why) = text.strip_prefix(TEMPLATE_REFUSED)
+            {
+                let template = &params.template;
+                return Err(ProviderError::BadRequest(format!("template '{template}' cannot start a sandbox: {why}")));
+            }
             let detail = log.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").to_owned();
             return Err(ProviderError::Internal(format!("the sandbox failed to start: {message} {detail}")));
         }
