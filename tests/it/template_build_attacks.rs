@@ -258,3 +258,40 @@ async fn an_image_whose_mount_points_are_symlinks_is_refused_naming_the_path() {
     let (_, list) = p.call(Method::GET, "/sandboxes", None).await;
     assert_eq!(list.as_array().map(Vec::len), Some(0), "{list}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_build_or_import_cannot_take_a_configured_directory_templates_name() {
+    require_root!();
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    std::fs::create_dir(dir.path().join("etc")).unwrap();
+    let p = Provider::start(&["--template", &format!("mine={}", dir.path().display())]);
+    for name in ["mine", "mine:v2", "base"] {
+        let (status, v) = p.call(Method::POST, "/v3/templates", Some(json!({"name": name}))).await;
+        assert_eq!(status, reqwest::StatusCode::BAD_REQUEST, "{name}: {v}");
+        let message = v["message"].as_str().unwrap_or_default();
+        let named = if name == "base" { "\"base\"" } else { "\"mine\"" };
+        assert!(message.contains(named), "{name}: {v}");
+        if name != "base" {
+            assert!(message.contains("configured directory template"), "{name}: {v}");
+        }
+    }
+    // The operator's CLI refuses it too, knowing the directory templates of its configuration.
+    let config = p.state.join("names.toml");
+    std::fs::write(&config, format!("[local.templates]\nmine = \"{}\"\n", dir.path().display())).unwrap();
+    let src = tempfile::tempdir_in(Path::new(env!("CARGO_MANIFEST_DIR")).join("target")).unwrap();
+    write_layout(src.path(), &[file_layer(&[("etc/tiny", b"tiny\n")])]);
+    let out = Command::new(common::binary())
+        .arg("template")
+        .arg("--config")
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(&p.state)
+        .args(["import", "mine", src.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("configured directory template"), "{stderr}");
+    assert!(!p.state.join("store/templates/mine.json").exists());
+    // Any other name is the store's.
+    import(&p.state, "yours", &[file_layer(&[("etc/tiny", b"tiny\n")])]);
+}

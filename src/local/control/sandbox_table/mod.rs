@@ -180,7 +180,16 @@ impl SandboxTable {
             None => crate::local::template::build_base(&cfg.state_dir, Path::new("/"))?,
         };
         let store = match crate::local::store::Store::open(&cfg.state_dir, cfg.template_store_limit_mb) {
-            Ok(store) => Some(store),
+            // A configured directory template's name is its own: no build, import or pull takes it.
+            Ok(store) => {
+                for name in cfg.templates.keys() {
+                    if store.layout.read_record(name).ok().flatten().is_some() {
+                        tracing::warn!(template = %name, "a stored template has a configured directory template's name; \
+                            creates of that name start the directory template (rename or remove one of them)");
+                    }
+                }
+                Some(store.reserving(cfg.templates.keys().cloned()))
+            }
             Err(err) => {
                 tracing::warn!(%err, "the template store cannot be opened: only base and local.templates are served");
                 None
