@@ -66,6 +66,9 @@ pub struct SandboxEntry {
     /// The provider's own descriptor of the sandbox's disk, kept when the create asked for it
     /// (a template build reads the overlay's upper layer through it once the sandbox stopped).
     kept_disk: Mutex<Option<OwnedFd>>,
+    /// A template build's step sandbox ([`is_build_step`]): its build's own, hidden from the
+    /// sandbox API ([`SandboxTable::get_public`]).
+    build_step: bool,
 }
 
 impl SandboxEntry {
@@ -84,6 +87,7 @@ impl SandboxEntry {
     fn new(dir: PathBuf, rec: SandboxRecord, net: Option<SandboxNet>) -> SandboxEntry {
         SandboxEntry {
             dir,
+            build_step: is_build_step(&rec),
             record: Mutex::new(rec),
             op: tokio::sync::Mutex::new(()),
             net: Mutex::new(net),
@@ -285,6 +289,17 @@ impl SandboxTable {
 
     pub fn get(&self, id: &str) -> Option<Arc<SandboxEntry>> {
         self.table().get(id).cloned()
+    }
+
+    /// Sandbox `id` as the sandbox API sees it: a template build's step sandbox belongs to its
+    /// build and is not found (listed, connected to, paused, timed or killed) through the API.
+    pub fn get_public(&self, id: &str) -> Option<Arc<SandboxEntry>> {
+        self.get(id).filter(|entry| !entry.build_step)
+    }
+
+    /// Every live sandbox the sandbox API sees (all but build steps, see [`Self::get_public`]).
+    pub fn all_public(&self) -> Vec<Arc<SandboxEntry>> {
+        self.table().values().filter(|entry| !entry.build_step).cloned().collect()
     }
 
     /// An envd client that reaches sandbox `id`'s agent over its Unix socket, for the provider's
