@@ -4,7 +4,9 @@
 //! holds what the step wrote and nothing of the host; no step process survives); a provider
 //! restart in the middle of a step (the step sandbox is killed at start-up, no half layer); and
 //! an image whose `/proc`, `/sys`, `/dev`, `/tmp`, `/home` and `/root` are symlinks to host paths
-//! (nothing on the host changes, the sandbox sees no host path). Needs root (skips otherwise).
+//! (nothing on the host changes, the sandbox sees no host path; a tiny such image is refused with
+//! 400 naming the links); a step sandbox invisible to the sandbox API mid-build; and a build or
+//! import refused a configured directory template's name. Needs root (skips otherwise).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 use crate::{common, harness, oci};
@@ -50,6 +52,15 @@ async fn wait_build(p: &Provider, tid: &str, bid: &str) -> Value {
         assert!(std::time::Instant::now() < deadline, "build still running: {v}");
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+}
+
+/// The id of build `bid`'s step sandbox, from the provider's state directory (the sandbox API
+/// does not show step sandboxes).
+fn step_sandbox(p: &Provider, bid: &str) -> Option<String> {
+    std::fs::read_dir(p.state.join("sandboxes")).ok()?.flatten().find_map(|e| {
+        let rec: Value = serde_json::from_slice(&std::fs::read(e.path().join("record.json")).ok()?).ok()?;
+        (rec["metadata"]["sandbox-mcp.build"] == bid).then(|| e.file_name().to_string_lossy().into_owned())
+    })
 }
 
 /// Host processes whose command line contains `marker`.
@@ -150,9 +161,8 @@ async fn a_restart_in_the_middle_of_a_step_kills_its_sandbox_and_keeps_no_half_l
     let spec = json!({"fromTemplate": "deb", "steps": [{"type": "RUN", "args": [run]}]});
     let (tid, bid) = start_build(&p, "endless", spec).await;
     assert!(wait_until(Duration::from_secs(60), || !processes_with(&marker).is_empty()), "the step never started");
-    let (_, sandboxes) = p.call(Method::GET, "/sandboxes", None).await;
-    let step = sandboxes.as_array().unwrap().iter().find(|s| s["metadata"]["sandbox-mcp.build"] == bid.as_str());
-    let step_id = id_of(step.unwrap_or_else(|| panic!("no step sandbox in {sandboxes}")));
+    // The API does not show a build's step sandbox: found in the state directory.
+    let step_id = step_sandbox(&p, &bid).unwrap_or_else(|| panic!("no step sandbox of build {bid}"));
     let rec = p.record(&step_id);
     let pid = rec["envd_pid"].as_i64().unwrap() as i32;
     let cgroups = cgroups_of(&rec);
@@ -234,4 +244,149 @@ async fn an_image_of_symlinked_mount_points_changes_nothing_on_the_host() {
     assert_eq!(listing(host.path()), host_before, "the host directory changed");
     assert_eq!(mount_count(), mounts_before, "the host's mount table changed");
     assert!(std::fs::read_dir(host.path().join("home")).unwrap().next().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_image_whose_mount_points_are_symlinks_is_refused_naming_the_path() {
+    require_root!();
+    let p = Provider::start(&[]);
+    let host = tempfile::tempdir_in("/var/tmp").unwrap();
+    std::fs::create_dir(host.path().join("home")).unwrap();
+    // A tiny image (no Debian root): the set-up refuses it before anything of it runs.
+    import(&p.state, "tinylinks", &[file_layer(&[("etc/tiny", b"tiny\n")]), symlink_layer(host.path(), true)]);
+    let mounts_before = mount_count();
+    let (status, v) =
+        p.call(Method::POST, "/v2/sandboxes", Some(json!({"templateID": "tinylinks", "timeout": 60}))).await;
+    eprintln!("tiny links: {status} {v}");
+    assert_eq!(status, reqwest::StatusCode::BAD_REQUEST, "{v}");
+    let message = v["message"].as_str().unwrap_or_default();
+    assert!(message.contains("'tinylinks'") && message.contains("/dev") && message.contains("symlink"), "{v}");
+    let sandboxes = p.state.join("sandboxes");
+    assert!(wait_until(Duration::from_secs(10), || std::fs::read_dir(&sandboxes).unwrap().next().is_none()));
+    assert_eq!(mount_count(), mounts_before, "the host's mount table changed");
+    assert!(std::fs::read_dir(host.path().join("home")).unwrap().next().is_none());
+    let (_, list) = p.call(Method::GET, "/sandboxes", None).await;
+    assert_eq!(list.as_array().map(Vec::len), Some(0), "{list}");
+}
+
+/// A tiny image with a shell: the host's `sh` and `sleep`, the C library they need, an `/etc`.
+fn shell_layer() -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    let files = [
+        ("bin/sh", "/bin/sh"),
+        ("bin/sleep", "/bin/sleep"),
+        ("lib64/ld-linux-x86-64.so.2", "/lib64/ld-linux-x86-64.so.2"),
+        ("lib/x86_64-linux-gnu/libc.so.6", "/lib/x86_64-linux-gnu/libc.so.6"),
+    ];
+    for (path, host) in files {
+        let data = std::fs::read(host).unwrap();
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o755);
+        header.set_uid(0);
+        header.set_gid(0);
+        header.set_mtime(0);
+        header.set_cksum();
+        builder.append_data(&mut header, path, &data[..]).unwrap();
+    }
+    // The set-up writes the accounts, hosts and resolver files into the image's /etc.
+    let passwd = b"root:x:0:0:root:/root:/bin/sh\n";
+    let mut header = tar::Header::new_gnu();
+    header.set_size(passwd.len() as u64);
+    header.set_mode(0o644);
+    header.set_uid(0);
+    header.set_gid(0);
+    header.set_mtime(0);
+    header.set_cksum();
+    builder.append_data(&mut header, "etc/passwd", &passwd[..]).unwrap();
+    builder.into_inner().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_build_step_sandbox_is_invisible_to_the_sandbox_api() {
+    require_root!();
+    if std::env::consts::ARCH != "x86_64" || !Path::new("/lib64/ld-linux-x86-64.so.2").exists() {
+        return crate::common::gate::skip("the tiny shell image is made of the host's x86_64 /bin/sh");
+    }
+    let p = Provider::start(&[]);
+    import(&p.state, "tinysh", &[shell_layer()]);
+    let spec = json!({"fromTemplate": "tinysh", "steps": [{"type": "RUN", "args": ["sleep 4 && echo slept", "root"]}]});
+    let (tid, bid) = start_build(&p, "stepped", spec).await;
+    let mut step = None;
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            step = step_sandbox(&p, &bid);
+            step.is_some()
+        }),
+        "the step never started"
+    );
+    let step = step.unwrap();
+    let (_, list) = p.call(Method::GET, "/sandboxes", None).await;
+    assert_eq!(list.as_array().map(Vec::len), Some(0), "a step sandbox is listed: {list}");
+    let (_, list) = p.call(Method::GET, "/v2/sandboxes?state=running,paused", None).await;
+    assert_eq!(list.as_array().map(Vec::len), Some(0), "a step sandbox is listed: {list}");
+    let tries: [(Method, String, Option<Value>); 9] = [
+        (Method::GET, format!("/sandboxes/{step}"), None),
+        (Method::GET, format!("/sandboxes/{step}/metrics"), None),
+        (Method::POST, format!("/sandboxes/{step}/connect"), Some(json!({"timeout": 60}))),
+        (Method::POST, format!("/v2/sandboxes/{step}/connect"), Some(json!({"timeout": 60}))),
+        (Method::POST, format!("/sandboxes/{step}/pause"), Some(json!({}))),
+        (Method::POST, format!("/sandboxes/{step}/resume"), Some(json!({"timeout": 60}))),
+        (Method::POST, format!("/sandboxes/{step}/timeout"), Some(json!({"timeout": 1}))),
+        (Method::PUT, format!("/sandboxes/{step}/network"), Some(json!({"allowOut": ["1.1.1.1"]}))),
+        (Method::DELETE, format!("/sandboxes/{step}"), None),
+    ];
+    for (method, path, body) in tries {
+        let (status, v) = p.call(method.clone(), &path, body).await;
+        assert_eq!(status, reqwest::StatusCode::NOT_FOUND, "{method} {path}: {v}");
+        assert_eq!(v["message"], format!("sandbox {step} not found"), "{method} {path}");
+    }
+    // Its agent through the data plane: answered as for an unknown sandbox.
+    let envd =
+        |id: String| p.http.get(p.url("/health")).header("X-API-Key", API_KEY).header("E2b-Sandbox-Id", id).send();
+    let unknown = envd("ixxxxxxxxxxxxxxxxxxxx".to_owned()).await.unwrap().status();
+    assert_eq!(envd(step.clone()).await.unwrap().status(), unknown);
+    // The build is untouched by all of it, and its step sandbox goes with it.
+    let status = wait_build(&p, &tid, &bid).await;
+    assert_eq!(status["status"], "ready", "{status}");
+    assert!(status.to_string().contains("slept"), "{status}");
+    let sandboxes = p.state.join("sandboxes");
+    assert!(wait_until(Duration::from_secs(10), || std::fs::read_dir(&sandboxes).unwrap().next().is_none()));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_build_or_import_cannot_take_a_configured_directory_templates_name() {
+    require_root!();
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    std::fs::create_dir(dir.path().join("etc")).unwrap();
+    let p = Provider::start(&["--template", &format!("mine={}", dir.path().display())]);
+    for name in ["mine", "mine:v2", "base"] {
+        let (status, v) = p.call(Method::POST, "/v3/templates", Some(json!({"name": name}))).await;
+        assert_eq!(status, reqwest::StatusCode::BAD_REQUEST, "{name}: {v}");
+        let message = v["message"].as_str().unwrap_or_default();
+        let named = if name == "base" { "\"base\"" } else { "\"mine\"" };
+        assert!(message.contains(named), "{name}: {v}");
+        if name != "base" {
+            assert!(message.contains("configured directory template"), "{name}: {v}");
+        }
+    }
+    // The operator's CLI refuses it too, knowing the directory templates of its configuration.
+    let config = p.state.join("names.toml");
+    std::fs::write(&config, format!("[local.templates]\nmine = \"{}\"\n", dir.path().display())).unwrap();
+    let src = tempfile::tempdir_in(Path::new(env!("CARGO_MANIFEST_DIR")).join("target")).unwrap();
+    write_layout(src.path(), &[file_layer(&[("etc/tiny", b"tiny\n")])]);
+    let out = Command::new(common::binary())
+        .arg("template")
+        .arg("--config")
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(&p.state)
+        .args(["import", "mine", src.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("configured directory template"), "{stderr}");
+    assert!(!p.state.join("store/templates/mine.json").exists());
+    // Any other name is the store's.
+    import(&p.state, "yours", &[file_layer(&[("etc/tiny", b"tiny\n")])]);
 }

@@ -13,6 +13,7 @@ use rmcp::Json;
 use super::error::ToolError;
 use crate::gateway::http::auth::Tenant;
 use crate::gateway::state::Gateway;
+use crate::logging::escaped;
 
 /// A tool result: structured value (plus its text copy), or an `isError` sentence.
 pub(crate) type ToolResult<T> = Result<Json<T>, String>;
@@ -118,7 +119,7 @@ impl Gateway {
 
     /// The one place a failed call becomes a sentence: the sandbox the provider reported gone is
     /// forgotten, the failure counted, the sentence masked (it may quote arguments, paths and
-    /// provider messages) and logged, and returned for the agent.
+    /// provider messages), logged escaped (see [`escaped`]), and returned for the agent.
     pub(crate) fn fail(
         &self,
         tool: &'static str,
@@ -141,9 +142,9 @@ impl Gateway {
                 let duration_ms = elapsed.map_or(0.0, duration_ms);
                 let request = self.core.masker.mask(call.request_label());
                 tracing::info!(tool, session = %call.session_label(), tenant = %call.tenant,
-                    sandbox = %sandbox, request = %request, duration_ms, outcome = "error", error = %sentence, "tool call");
+                    sandbox = %sandbox, request = %request, duration_ms, outcome = "error", error = %escaped(&sentence), "tool call");
             }
-            None => tracing::info!(tool, outcome = "error", error = %sentence, "tool call"),
+            None => tracing::info!(tool, outcome = "error", error = %escaped(&sentence), "tool call"),
         }
         sentence
     }

@@ -25,7 +25,7 @@ impl From<BuildError> for ControlError {
             BuildError::BadRequest(_) => StatusCode::BAD_REQUEST,
             BuildError::NotFound(_) | BuildError::Store(StoreError::NotFound(_)) => StatusCode::NOT_FOUND,
             BuildError::Conflict(_) => StatusCode::CONFLICT,
-            BuildError::Store(StoreError::BadName(_)) => StatusCode::BAD_REQUEST,
+            BuildError::Store(StoreError::BadName(_) | StoreError::Reserved(_)) => StatusCode::BAD_REQUEST,
             BuildError::Store(StoreError::LimitReached { .. }) => StatusCode::INSUFFICIENT_STORAGE,
             BuildError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };

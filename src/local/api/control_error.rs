@@ -34,7 +34,8 @@ impl From<ProviderError> for ControlError {
     fn from(err: ProviderError) -> Self {
         let status = StatusCode::from_u16(err.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         if status.is_server_error() {
-            tracing::error!(%err, "control-plane operation failed");
+            // Its text may quote what a sandbox printed (a start command's output, the agent's log).
+            tracing::error!(err = %crate::logging::escaped(&err), "control-plane operation failed");
         }
         ControlError(status, err.to_string())
     }

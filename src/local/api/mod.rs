@@ -107,7 +107,7 @@ async fn route_data_plane(State(state): State<Arc<AppState>>, req: Request, next
     }
     let host = req.headers().get(http::header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
     if let Some((port, id)) = crate::local::net::inbound::parse_host(host)
-        && let Some(entry) = state.provider.get(id)
+        && let Some(entry) = state.provider.get_public(id)
     {
         let id = id.to_owned();
         if port == wire::ENVD_PORT {
@@ -236,6 +236,15 @@ fn total_memory_mb() -> u64 {
         .unwrap_or(0)
 }
 
+/// Sandbox `id`, unless it is unknown or a template build's step sandbox (its build's own, not
+/// the API's): 404 for both alike.
+fn public(state: &AppState, id: &str) -> ApiResult<Arc<crate::local::control::sandbox_table::SandboxEntry>> {
+    state
+        .provider
+        .get_public(id)
+        .ok_or_else(|| ControlError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")))
+}
+
 fn check_id(id: &str) -> ApiResult<()> {
     if crate::local::control::ids::is_valid_sandbox_id(id) {
         Ok(())
@@ -292,6 +301,7 @@ async fn update_network(
 ) -> ApiResult<StatusCode> {
     check_id(&id)?;
     let req: wire::NetworkUpdate = json_body(&state, body).await?;
+    public(&state, &id)?;
     let unsupported = wire::SandboxNetwork { egress_proxy: req.egress_proxy, rules: req.rules, ..Default::default() };
     refuse_unsupported(unsupported.unsupported_fields())?;
     state
@@ -309,6 +319,7 @@ async fn update_network(
 async fn connect(State(state): State<Arc<AppState>>, Path(id): Path<String>, body: Body) -> ApiResult<Response> {
     check_id(&id)?;
     let req: ConnectSandbox = json_body(&state, body).await?;
+    public(&state, &id)?;
     let (rec, resumed) = state.provider.connect(&id, req.timeout).await?;
     let status = if resumed { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(sandbox_view(&rec, state.provider.cfg.network.domain.as_deref()))).into_response())
@@ -318,7 +329,7 @@ async fn connect(State(state): State<Arc<AppState>>, Path(id): Path<String>, bod
 async fn resume(State(state): State<Arc<AppState>>, Path(id): Path<String>, body: Body) -> ApiResult<Response> {
     check_id(&id)?;
     let req: ConnectSandbox = json_body(&state, body).await?;
-    let paused = state.provider.get(&id).map(|e| e.snapshot().state == SandboxState::Paused);
+    let paused = state.provider.get_public(&id).map(|e| e.snapshot().state == SandboxState::Paused);
     match paused {
         None => Err(ControlError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found"))),
         Some(false) => Err(ControlError::new(StatusCode::CONFLICT, format!("sandbox {id} is not paused"))),
@@ -332,6 +343,7 @@ async fn resume(State(state): State<Arc<AppState>>, Path(id): Path<String>, body
 
 async fn kill(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
     check_id(&id)?;
+    public(&state, &id)?;
     tracing::info!(sandbox = %id, "kill requested");
     state.provider.kill(&id).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -340,6 +352,7 @@ async fn kill(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Api
 async fn set_timeout(State(state): State<Arc<AppState>>, Path(id): Path<String>, body: Body) -> ApiResult<StatusCode> {
     check_id(&id)?;
     let req: SetTimeout = json_body(&state, body).await?;
+    public(&state, &id)?;
     state.provider.set_timeout(&id, req.timeout)?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -347,25 +360,20 @@ async fn set_timeout(State(state): State<Arc<AppState>>, Path(id): Path<String>,
 async fn pause(State(state): State<Arc<AppState>>, Path(id): Path<String>, body: Body) -> ApiResult<StatusCode> {
     check_id(&id)?;
     let _: serde_json::Value = json_body(&state, body).await?;
+    public(&state, &id)?;
     state.provider.pause(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn info(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult<Json<SandboxDetail>> {
     check_id(&id)?;
-    let entry = state
-        .provider
-        .get(&id)
-        .ok_or_else(|| ControlError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")))?;
+    let entry = public(&state, &id)?;
     Ok(Json(detail_view(&state.provider, &entry.snapshot(), true)))
 }
 
 async fn metrics(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult<Json<serde_json::Value>> {
     check_id(&id)?;
-    let entry = state
-        .provider
-        .get(&id)
-        .ok_or_else(|| ControlError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")))?;
+    let entry = public(&state, &id)?;
     let rec = entry.snapshot();
     let mem_used = crate::local::isolation::cgroups::memory_usage(&rec.cgroups).unwrap_or(0);
     let mem_total = state.provider.cfg.memory_limit_mb.unwrap_or_else(total_memory_mb) * 1024 * 1024;
@@ -400,7 +408,7 @@ fn list(state: &AppState, query: &str, v1: bool) -> ApiResult<Response> {
     let states = if v1 { vec![SandboxState::Running] } else { q.states.clone() };
     let mut recs: Vec<SandboxRecord> = state
         .provider
-        .all()
+        .all_public()
         .iter()
         .map(|e| e.snapshot())
         .filter(|r| states.is_empty() || states.contains(&r.state))

@@ -40,7 +40,8 @@ fn not_found(sandbox_id: &str, detail: &str) -> Response {
 
 /// Handles one data-plane request for the agent of `sandbox_id`.
 pub async fn forward(provider: Arc<SandboxTable>, sandbox_id: &str, req: Request<Body>) -> Response {
-    let Some(entry) = provider.get(sandbox_id) else {
+    // A build's step sandbox is its build's, not reachable from outside.
+    let Some(entry) = provider.get_public(sandbox_id) else {
         return not_found(sandbox_id, "");
     };
     let rec = entry.snapshot();

@@ -261,6 +261,7 @@ impl Builds {
             all_tags.push("default".to_owned());
         }
         let store = self.store()?;
+        store.check_name(&name).map_err(|e| BuildError::BadRequest(e.to_string()))?;
         let existing = store.layout.read_record(&name)?.map(|r| r.template_id);
         let mut table = crate::sync::lock(&self.table);
         let pending = table.values().find(|b| b.name == name).map(|b| b.template_id.clone());

@@ -327,7 +327,7 @@ async fn step_in_sandbox(of: &StepOf<'_>, layers: &[Digest], context: &Context, 
     let rec = provider.create(params).await.map_err(|e| stop(n, format!("cannot start the step's sandbox: {e}")))?;
     let outcome = run_and_harvest(of, context, job, &rec.id).await;
     if let Err(err) = provider.kill(&rec.id).await {
-        tracing::warn!(sandbox = %rec.id, %err, "cannot kill a build step's sandbox");
+        tracing::warn!(sandbox = %rec.id, err = %crate::logging::escaped(&err), "cannot kill a build step's sandbox");
     }
     outcome
 }

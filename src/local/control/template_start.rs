@@ -129,7 +129,9 @@ async fn poll_ready(
             }
             // An attempt cut short by the deadline says less than the last one that finished.
             Err(err) if !completed => last = LastAttempt::Failed(err),
-            Err(err) => tracing::debug!(sandbox = client.sandbox_id(), %err, "a ready attempt failed"),
+            Err(err) => {
+                tracing::debug!(sandbox = client.sandbox_id(), err = %crate::logging::escaped(&err), "a ready attempt failed")
+            }
         }
         tokio::time::sleep_until((Instant::now() + READY_POLL).min(deadline)).await;
     }

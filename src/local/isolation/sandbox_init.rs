@@ -92,65 +92,70 @@ pub fn enter_sandbox(
         (None, None) => {}
     }
     mount_layers(&plan.layers, &userns)?;
-
-    ensure_dir(root, "proc", 0o555)?;
-    plan.proc.run()?;
-    protect_proc(&plan.proc.target)?;
-    ensure_dir(root, "sys", 0o555)?;
-    if let Err(err) = plan.sys.call() {
-        eprintln!("sandbox-mcp envd: /sys not mounted: {err}");
-    }
-    build_dev(root, &plan.dev)?;
-
-    // Private /tmp (and /home, /root unless the template brings its own), backed by the
-    // sandbox's disk.
-    for private in &plan.private {
-        bind_private(root, private)?;
-        if let Some(user_home) = &private.user_home {
-            std::fs::DirBuilder::new()
-                .mode(0o755)
-                .recursive(true)
-                .create(&user_home.path)
-                .context("creating /home/user")?;
-            nix::unistd::chown(&user_home.path, Some(user_home.uid.into()), Some(user_home.gid.into()))
-                .context("chown /home/user")?;
+    // Mount points the template made symlinks: the set-up below may fail on them, and is then
+    // refused as the template's fault (see [`TEMPLATE_REFUSED`]).
+    let linked = linked_mount_points(root);
+    let set_up = || -> anyhow::Result<UnixListener> {
+        ensure_dir(root, "proc", 0o555)?;
+        plan.proc.run()?;
+        protect_proc(&plan.proc.target)?;
+        ensure_dir(root, "sys", 0o555)?;
+        if let Err(err) = plan.sys.call() {
+            eprintln!("sandbox-mcp envd: /sys not mounted: {err}");
         }
-    }
+        build_dev(root, &plan.dev)?;
 
-    // A template that contains the provider's state directory (e.g. a custom template of `/`)
-    // gets it hidden behind an empty read-only tmpfs.
-    if plan.hide_state.target.is_dir() {
-        plan.hide_state.run()?;
-    }
+        // Private /tmp (and /home, /root unless the template brings its own), backed by the
+        // sandbox's disk.
+        for private in &plan.private {
+            bind_private(root, private)?;
+            if let Some(user_home) = &private.user_home {
+                std::fs::DirBuilder::new()
+                    .mode(0o755)
+                    .recursive(true)
+                    .create(&user_home.path)
+                    .context("creating /home/user")?;
+                nix::unistd::chown(&user_home.path, Some(user_home.uid.into()), Some(user_home.gid.into()))
+                    .context("chown /home/user")?;
+            }
+        }
 
-    nix::unistd::sethostname(&spec.sandbox_id).context("sethostname")?;
+        // A template that contains the provider's state directory (e.g. a custom template of `/`)
+        // gets it hidden behind an empty read-only tmpfs.
+        if plan.hide_state.target.is_dir() {
+            plan.hide_state.run()?;
+        }
 
-    // Bind the agent's socket on the host-visible path before leaving the host's view, by its
-    // relative name (the cwd is the sandbox directory): `/proc/net/unix` shows the name as bound.
-    let socket = sandbox_dir.join(SOCKET_FILE);
-    let _ = std::fs::remove_file(&socket);
-    let listener = UnixListener::bind(SOCKET_FILE).with_context(|| format!("binding {}", socket.display()))?;
-    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600)).context("chmod envd socket")?;
+        nix::unistd::sethostname(&spec.sandbox_id).context("sethostname")?;
 
-    nix::unistd::chdir(root).context("chdir into the new root")?;
-    nix::unistd::pivot_root(".", ".").context("pivot_root")?;
-    umount2(".", MntFlags::MNT_DETACH).context("detaching the old root")?;
-    nix::unistd::chdir("/").context("chdir /")?;
+        // Bind the agent's socket on the host-visible path before leaving the host's view, by its
+        // relative name (the cwd is the sandbox directory): `/proc/net/unix` shows the name as bound.
+        let socket = sandbox_dir.join(SOCKET_FILE);
+        let _ = std::fs::remove_file(&socket);
+        let listener = UnixListener::bind(SOCKET_FILE).with_context(|| format!("binding {}", socket.display()))?;
+        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600)).context("chmod envd socket")?;
 
-    // From here on: root of the sandbox's user namespace, an unprivileged uid on the host.
-    userns::enter(&userns).context("entering the sandbox's user namespace")?;
-    drop(userns);
-    let new_root = Path::new("/");
-    write_accounts(new_root, spec)?;
-    if spec.home_from_template {
-        ensure_user_home(new_root, spec)?;
-    }
-    let _ = std::fs::write("/etc/hostname", format!("{}\n", spec.sandbox_id));
-    write_hosts(new_root, &spec.sandbox_id);
-    write_resolv_conf(new_root)?;
-    drop_bounding_capabilities()?;
-    seccomp::install().context("installing the seccomp filter")?;
-    Ok(listener)
+        nix::unistd::chdir(root).context("chdir into the new root")?;
+        nix::unistd::pivot_root(".", ".").context("pivot_root")?;
+        umount2(".", MntFlags::MNT_DETACH).context("detaching the old root")?;
+        nix::unistd::chdir("/").context("chdir /")?;
+
+        // From here on: root of the sandbox's user namespace, an unprivileged uid on the host.
+        userns::enter(&userns).context("entering the sandbox's user namespace")?;
+        drop(userns);
+        let new_root = Path::new("/");
+        write_accounts(new_root, spec)?;
+        if spec.home_from_template {
+            ensure_user_home(new_root, spec)?;
+        }
+        let _ = std::fs::write("/etc/hostname", format!("{}\n", spec.sandbox_id));
+        write_hosts(new_root, &spec.sandbox_id);
+        write_resolv_conf(new_root)?;
+        drop_bounding_capabilities()?;
+        seccomp::install().context("installing the seccomp filter")?;
+        Ok(listener)
+    };
+    set_up().map_err(|err| refused_for_links(err, &linked))
 }
 
 /// Mounts the copy-on-write root and the extra layers (see [`LayersPlan`]).
@@ -231,6 +236,35 @@ fn drop_bounding_capabilities() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The start of a set-up error that is the template's fault, not the host's: the provider
+/// answers it with 400 naming the template (the rest of the text says what is wrong).
+pub const TEMPLATE_REFUSED: &str = "template refused: ";
+
+/// The directories the set-up mounts over or into, as the template may have them.
+const MOUNT_POINTS: [&str; 6] = ["dev", "home", "proc", "root", "sys", "tmp"];
+
+/// Which of [`MOUNT_POINTS`] are symlinks in the new root `root` (as `/name`).
+fn linked_mount_points(root: &Path) -> Vec<String> {
+    MOUNT_POINTS
+        .iter()
+        .filter(|name| std::fs::symlink_metadata(root.join(name)).is_ok_and(|m| m.file_type().is_symlink()))
+        .map(|name| format!("/{name}"))
+        .collect()
+}
+
+/// A set-up error of a template with symlinked mount points `linked`, made the template's fault
+/// ([`TEMPLATE_REFUSED`]) when there are any: a mount through such a link lands outside the
+/// sandbox's tree, and what the set-up does next fails (without changing the host).
+fn refused_for_links(err: anyhow::Error, linked: &[String]) -> anyhow::Error {
+    let Some((last, rest)) = linked.split_last() else { return err };
+    let names = if rest.is_empty() { last.clone() } else { format!("{} and {last}", rest.join(", ")) };
+    let verb = if rest.is_empty() { "is a symlink" } else { "are symlinks" };
+    anyhow::anyhow!(
+        "{TEMPLATE_REFUSED}its {names} {verb}, where a sandbox's set-up mounts directories of its own; \
+         make them directories in the image ({err:#})"
+    )
 }
 
 fn ensure_dir(root: &Path, rel: &str, mode: u32) -> anyhow::Result<PathBuf> {

@@ -90,7 +90,8 @@ pub fn run(args: TemplateArgs) -> anyhow::Result<()> {
     let config = crate::config::Config::load(args.config.as_deref())?;
     let state_dir = args.state_dir.unwrap_or_else(|| config.local.resolved_state_dir());
     let store = Store::open(&state_dir, config.local.template_store_limit_mb)
-        .with_context(|| format!("opening the template store of {}", state_dir.display()))?;
+        .with_context(|| format!("opening the template store of {}", state_dir.display()))?
+        .reserving(config.local.templates.keys().cloned());
     match args.action {
         TemplateAction::Import { name, source, commands } => {
             let mut record = store.import(&name, &source)?;

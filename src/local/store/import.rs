@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 use super::digest::{Digest, LimitedReader, read_verified};
 use super::image::{Document, ImageConfig, MAX_DOCUMENT, pick_manifest};
 use super::layout::Scratch;
-use super::{Store, StoreError, TemplateRecord, extract::components, validate_name};
+use super::{Store, StoreError, TemplateRecord, extract::components};
 
 pub fn import(store: &Store, name: &str, source: &Path) -> Result<TemplateRecord, StoreError> {
-    validate_name(name)?;
+    store.check_name(name)?;
     let meta = std::fs::metadata(source).map_err(|e| StoreError::io(source, e))?;
     let _lock = store.lock()?;
     // Removed when this returns (dropped).

@@ -67,6 +67,11 @@ pub enum StoreError {
          not `base`"
     )]
     BadName(String),
+    #[error(
+        "template name {0:?} is taken by a configured directory template (`--template {0}=DIR` or \
+         local.templates), which a create of {0:?} would start instead: choose another name"
+    )]
+    Reserved(String),
     #[error("no template {0:?} in the store (see `sandbox-mcp template list`)")]
     NotFound(String),
     #[error("registry: {0}")]
@@ -130,6 +135,9 @@ pub fn new_build_id() -> String {
 pub struct Store {
     pub layout: Layout,
     limit_bytes: u64,
+    /// Names no stored template may take: the configured directory templates', which a create
+    /// starts first (see [`Store::reserving`]).
+    reserved: std::sync::Arc<std::collections::BTreeSet<String>>,
 }
 
 impl Store {
@@ -153,7 +161,23 @@ impl Store {
                 let _ = std::fs::remove_dir_all(entry.path()).or_else(|_| std::fs::remove_file(entry.path()));
             }
         }
-        Ok(Store { layout, limit_bytes: limit_mb.saturating_mul(1 << 20) })
+        Ok(Store { layout, limit_bytes: limit_mb.saturating_mul(1 << 20), reserved: Default::default() })
+    }
+
+    /// The same store, refusing to register a template under any of `names` (the configured
+    /// directory templates: `--template NAME=DIR`, `local.templates`).
+    pub fn reserving(self, names: impl IntoIterator<Item = String>) -> Store {
+        Store { reserved: std::sync::Arc::new(names.into_iter().collect()), ..self }
+    }
+
+    /// Checks that a template may be registered as `name`: a valid name ([`validate_name`]),
+    /// neither `base` nor a configured directory template's.
+    pub fn check_name(&self, name: &str) -> Result<(), StoreError> {
+        validate_name(name)?;
+        if self.reserved.contains(name) {
+            return Err(StoreError::Reserved(name.to_owned()));
+        }
+        Ok(())
     }
 
     /// Takes the writers' lock (waiting for another import, pull or gc to finish).
@@ -328,7 +352,7 @@ impl Store {
     /// same name, else made up (ids) or defaulted (tags `default`). The caller holds the lock.
     pub fn commit(&self, new: NewTemplate<'_>) -> Result<TemplateRecord, StoreError> {
         let NewTemplate { name, layers, config, source, template_id, build_id, tags, cpu_count, memory_mb } = new;
-        validate_name(name)?;
+        self.check_name(name)?;
         let mut size = 0;
         for layer in &layers {
             size += self

@@ -273,7 +273,7 @@ pub async fn pull(
     reference: &str,
     options: &PullOptions,
 ) -> Result<TemplateRecord, StoreError> {
-    super::validate_name(name)?;
+    store.check_name(name)?;
     let image = fetch(store, reference, options).await?;
     let (store2, name2, label) = (store.clone(), name.to_owned(), format!("pull:{reference}"));
     tokio::task::spawn_blocking(move || {

@@ -338,3 +338,25 @@ fn a_repeated_layer_is_stacked_once_at_its_topmost_place_and_a_missing_one_is_na
     let missing = Digest::parse(&format!("sha256:{}", "1".repeat(64))).unwrap();
     assert_eq!(store.layer_stack(&[a, missing.clone()]).unwrap_err(), missing);
 }
+
+#[test]
+fn a_configured_directory_templates_name_cannot_be_registered() {
+    let state = tempfile::tempdir().unwrap();
+    let store = Store::open(state.path(), 64).unwrap().reserving(["mine".to_owned()]);
+    let err = store.check_name("mine").unwrap_err();
+    assert!(matches!(err, StoreError::Reserved(ref n) if n == "mine"), "{err}");
+    assert!(err.to_string().contains("\"mine\"") && err.to_string().contains("local.templates"), "{err}");
+    assert!(matches!(store.check_name("base"), Err(StoreError::BadName(_))));
+    store.check_name("other").unwrap();
+    // Every registration goes through the check: a commit, an import.
+    let _lock = store.lock().unwrap();
+    let err = store.commit_template("mine", Vec::new(), RunConfig::default(), "test".into()).unwrap_err();
+    assert!(matches!(err, StoreError::Reserved(_)), "{err}");
+    drop(_lock);
+    let err = store.import("mine", state.path()).unwrap_err();
+    assert!(matches!(err, StoreError::Reserved(_)), "{err}");
+    assert!(store.lookup("mine").unwrap().is_none());
+    // The same store unreserved registers it.
+    let plain = Store::open(state.path(), 64).unwrap();
+    plain.commit_template("mine", Vec::new(), RunConfig::default(), "test".into()).unwrap();
+}

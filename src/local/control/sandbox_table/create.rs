@@ -17,10 +17,12 @@ use crate::local::control::identity::process_start_time;
 use crate::local::control::record::{self, LOG_FILE, RECORD_FILE, SandboxRecord, now_ms, write_json_atomic};
 use crate::local::control::{agent_process, ids, template_start};
 use crate::local::isolation::cgroups::{self, Limits};
+use crate::local::isolation::sandbox_init::TEMPLATE_REFUSED;
 use crate::local::isolation::spec::{SPEC_FILE, SandboxSpec};
 use crate::local::net::policy::EgressPolicy;
 use crate::local::store::RunConfig;
 use crate::local::template::TemplateRoot;
+use crate::logging::escaped;
 
 /// How long a new agent may take to report ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -183,11 +185,18 @@ impl SandboxTable {
             tracing::warn!(sandbox = %id, %err, "moving the sandbox agent into its cgroups failed");
         }
         if let Err(message) = ready {
-            tracing::warn!(sandbox = %id, error = %message, "sandbox agent failed to start");
+            tracing::warn!(sandbox = %id, error = %escaped(&message), "sandbox agent failed to start");
             agent_process::kill_and_wait(pid, start_time, KILL_TIMEOUT).await;
             cgroups::remove(&cgroup_dirs).await;
             let log = std::fs::read_to_string(dir.join(LOG_FILE)).unwrap_or_default();
             remove_sandbox_dir(&dir);
+            // An image the set-up cannot be made in (its mount points symlinks): the caller's to fix.
+            if let ReadyError::SetUp(text) = &message
+                && let Some(why) = text.strip_prefix(TEMPLATE_REFUSED)
+            {
+                let template = &params.template;
+                return Err(ProviderError::BadRequest(format!("template '{template}' cannot start a sandbox: {why}")));
+            }
             let detail = log.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").to_owned();
             return Err(ProviderError::Internal(format!("the sandbox failed to start: {message} {detail}")));
         }
@@ -228,7 +237,7 @@ impl SandboxTable {
                 Err(e) => Err(e),
             };
             if let Err(err) = started {
-                tracing::warn!(sandbox = %id, template = %rec.template, %err, "sandbox not ready; killing it");
+                tracing::warn!(sandbox = %id, template = %escaped(&rec.template), err = %escaped(&err), "sandbox not ready; killing it");
                 drop(net);
                 self.destroy(&rec, &dir).await;
                 return Err(err);

@@ -66,6 +66,9 @@ pub struct SandboxEntry {
     /// The provider's own descriptor of the sandbox's disk, kept when the create asked for it
     /// (a template build reads the overlay's upper layer through it once the sandbox stopped).
     kept_disk: Mutex<Option<OwnedFd>>,
+    /// A template build's step sandbox ([`is_build_step`]): its build's own, hidden from the
+    /// sandbox API ([`SandboxTable::get_public`]).
+    build_step: bool,
 }
 
 impl SandboxEntry {
@@ -84,6 +87,7 @@ impl SandboxEntry {
     fn new(dir: PathBuf, rec: SandboxRecord, net: Option<SandboxNet>) -> SandboxEntry {
         SandboxEntry {
             dir,
+            build_step: is_build_step(&rec),
             record: Mutex::new(rec),
             op: tokio::sync::Mutex::new(()),
             net: Mutex::new(net),
@@ -180,7 +184,16 @@ impl SandboxTable {
             None => crate::local::template::build_base(&cfg.state_dir, Path::new("/"))?,
         };
         let store = match crate::local::store::Store::open(&cfg.state_dir, cfg.template_store_limit_mb) {
-            Ok(store) => Some(store),
+            // A configured directory template's name is its own: no build, import or pull takes it.
+            Ok(store) => {
+                for name in cfg.templates.keys() {
+                    if store.layout.read_record(name).ok().flatten().is_some() {
+                        tracing::warn!(template = %name, "a stored template has a configured directory template's name; \
+                            creates of that name start the directory template (rename or remove one of them)");
+                    }
+                }
+                Some(store.reserving(cfg.templates.keys().cloned()))
+            }
             Err(err) => {
                 tracing::warn!(%err, "the template store cannot be opened: only base and local.templates are served");
                 None
@@ -276,6 +289,17 @@ impl SandboxTable {
 
     pub fn get(&self, id: &str) -> Option<Arc<SandboxEntry>> {
         self.table().get(id).cloned()
+    }
+
+    /// Sandbox `id` as the sandbox API sees it: a template build's step sandbox belongs to its
+    /// build and is not found (listed, connected to, paused, timed or killed) through the API.
+    pub fn get_public(&self, id: &str) -> Option<Arc<SandboxEntry>> {
+        self.get(id).filter(|entry| !entry.build_step)
+    }
+
+    /// Every live sandbox the sandbox API sees (all but build steps, see [`Self::get_public`]).
+    pub fn all_public(&self) -> Vec<Arc<SandboxEntry>> {
+        self.table().values().filter(|entry| !entry.build_step).cloned().collect()
     }
 
     /// An envd client that reaches sandbox `id`'s agent over its Unix socket, for the provider's
