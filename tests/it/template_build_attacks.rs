@@ -175,8 +175,11 @@ async fn a_restart_in_the_middle_of_a_step_kills_its_sandbox_and_keeps_no_half_l
     assert_eq!(status, reqwest::StatusCode::NOT_FOUND, "a build does not outlive its provider");
     assert_eq!(layer_paths(&p.state).len(), layers_before, "no half layer");
     assert!(!p.state.join("store/templates/endless.json").exists());
-    // A user's own sandbox with the same metadata key is re-adopted as usual.
-    let own = p.create(json!({"templateID": "deb", "timeout": 120, "metadata": {"sandbox-mcp.build": "x"}})).await;
+    // The key that marks a step sandbox is the provider's own; a user's sandbox is re-adopted.
+    let marked = json!({"templateID": "deb", "timeout": 120, "metadata": {"sandbox-mcp.build": "x"}});
+    let (status, v) = p.call(Method::POST, "/v2/sandboxes", Some(marked)).await;
+    assert_eq!(status, reqwest::StatusCode::BAD_REQUEST, "{v}");
+    let own = p.create(json!({"templateID": "deb", "timeout": 120, "metadata": {"purpose": "x"}})).await;
     p.crash();
     p.launch();
     let (status, _) = p.call(Method::GET, &format!("/sandboxes/{}", id_of(&own)), None).await;
