@@ -112,16 +112,22 @@ pub fn write_layout(dir: &Path, layers: &[Vec<u8>]) {
 
 /// A layer tar of regular files (`path`, bytes), owned by root, mode 0644.
 pub fn file_layer(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let files: Vec<(&str, &[u8], u32)> = files.iter().map(|&(path, data)| (path, data, 0o644)).collect();
+    moded_file_layer(&files)
+}
+
+/// A layer tar of regular files (`path`, bytes, mode), owned by root.
+pub fn moded_file_layer(files: &[(&str, &[u8], u32)]) -> Vec<u8> {
     let mut builder = tar::Builder::new(Vec::new());
-    for (path, data) in files {
+    for &(path, data, mode) in files {
         let mut header = tar::Header::new_gnu();
         header.set_size(data.len() as u64);
-        header.set_mode(0o644);
+        header.set_mode(mode);
         header.set_uid(0);
         header.set_gid(0);
         header.set_mtime(0);
         header.set_cksum();
-        builder.append_data(&mut header, path, *data).unwrap();
+        builder.append_data(&mut header, path, data).unwrap();
     }
     builder.into_inner().unwrap()
 }

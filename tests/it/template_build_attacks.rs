@@ -274,35 +274,18 @@ async fn an_image_whose_mount_points_are_symlinks_is_refused_naming_the_path() {
 
 /// A tiny image with a shell: the host's `sh` and `sleep`, the C library they need, an `/etc`.
 fn shell_layer() -> Vec<u8> {
-    let mut builder = tar::Builder::new(Vec::new());
-    let files = [
+    let host_files = [
         ("bin/sh", "/bin/sh"),
         ("bin/sleep", "/bin/sleep"),
         ("lib64/ld-linux-x86-64.so.2", "/lib64/ld-linux-x86-64.so.2"),
         ("lib/x86_64-linux-gnu/libc.so.6", "/lib/x86_64-linux-gnu/libc.so.6"),
     ];
-    for (path, host) in files {
-        let data = std::fs::read(host).unwrap();
-        let mut header = tar::Header::new_gnu();
-        header.set_size(data.len() as u64);
-        header.set_mode(0o755);
-        header.set_uid(0);
-        header.set_gid(0);
-        header.set_mtime(0);
-        header.set_cksum();
-        builder.append_data(&mut header, path, &data[..]).unwrap();
-    }
+    let contents: Vec<(&str, Vec<u8>)> =
+        host_files.iter().map(|&(path, host)| (path, std::fs::read(host).unwrap())).collect();
+    let mut files: Vec<(&str, &[u8], u32)> = contents.iter().map(|(path, data)| (*path, &data[..], 0o755)).collect();
     // The set-up writes the accounts, hosts and resolver files into the image's /etc.
-    let passwd = b"root:x:0:0:root:/root:/bin/sh\n";
-    let mut header = tar::Header::new_gnu();
-    header.set_size(passwd.len() as u64);
-    header.set_mode(0o644);
-    header.set_uid(0);
-    header.set_gid(0);
-    header.set_mtime(0);
-    header.set_cksum();
-    builder.append_data(&mut header, "etc/passwd", &passwd[..]).unwrap();
-    builder.into_inner().unwrap()
+    files.push(("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n", 0o644));
+    moded_file_layer(&files)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -313,7 +296,7 @@ async fn a_build_step_sandbox_is_invisible_to_the_sandbox_api() {
     }
     let p = Provider::start(&[]);
     import(&p.state, "tinysh", &[shell_layer()]);
-    let spec = json!({"fromTemplate": "tinysh", "steps": [{"type": "RUN", "args": ["sleep 4 && echo slept", "root"]}]});
+    let spec = json!({"fromTemplate": "tinysh", "steps": [{"type": "RUN", "args": ["sleep 8 && echo slept", "root"]}]});
     let (tid, bid) = start_build(&p, "stepped", spec).await;
     let mut step = None;
     assert!(
@@ -349,6 +332,11 @@ async fn a_build_step_sandbox_is_invisible_to_the_sandbox_api() {
         |id: String| p.http.get(p.url("/health")).header("X-API-Key", API_KEY).header("E2b-Sandbox-Id", id).send();
     let unknown = envd("ixxxxxxxxxxxxxxxxxxxx".to_owned()).await.unwrap().status();
     assert_eq!(envd(step.clone()).await.unwrap().status(), unknown);
+    // The 404s prove nothing unless the step sandbox was alive through all of them.
+    assert!(
+        crate::common::agent_pid(&p.state, &step).is_some(),
+        "the step sandbox ended before the API was tried; lengthen the step"
+    );
     // The build is untouched by all of it, and its step sandbox goes with it.
     let status = wait_build(&p, &tid, &bid).await;
     assert_eq!(status["status"], "ready", "{status}");
