@@ -59,7 +59,7 @@ async fn wait_build(p: &Provider, tid: &str, bid: &str) -> Value {
 fn step_sandbox(p: &Provider, bid: &str) -> Option<String> {
     std::fs::read_dir(p.state.join("sandboxes")).ok()?.flatten().find_map(|e| {
         let rec: Value = serde_json::from_slice(&std::fs::read(e.path().join("record.json")).ok()?).ok()?;
-        (rec["metadata"]["sandbox-mcp.build"] == bid).then(|| e.file_name().to_string_lossy().into_owned())
+        (rec["build_step_of"] == bid).then(|| e.file_name().to_string_lossy().into_owned())
     })
 }
 
@@ -175,16 +175,19 @@ async fn a_restart_in_the_middle_of_a_step_kills_its_sandbox_and_keeps_no_half_l
     assert_eq!(status, reqwest::StatusCode::NOT_FOUND, "a build does not outlive its provider");
     assert_eq!(layer_paths(&p.state).len(), layers_before, "no half layer");
     assert!(!p.state.join("store/templates/endless.json").exists());
-    // The key that marks a step sandbox is the provider's own; a user's sandbox is re-adopted.
-    let marked = json!({"templateID": "deb", "timeout": 120, "metadata": {"sandbox-mcp.build": "x"}});
-    let (status, v) = p.call(Method::POST, "/v2/sandboxes", Some(marked)).await;
-    assert_eq!(status, reqwest::StatusCode::BAD_REQUEST, "{v}");
-    let own = p.create(json!({"templateID": "deb", "timeout": 120, "metadata": {"purpose": "x"}})).await;
+    // A user's own sandbox dressed as a step (a `build:` template name, the old marking metadata)
+    // is re-adopted as usual, listed and killable: only the build marks a step sandbox.
+    import(&p.state, "build", &[std::fs::read(&rootfs).unwrap()]);
+    let dressed = json!({"templateID": "build:default", "timeout": 120, "metadata": {"sandbox-mcp.build": bid}});
+    let own = p.create(dressed).await;
+    let (_, list) = p.call(Method::GET, "/sandboxes", None).await;
+    assert!(list.to_string().contains(&id_of(&own)), "a user's sandbox is listed: {list}");
     p.crash();
     p.launch();
     let (status, _) = p.call(Method::GET, &format!("/sandboxes/{}", id_of(&own)), None).await;
     assert_eq!(status, reqwest::StatusCode::OK, "only build step sandboxes are killed at start-up");
-    let _ = p.call(Method::DELETE, &format!("/sandboxes/{}", id_of(&own)), None).await;
+    let (status, _) = p.call(Method::DELETE, &format!("/sandboxes/{}", id_of(&own)), None).await;
+    assert_eq!(status, reqwest::StatusCode::NO_CONTENT, "a user's sandbox is killable");
 }
 
 /// A layer turning the mount points of a sandbox's set-up into symlinks to host paths (`all`:

@@ -29,7 +29,7 @@ use crate::e2b::wire::{
     SandboxState, SetTimeout,
 };
 use crate::local::control::record::{SandboxRecord, rfc3339_ms};
-use crate::local::control::sandbox_table::{BUILD_STEP_METADATA, CreateParams, SandboxTable};
+use crate::local::control::sandbox_table::{CreateParams, SandboxTable};
 use control_error::ControlError;
 
 /// Shared state of the HTTP layer.
@@ -258,20 +258,12 @@ async fn create(State(state): State<Arc<AppState>>, body: Body) -> ApiResult<Res
     if req.template_id.trim().is_empty() {
         return Err(ControlError::new(StatusCode::BAD_REQUEST, "templateID must not be empty"));
     }
-    let metadata = req.metadata.unwrap_or_default();
-    // The key that marks a build's step sandbox (hidden from this API): no client may set it.
-    if metadata.contains_key(BUILD_STEP_METADATA) {
-        return Err(ControlError::new(
-            StatusCode::BAD_REQUEST,
-            format!("metadata key {BUILD_STEP_METADATA:?} is reserved for the provider's template builds"),
-        ));
-    }
     let network = req.network.unwrap_or_default();
     refuse_unsupported(network.unsupported_fields())?;
     let params = CreateParams {
         template: req.template_id,
         timeout_secs: req.timeout,
-        metadata,
+        metadata: req.metadata.unwrap_or_default(),
         env_vars: req.env_vars.unwrap_or_default(),
         allow_internet_access: req.allow_internet_access.unwrap_or(true),
         network: crate::local::net::policy::NetworkConfig {

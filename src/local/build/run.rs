@@ -5,7 +5,6 @@
 //! registered. A failing step fails the build with the step, its exit code and the last lines
 //! of its output, and registers nothing.
 
-use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -19,7 +18,7 @@ use super::steps::{Base, Context, Plan, Step, cache_key};
 use super::{Build, Builds, Failure, REASON_TAIL_LINES};
 use crate::e2b::CallOptions;
 use crate::e2b::wire::{self, ProcessEvent};
-use crate::local::control::sandbox_table::{BUILD_STEP_METADATA, BUILD_STEP_TEMPLATE_PREFIX, CreateParams};
+use crate::local::control::sandbox_table::CreateParams;
 use crate::local::control::template_start::run_user;
 use crate::local::store::registry::{self, PullOptions};
 use crate::local::store::{Digest, NewTemplate, RunConfig, Store, env_map, write_atomic};
@@ -316,12 +315,12 @@ async fn step_in_sandbox(of: &StepOf<'_>, layers: &[Digest], context: &Context, 
     let lowers = of.store.layer_stack(layers).map_err(|d| stop(n, format!("the layer {d} is no longer stored")))?;
     let root = TemplateRoot::stacked(lowers).ok_or_else(|| stop(n, "a build step needs at least one layer"))?;
     let params = CreateParams {
-        template: format!("{BUILD_STEP_TEMPLATE_PREFIX}{}", of.build.name),
+        template: format!("build:{}", of.build.name),
         timeout_secs: Some(provider.cfg.max_timeout_secs.min(STEP_TIMEOUT.as_secs())),
-        metadata: HashMap::from([(BUILD_STEP_METADATA.to_owned(), of.build.build_id.clone())]),
         allow_internet_access: true,
         root: Some(root),
         keep_disk: true,
+        build_step_of: Some(of.build.build_id.clone()),
         ..CreateParams::default()
     };
     let rec = provider.create(params).await.map_err(|e| stop(n, format!("cannot start the step's sandbox: {e}")))?;

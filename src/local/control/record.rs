@@ -52,6 +52,10 @@ pub struct SandboxRecord {
     /// How the sandbox is paused: `freezer` (cgroup) or `sigstop`.
     #[serde(default)]
     pub pause_method: Option<String>,
+    /// The id of the template build this sandbox runs a step of, set by the build alone (see
+    /// `sandbox_table::is_build_step`); nothing a client sends at create reaches it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build_step_of: Option<String>,
 }
 
 /// Errors of record I/O.

@@ -218,6 +218,7 @@ impl SandboxTable {
             envd_access_token: ids::new_access_token(),
             cgroups: cgroup_dirs,
             pause_method: None,
+            build_step_of: params.build_step_of,
         };
         let net = match self.net.activate(&id, prepared, policy) {
             Ok(net) => net,

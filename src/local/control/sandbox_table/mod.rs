@@ -109,15 +109,11 @@ impl SandboxEntry {
     }
 }
 
-/// The metadata key of a template build's step sandbox (its value: the build's id).
-pub const BUILD_STEP_METADATA: &str = "sandbox-mcp.build";
-/// The template name prefix of a template build's step sandbox.
-pub const BUILD_STEP_TEMPLATE_PREFIX: &str = "build:";
-
-/// Whether `rec` is a template build's step sandbox. Builds live in the provider process: one
-/// found at start-up belongs to a build that is gone, and is killed rather than re-adopted.
+/// Whether `rec` is a template build's step sandbox (its record names the build, which only the
+/// build's own create sets). Builds live in the provider process: one found at start-up belongs
+/// to a build that is gone, and is killed rather than re-adopted.
 pub fn is_build_step(rec: &SandboxRecord) -> bool {
-    rec.template.starts_with(BUILD_STEP_TEMPLATE_PREFIX) && rec.metadata.contains_key(BUILD_STEP_METADATA)
+    rec.build_step_of.is_some()
 }
 
 /// Parameters of a new sandbox (validated by the HTTP layer).
@@ -134,6 +130,8 @@ pub struct CreateParams {
     pub root: Option<TemplateRoot>,
     /// Keep the provider's descriptor of the sandbox's disk ([`SandboxEntry::take_kept_disk`]).
     pub keep_disk: bool,
+    /// The build whose step this sandbox runs ([`is_build_step`]); never set from the API.
+    pub build_step_of: Option<String>,
 }
 
 /// The sandbox table: the provider's shared state (settings, templates, pools) and its
