@@ -14,7 +14,9 @@ This file owns, for every task, the directory ``BASE/tasks/<task_id>/``:
                    creation time.
   status.json      written only by the task's supervisor daemon, atomically
                    (temp file, fsync, rename): state, pids, process group,
-                   times, exit code / signal, byte counts, truncation flags.
+                   times, exit code / signal, byte counts, truncation flags,
+                   and the identity of the sandbox instance it runs in (so a
+                   copy of the directory in another sandbox reads `unknown`).
   stdout, stderr   the first 1 MiB of each stream AFTER masking; append-only,
                    so a page read at the same offsets always returns the same
                    bytes.
@@ -45,7 +47,7 @@ Imports are kept minimal because the gateway runs ``status`` on every
 get_task call and interpreter start-up dominates its latency.
 """
 
-SUPERVISOR_VERSION = "5"
+SUPERVISOR_VERSION = "6"
 
 import os
 import sys
@@ -98,6 +100,26 @@ NON_SECRET_VALUES = (b"true", b"false", b"none", b"null")
 MASK = b"***"
 
 TERMINAL = ("succeeded", "failed", "cancelled", "timed_out")
+
+# The identity of the sandbox instance a task was started in (its "origin",
+# recorded in spec.json and status.json). A sandbox made from a copy of another
+# one's files (a filesystem snapshot or fork) has the task's directory but not
+# its processes, and a pid recorded there may name an unrelated process here.
+# Each component is compared only when it is known on both sides:
+#   pid_ns      inode of the PID namespace (the local provider gives every
+#               sandbox, forks included, its own; E2B runs all in the init one)
+#   init_start  start time of PID 1 of that namespace (tells a new namespace
+#               apart even when the kernel reuses a freed namespace's inode)
+#   boot_id     the kernel's boot id (E2B: a cold-booted copy has a new one;
+#               the local provider's sandboxes share the host's)
+# Module-level so tests can point them at files of their own.
+PID_NS_PATH = "/proc/self/ns/pid"
+INIT_STAT_PATH = "/proc/1/stat"
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+COPIED_ERROR = ("this task was copied from another sandbox (a snapshot or fork) without its "
+                "process; its outcome is unknown here (the sandbox it was started in has it, "
+                "if that sandbox still exists)")
 
 
 CLI_OPTIONS = {
@@ -353,8 +375,13 @@ def proc_stat(pid):
     """(state, pgrp, session, starttime) from /proc/PID/stat, or None if no such process."""
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return None
+    return read_stat("/proc/%d/stat" % pid)
+
+
+def read_stat(path):
+    """(state, pgrp, session, starttime) from a /proc/PID/stat file, or None."""
     try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
+        with open(path, "rb") as f:
             raw = f.read()
     except OSError:
         return None
@@ -378,6 +405,55 @@ def process_alive(pid, start_time):
     return bool(st) and st[3] == start_time and st[0] not in ("Z", "X", "x")
 
 
+_identity = []  # this invocation's sandbox_identity(), computed once
+
+
+def sandbox_identity():
+    """This sandbox instance's identity {"pid_ns", "init_start", "boot_id"}, a
+    component None where unreadable; None if no component is readable."""
+    if not _identity:
+        try:
+            pid_ns = os.stat(PID_NS_PATH).st_ino
+        except OSError:
+            pid_ns = None
+        init = read_stat(INIT_STAT_PATH)
+        boot_id = None
+        try:
+            with open(BOOT_ID_PATH, "rb") as f:
+                raw = f.read(128).strip().decode("ascii")
+            if 0 < len(raw) <= 64:
+                boot_id = raw
+        except (OSError, UnicodeDecodeError):
+            pass
+        ident = {"pid_ns": pid_ns, "init_start": init[3] if init else None, "boot_id": boot_id}
+        _identity.append(ident if any(v is not None for v in ident.values()) else None)
+    return _identity[0]
+
+
+def origin_differs(origin):
+    """True if a recorded origin names another sandbox instance than this one:
+    some component known on both sides differs. No origin (a task started by
+    an older supervisor, or nothing was readable) never differs."""
+    if not isinstance(origin, dict):
+        return False
+    here = sandbox_identity()
+    if here is None:
+        return False
+    for key, kind in (("pid_ns", int), ("init_start", int), ("boot_id", str)):
+        theirs, ours = origin.get(key), here[key]
+        if (ours is not None and isinstance(theirs, kind) and not isinstance(theirs, bool)
+                and theirs != ours):
+            return True
+    return False
+
+
+def copied_task(record):
+    """True for a task not recorded as finished whose record (status.json, or
+    spec.json before that) comes from another sandbox instance: its processes
+    are not here, and its pids may name unrelated processes of this sandbox."""
+    return record.get("state") not in TERMINAL and origin_differs(record.get("origin"))
+
+
 # --- reading a task's state (status, cancel, list) ---------------------------
 
 def load_task(tdir, tid):
@@ -386,19 +462,25 @@ def load_task(tdir, tid):
     record is status.json (or spec.json if there is no status yet, or {}).
     The `unknown` rule: no parseable status.json, or a status that says
     running while its supervisor process is gone (pid missing, zombie, or a
-    different /proc start time). Success is only ever what the daemon wrote.
+    different /proc start time), or a task not recorded as finished that was
+    copied from another sandbox instance (its recorded origin differs: its
+    pids are never looked up here). Success is only ever what the daemon wrote.
     """
     path = os.path.join(tdir, "status.json")
     status = read_json(path)
     if status is None or status.get("state") not in TERMINAL + ("running",):
         spec = read_json(os.path.join(tdir, "spec.json")) or {}
-        if os.path.exists(path):
+        if copied_task(spec):
+            err = COPIED_ERROR
+        elif os.path.exists(path):
             err = "the task's status file is unreadable; its outcome is not recorded"
         else:
             err = ("no status recorded yet: the task may still be starting, or its "
                    "supervisor failed before recording anything")
         return spec, "unknown", err
     state = status["state"]
+    if state == "running" and copied_task(status):
+        return status, "unknown", COPIED_ERROR
     if state == "running" and not process_alive(status.get("supervisor_pid"),
                                                 status.get("supervisor_start_time")):
         # The daemon may have written its final status and exited between our
@@ -505,8 +587,8 @@ def wait_for_change(tdir, tid, state, record, out_off, err_off, seconds):
     if seconds <= 0 or state in TERMINAL:
         return
     status_path = os.path.join(tdir, "status.json")
-    if state == "unknown" and os.path.exists(status_path):
-        return  # supervisor gone: nothing will change
+    if state == "unknown" and (os.path.exists(status_path) or copied_task(record)):
+        return  # supervisor gone, or copied from another sandbox: nothing will change
     out_path = os.path.join(tdir, "stdout")
     err_path = os.path.join(tdir, "stderr")
     key = file_key(status_path)
@@ -566,6 +648,7 @@ def cmd_list(opts):
                 "exit_code": record.get("exit_code") if state in TERMINAL else None,
                 "created_at": record.get("created_at"),
                 "command_first_line": first,
+                "error": error,
             })
 
     def key(t):
@@ -653,7 +736,10 @@ def cmd_cancel(opts):
     wait = opt_float(opts, "wait", 3.0, 0.0, MAX_WAIT)
     record, state, error = load_task(tdir, tid)
     signalled = False
-    if state not in TERMINAL:
+    # A task copied from another sandbox is left alone: its recorded pids are
+    # another PID namespace's (here they may name unrelated processes), and no
+    # daemon here would ever read a marker.
+    if state not in TERMINAL and not copied_task(record):
         # The marker also covers a daemon that has not recorded its start yet:
         # it checks for the marker right after recording `running`.
         try:
@@ -809,6 +895,7 @@ def cmd_start(opts):
     spec_record = {
         "task_id": tid, "command": command, "cwd": cwd, "timeout": timeout,
         "env_names": sorted(envs), "created_at": created_at,
+        "origin": sandbox_identity(),
         "supervisor_version": SUPERVISOR_VERSION,
     }
     old_umask = os.umask(0o077)
@@ -1090,6 +1177,7 @@ class Daemon:
             "task_id": tid, "state": "running", "command": spec_record["command"],
             "cwd": spec_record["cwd"], "timeout": spec_record["timeout"],
             "created_at": spec_record["created_at"],
+            "origin": spec_record.get("origin"),
             "supervisor_pid": os.getpid(),
             "supervisor_start_time": proc_start_time(os.getpid()),
             "sid": os.getsid(0),

@@ -142,7 +142,7 @@ class SupervisorTestCase(unittest.TestCase):
 
     def test_version(self):
         obj = self.cli("version", base=False)
-        self.assertEqual(obj["version"], "5")
+        self.assertEqual(obj["version"], "6")
 
     def test_default_base_is_the_script_directory(self):
         # The gateway reads task files beside the installed script, so without
@@ -717,6 +717,214 @@ class SupervisorTestCase(unittest.TestCase):
         self.assertNotEqual(os.getpgid(record["supervisor_pid"]), record["pgid"])
         self.assertEqual(os.getpgid(record["pid"]), record["pgid"])
 
+    # -- copies of a task in another sandbox (snapshots, forks) ------------------
+    #
+    # A copy is simulated by copying the task's files into a second base
+    # directory (the "new sandbox"). Its pids still name the ORIGINAL live
+    # processes here, exactly what a recycled pid could do in a real copy: only
+    # the recorded origin keeps the copy from reading `running` and cancel from
+    # signalling the original. The copy is told apart either by rewriting its
+    # recorded origin, or by faking this side's identity through the module's
+    # /proc paths (supervisor.PID_NS_PATH, INIT_STAT_PATH, BOOT_ID_PATH).
+
+    COPIED = "copied from another sandbox (a snapshot or fork) without its process"
+
+    def record_of(self, tid, base=None, name="status.json"):
+        return json.loads(read_text(os.path.join(base or self.base, "tasks", tid, name)))
+
+    def copy_task(self, tid, origin=None, drop_origin=False):
+        """Copies task `tid`'s files into a new base directory; `origin`
+        updates the copy's recorded origin (spec.json and status.json),
+        `drop_origin` removes it (a task of an older supervisor)."""
+        base2 = tempfile.mkdtemp(prefix="copy-", dir=self.work)
+        src = os.path.join(self.base, "tasks", tid)
+        dst = os.path.join(base2, "tasks", tid)
+        os.makedirs(dst)
+        for name in ("spec.json", "status.json", "stdout", "stderr"):
+            if os.path.exists(os.path.join(src, name)):
+                shutil.copy(os.path.join(src, name), os.path.join(dst, name))
+        for name in ("spec.json", "status.json"):
+            path = os.path.join(dst, name)
+            if not os.path.exists(path):
+                continue
+            record = json.loads(read_text(path))
+            if drop_origin:
+                record.pop("origin", None)
+            elif origin:
+                self.assertIsInstance(record["origin"], dict)
+                record["origin"] = dict(record["origin"], **origin)
+            with open(path, "w") as f:
+                json.dump(record, f)
+        return base2
+
+    def cli_in(self, base, *args, identity=None, check=True):
+        """The supervisor on `base`; `identity` maps PID_NS_PATH, INIT_STAT_PATH,
+        BOOT_ID_PATH to paths of the test's choosing (a faked sandbox identity)."""
+        sets = "".join("supervisor.%s = %r; " % kv for kv in sorted((identity or {}).items()))
+        code = ("import sys; sys.path.insert(0, %r); import supervisor; %s"
+                "sys.exit(supervisor.main(sys.argv[1:]))" % (HERE, sets))
+        p = subprocess.run([sys.executable, "-I", "-S", "-c", code] + list(args) + ["--base", base],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                           timeout=40)
+        lines = p.stdout.decode().splitlines()
+        self.assertEqual(len(lines), 1, (p.stdout, p.stderr))
+        obj = json.loads(lines[0])
+        if check:
+            self.assertEqual(p.returncode, 0, obj)
+        return obj
+
+    def start_running(self):
+        tid, _ = self.start("echo ready; sleep 60", timeout=120)
+        self.wait_output(tid, b"ready")
+        record = self.record_of(tid)
+        self.assertEqual(record["state"], "running")
+        return tid, record
+
+    def assert_copied_view(self, st):
+        self.assertEqual(st["state"], "unknown", st)
+        self.assertIn(self.COPIED, st["error"])
+        for key in ("exit_code", "signal", "finished_at"):
+            self.assertIsNone(st[key], key)
+
+    def test_origin_is_recorded_at_start(self):
+        tid, record = self.start_running()
+        spec = self.record_of(tid, name="spec.json")
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot_id = f.read().strip()
+        expected = {"pid_ns": os.stat("/proc/self/ns/pid").st_ino,
+                    "init_start": int(read_text("/proc/1/stat").rsplit(")", 1)[1].split()[19]),
+                    "boot_id": boot_id}
+        self.assertEqual(record["origin"], expected)
+        self.assertEqual(spec["origin"], expected)
+        # The same sandbox: a running task is running.
+        self.assertEqual(self.status(tid)["state"], "running")
+
+    def test_copied_running_task_is_unknown_and_cancel_signals_nothing(self):
+        tid, record = self.start_running()
+        # Each component alone tells the copy apart.
+        for origin in ({"pid_ns": record["origin"]["pid_ns"] + 1},
+                       {"init_start": record["origin"]["init_start"] + 1},
+                       {"boot_id": "00000000-0000-4000-8000-000000000000"}):
+            base2 = self.copy_task(tid, origin=origin)
+            st = self.cli_in(base2, "status", "--task-id", tid, "--stdout-offset", "0")
+            self.assert_copied_view(st)
+            self.assertEqual(base64.b64decode(st["stdout_b64"]), b"ready\n")  # files are readable
+            # A wait returns at once: nothing will ever change here.
+            t0 = time.monotonic()
+            st = self.cli_in(base2, "status", "--task-id", tid, "--wait", "5", "--stdout-offset", "6")
+            self.assertLess(time.monotonic() - t0, 3)
+            self.assert_copied_view(st)
+            listed = self.cli_in(base2, "list")["tasks"]
+            self.assertEqual([(t["task_id"], t["state"], t["exit_code"]) for t in listed],
+                             [(tid, "unknown", None)], origin)
+            self.assertIn(self.COPIED, listed[0]["error"])
+            copy_dir = os.path.join(base2, "tasks", tid)
+            before = read_text(os.path.join(copy_dir, "status.json"))
+            st = self.cli_in(base2, "cancel", "--task-id", tid, "--wait", "2")
+            self.assert_copied_view(st)
+            self.assertFalse(st["signalled"])
+            self.assertFalse(st["cancel_confirmed"])
+            # Nothing written in the copy, nothing signalled: the original runs on.
+            self.assertFalse(os.path.exists(os.path.join(copy_dir, "cancel_requested")))
+            self.assertEqual(read_text(os.path.join(copy_dir, "status.json")), before)
+            time.sleep(0.3)
+            self.assertFalse(proc_gone(record["supervisor_pid"]))
+            self.assertFalse(proc_gone(record["pid"]))
+            self.assertEqual(self.status(tid)["state"], "running")
+        self.assertFalse(os.path.exists(os.path.join(self.base, "tasks", tid, "cancel_requested")))
+
+    def test_copy_detected_through_this_sandboxs_identity(self):
+        # The copy's records are untouched; this side's identity differs (the
+        # production path reads /proc; here it is pointed at the test's files).
+        tid, record = self.start_running()
+        base2 = self.copy_task(tid)
+        fake_boot = os.path.join(self.work, "boot_id")
+        with open(fake_boot, "w") as f:
+            f.write("11111111-2222-4333-8444-555555555555\n")
+        fake_ns = os.path.join(self.work, "ns")  # a file: another inode than the namespace's
+        open(fake_ns, "w").close()
+        fake_init = os.path.join(self.work, "init_stat")
+        with open(fake_init, "w") as f:
+            f.write("1 (init) S 0 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 %d 0 0\n"
+                    % (record["origin"]["init_start"] + 7))
+        for identity in ({"BOOT_ID_PATH": fake_boot}, {"PID_NS_PATH": fake_ns},
+                         {"INIT_STAT_PATH": fake_init}):
+            self.assert_copied_view(self.cli_in(base2, "status", "--task-id", tid, identity=identity))
+            st = self.cli_in(base2, "cancel", "--task-id", tid, identity=identity)
+            self.assert_copied_view(st)
+            self.assertFalse(st["signalled"])
+        self.assertFalse(proc_gone(record["supervisor_pid"]))
+        # Nothing of the identity readable: compared on nothing, as before origins existed.
+        nothing = {k: os.path.join(self.work, "missing") for k in
+                   ("BOOT_ID_PATH", "PID_NS_PATH", "INIT_STAT_PATH")}
+        self.assertEqual(self.cli_in(base2, "status", "--task-id", tid, identity=nothing)["state"],
+                         "running")
+        # Only the boot id unreadable: the other components still match, so running.
+        self.assertEqual(self.cli_in(base2, "status", "--task-id", tid,
+                                     identity={"BOOT_ID_PATH": nothing["BOOT_ID_PATH"]})["state"],
+                         "running")
+
+    def test_copy_while_starting_is_unknown_with_the_copy_reason(self):
+        # Copied after spec.json, before the first status.json.
+        tid, record = self.start_running()
+        base2 = self.copy_task(tid, origin={"boot_id": "copy"})
+        os.remove(os.path.join(base2, "tasks", tid, "status.json"))
+        t0 = time.monotonic()
+        st = self.cli_in(base2, "status", "--task-id", tid, "--wait", "5", "--stdout-offset", "6")
+        self.assertLess(time.monotonic() - t0, 3)
+        self.assert_copied_view(st)
+        self.assertEqual(st["command"], "echo ready; sleep 60")
+        st = self.cli_in(base2, "cancel", "--task-id", tid)
+        self.assert_copied_view(st)
+        self.assertFalse(st["signalled"])
+        self.assertFalse(os.path.exists(os.path.join(base2, "tasks", tid, "cancel_requested")))
+
+    def test_copied_finished_task_keeps_its_outcome(self):
+        tid, _ = self.start("echo done; exit 7")
+        done = self.wait_terminal(tid)
+        self.assertEqual((done["state"], done["exit_code"]), ("failed", 7))
+        base2 = self.copy_task(tid, origin={"pid_ns": 1, "boot_id": "another-boot"})
+        st = self.cli_in(base2, "status", "--task-id", tid, "--stdout-offset", "0")
+        self.assertEqual((st["state"], st["exit_code"], st["error"]), ("failed", 7, None))
+        self.assertEqual(st["finished_at"], done["finished_at"])
+        self.assertEqual(base64.b64decode(st["stdout_b64"]), b"done\n")
+        listed = self.cli_in(base2, "list")["tasks"]
+        self.assertEqual([(t["state"], t["exit_code"], t["error"]) for t in listed], [("failed", 7, None)])
+        st = self.cli_in(base2, "cancel", "--task-id", tid)
+        self.assertEqual((st["state"], st["exit_code"], st["signalled"]), ("failed", 7, False))
+        tid, _ = self.start("true")
+        self.assertEqual(self.wait_terminal(tid)["state"], "succeeded")
+        base3 = self.copy_task(tid, origin={"boot_id": "another-boot"})
+        st = self.cli_in(base3, "status", "--task-id", tid)
+        self.assertEqual((st["state"], st["exit_code"]), ("succeeded", 0))
+
+    def test_task_without_origin_behaves_as_before(self):
+        # A task recorded by an older supervisor (no origin): only the pid and
+        # its start time decide, as before (here they name the original live
+        # daemon, so it reads running).
+        tid, record = self.start_running()
+        base2 = self.copy_task(tid, drop_origin=True)
+        self.assertNotIn("origin", self.record_of(tid, base2))
+        fake_boot = os.path.join(self.work, "boot_id")
+        with open(fake_boot, "w") as f:
+            f.write("11111111-2222-4333-8444-555555555555\n")
+        st = self.cli_in(base2, "status", "--task-id", tid, identity={"BOOT_ID_PATH": fake_boot})
+        self.assertEqual((st["state"], st["error"]), ("running", None))
+        self.assertEqual(self.cli_in(base2, "list")["tasks"][0]["state"], "running")
+        # An origin that is not an object is no origin either.
+        path = os.path.join(base2, "tasks", tid, "status.json")
+        copied = self.record_of(tid, base2)
+        with open(path, "w") as f:
+            json.dump(dict(copied, origin="elsewhere"), f)
+        self.assertEqual(self.cli_in(base2, "status", "--task-id", tid)["state"], "running")
+        # With its supervisor gone: unknown with the usual reason, not the copy's.
+        with open(path, "w") as f:
+            json.dump(dict(copied, supervisor_pid=2 ** 22 + 1), f)
+        st = self.cli_in(base2, "status", "--task-id", tid)
+        self.assertEqual(st["state"], "unknown")
+        self.assertIn("supervisor process is gone", st["error"])
+        self.assertNotIn(self.COPIED, st["error"])
+
 
 def load_module():
     """Import supervisor.py itself (for the pure functions tested in-process)."""
@@ -790,6 +998,36 @@ class PureFunctionTests(unittest.TestCase):
                 out, carry = masker.feed(data[:i])
                 out2, carry = masker.feed(carry + data[i:])
                 self.assertEqual(out + out2 + masker.flush(carry), expected, (v["name"], i))
+
+    def test_origin_comparison(self):
+        sup = self.sup
+        here = {"pid_ns": 10, "init_start": 20, "boot_id": "b"}
+        saved = list(sup._identity)
+        try:
+            sup._identity[:] = [here]
+            self.assertFalse(sup.origin_differs(dict(here)))
+            for key, other in (("pid_ns", 11), ("init_start", 21), ("boot_id", "c")):
+                self.assertTrue(sup.origin_differs(dict(here, **{key: other})), key)
+                # A component missing, null or of another type on the record is not compared.
+                self.assertFalse(sup.origin_differs({k: v for k, v in here.items() if k != key}), key)
+                self.assertFalse(sup.origin_differs(dict(here, **{key: None})), key)
+            self.assertFalse(sup.origin_differs(dict(here, pid_ns=True, boot_id=5)))
+            for no_origin in (None, "elsewhere", [1], {}):
+                self.assertFalse(sup.origin_differs(no_origin), no_origin)
+            # Running or never recorded: copied; finished: its files are the truth.
+            other = dict(here, boot_id="c")
+            self.assertTrue(sup.copied_task({"state": "running", "origin": other}))
+            self.assertTrue(sup.copied_task({"origin": other}))  # spec.json
+            for state in sup.TERMINAL:
+                self.assertFalse(sup.copied_task({"state": state, "origin": other}), state)
+            # A component unreadable here is not compared.
+            sup._identity[:] = [{"pid_ns": None, "init_start": None, "boot_id": "b"}]
+            self.assertFalse(sup.origin_differs(dict(here, pid_ns=11, init_start=21)))
+            self.assertTrue(sup.origin_differs(dict(here, boot_id="c")))
+            sup._identity[:] = [None]  # nothing readable here: as before origins existed
+            self.assertFalse(sup.origin_differs(dict(here, boot_id="c")))
+        finally:
+            sup._identity[:] = saved
 
     def test_secret_selection(self):
         old = dict(os.environ)

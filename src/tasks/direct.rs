@@ -3,7 +3,11 @@
 //! without starting python3 in the sandbox. The supervisor's `unknown` rule
 //! (a status that says running while its supervisor process is gone) is
 //! applied here from `/proc/PID/stat`, exactly as `load_task` in
-//! `supervisor.py` applies it. Anything this path does not fully understand
+//! `supervisor.py` applies it, but only to a record without an `origin`: a
+//! record that carries its sandbox's identity (supervisor ≥ 6) and whose
+//! daemon is not confirmed alive may be a copy from another sandbox (a
+//! snapshot or fork), which only the supervisor can tell, since only it reads
+//! the sandbox's identity. Anything this path does not fully understand
 //! (no status.json yet, an unfamiliar record, a failed read) is left to the
 //! supervisor itself, which stays the authority for every other case.
 
@@ -58,6 +62,13 @@ impl StatusRecord {
     /// The task id the record names (checked equal to the caller's by [`Self::parse`]).
     pub fn task_id(&self) -> &str {
         self.fields.get("task_id").and_then(Value::as_str).unwrap_or("")
+    }
+
+    /// Whether the record names the sandbox instance it was started in
+    /// (`origin`, supervisor ≥ 6): then only the supervisor may declare its
+    /// daemon gone, as it alone tells a task copied from another sandbox apart.
+    pub fn has_origin(&self) -> bool {
+        self.fields.get("origin").is_some_and(Value::is_object)
     }
 
     /// Whether the daemon recorded that it lives in its task's directory

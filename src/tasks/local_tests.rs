@@ -18,11 +18,21 @@ struct LocalPython {
     installs: AtomicUsize,
     /// Processes run through this transport.
     execs: AtomicUsize,
+    /// The program of the last process run ("python3", "cat").
+    last_program: std::sync::Mutex<String>,
 }
 
 impl LocalPython {
     fn new() -> Self {
-        Self { home: tempfile::tempdir().unwrap(), installs: AtomicUsize::new(0), execs: AtomicUsize::new(0) }
+        Self {
+            home: tempfile::tempdir().unwrap(),
+            installs: AtomicUsize::new(0),
+            execs: AtomicUsize::new(0),
+            last_program: std::sync::Mutex::default(),
+        }
+    }
+    fn last_program(&self) -> String {
+        self.last_program.lock().unwrap().clone()
     }
     fn installs(&self) -> usize {
         self.installs.load(Ordering::SeqCst)
@@ -44,6 +54,7 @@ impl SupervisorTransport for LocalPython {
     ) -> Result<ExecOutput, TransportError> {
         use tokio::io::AsyncWriteExt;
         self.execs.fetch_add(1, Ordering::SeqCst);
+        argv[0].clone_into(&mut self.last_program.lock().unwrap());
         let mut cmd = tokio::process::Command::new(&argv[0]);
         cmd.args(&argv[1..]).env("HOME", self.home.path()).kill_on_drop(true);
         cmd.stdin(std::process::Stdio::piped())
@@ -269,6 +280,18 @@ async fn direct_reads_match_the_supervisor_in_every_state() {
     {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Its record names this sandbox instance (`origin`): the direct path leaves it to the
+    // supervisor, the only one that can tell a dead daemon from a copy of another sandbox.
+    for p in pages {
+        assert!(svc.status_direct(&t, "sbx", &running, &p).await.unwrap().is_none());
+        let v = svc.status(&t, "sbx", &running, &p, 0.0).await.unwrap();
+        assert_eq!((v.state, v.error.as_deref()), (TaskState::Unknown, Some(super::direct::SUPERVISOR_GONE)));
+    }
+    // An older supervisor's record (no origin; nothing writes it any more): both paths decide.
+    let path = t.home.path().join(format!(".sandbox-mcp/tasks/{running}/status.json"));
+    let mut old = status_json(&t, &running);
+    old.as_object_mut().unwrap().remove("origin").expect("an origin is recorded");
+    std::fs::write(&path, old.to_string()).unwrap();
     for p in pages {
         let (direct, supervisor) = both_views(&svc, &t, &running, p).await;
         assert_eq!(direct["state"], "unknown", "{direct}");
@@ -344,8 +367,9 @@ async fn get_task_of_a_running_task_starts_no_process() {
     let v = svc.status(&t, "sbx", &id, &page(0, 0, 100), 0.0).await.unwrap();
     assert_eq!((v.state, v.stdout.as_str()), (TaskState::Running, "ready\n"));
     assert_eq!(t.execs.load(Ordering::SeqCst), before, "liveness came from /proc/PID/cwd/status.json");
-    // A daemon of an older supervisor (not in its task dir): /proc/PID/stat decides. (After the
-    // daemon's next progress tick, which records the totals of "ready" and then nothing more.)
+    // A daemon the probe cannot reach (not in its task dir) whose record has an origin: the
+    // supervisor decides. (After the daemon's next progress tick, which records the totals of
+    // "ready" and then nothing more.)
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let path = t.home.path().join(format!(".sandbox-mcp/tasks/{id}/status.json"));
     let mut record = status_json(&t, &id);
@@ -353,8 +377,80 @@ async fn get_task_of_a_running_task_starts_no_process() {
     std::fs::write(&path, record.to_string()).unwrap();
     let v = svc.status(&t, "sbx", &id, &page(0, 0, 100), 0.0).await.unwrap();
     assert_eq!(v.state, TaskState::Running);
-    assert_eq!(t.execs.load(Ordering::SeqCst), before + 1, "one cat of /proc/PID/stat");
+    assert_eq!((t.execs.load(Ordering::SeqCst), t.last_program()), (before + 1, "python3".into()));
+    // A daemon of an older supervisor (not in its task dir, no origin): /proc/PID/stat decides.
+    record.as_object_mut().unwrap().remove("origin");
+    std::fs::write(&path, record.to_string()).unwrap();
+    let v = svc.status(&t, "sbx", &id, &page(0, 0, 100), 0.0).await.unwrap();
+    assert_eq!(v.state, TaskState::Running);
+    assert_eq!(
+        (t.execs.load(Ordering::SeqCst), t.last_program()),
+        (before + 2, "cat".into()),
+        "one cat of /proc/PID/stat"
+    );
     assert_eq!(svc.cancel(&t, "sbx", &id, &page(0, 0, 1)).await.unwrap().state, TaskState::Cancelled);
+}
+
+/// A task directory copied into another sandbox (a snapshot or fork) without its processes,
+/// where its recorded daemon pid names an unrelated live process with the same start time (a
+/// recycled pid): get_task, list_tasks and cancel_task read `unknown` with the supervisor's
+/// reason, and nothing is signalled.
+#[tokio::test]
+async fn a_task_copied_from_another_sandbox_reads_unknown_with_the_reason() {
+    const COPIED: &str = "this task was copied from another sandbox (a snapshot or fork) without its process";
+    let (t, copy) = (LocalPython::new(), LocalPython::new());
+    let (svc, svc_copy) = (t.service(&[]), copy.service(&[]));
+    let id = TaskId::generate();
+    svc.start(&t, "sbx", &id, &spec("echo ready; sleep 30", &[], None)).await.unwrap();
+    let v = svc.status(&t, "sbx", &id, &page(0, 0, 100), 5.0).await.unwrap();
+    assert_eq!((v.state, v.stdout.as_str()), (TaskState::Running, "ready\n"));
+
+    // The impostor: alive, not in a task directory, its own start time recorded as the daemon's.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let mut impostor = std::process::Command::new("sleep").arg("30").current_dir(elsewhere.path()).spawn().unwrap();
+    let stat = std::fs::read(format!("/proc/{}/stat", impostor.id())).unwrap();
+    let start = crate::procfs::ProcStat::parse(&stat).unwrap().start_time.unwrap();
+    let (from, to) = (t.home.path().join(".sandbox-mcp/tasks"), copy.home.path().join(".sandbox-mcp/tasks"));
+    std::fs::create_dir_all(to.join(id.as_str())).unwrap();
+    for name in ["spec.json", "status.json", "stdout", "stderr"] {
+        std::fs::copy(from.join(id.as_str()).join(name), to.join(id.as_str()).join(name)).unwrap();
+    }
+    let path = to.join(id.as_str()).join("status.json");
+    let mut record: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    record["origin"]["boot_id"] = "the boot of another machine".into();
+    record["supervisor_pid"] = impostor.id().into();
+    record["supervisor_start_time"] = start.into();
+    std::fs::write(&path, record.to_string()).unwrap();
+
+    let p = page(0, 0, 100);
+    let v = svc_copy.status(&copy, "sbx-copy", &id, &p, 0.0).await.unwrap();
+    assert_eq!((v.state, v.exit_code, v.stdout.as_str()), (TaskState::Unknown, None, "ready\n"));
+    assert!(v.error.as_deref().is_some_and(|e| e.starts_with(COPIED)), "{v:?}");
+    let json = serde_json::to_value(&v).unwrap();
+    assert!(json["error"].as_str().is_some_and(|e| e.starts_with(COPIED)), "{json}");
+    let list = svc_copy.list(&copy, "sbx-copy").await.unwrap();
+    assert_eq!(list.tasks.len(), 1);
+    assert_eq!((list.tasks[0].state, list.tasks[0].exit_code), (TaskState::Unknown, None));
+    let json = serde_json::to_value(&list).unwrap();
+    assert!(json["tasks"][0]["error"].as_str().is_some_and(|e| e.starts_with(COPIED)), "{json}");
+    let c = svc_copy.cancel(&copy, "sbx-copy", &id, &p).await.unwrap();
+    assert_eq!((c.state, c.cancel_confirmed), (TaskState::Unknown, Some(false)));
+    assert!(c.error.as_deref().is_some_and(|e| e.starts_with(COPIED)), "{c:?}");
+    // Nothing was signalled: neither the impostor nor the original task.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(impostor.try_wait().unwrap().is_none(), "the impostor was signalled");
+    assert_eq!(svc.status(&t, "sbx", &id, &p, 0.0).await.unwrap().state, TaskState::Running);
+    // A finished task keeps its outcome in a copy (the list of the original sandbox has no error).
+    let _ = impostor.kill();
+    let _ = impostor.wait();
+    assert_eq!(svc.cancel(&t, "sbx", &id, &p).await.unwrap().state, TaskState::Cancelled);
+    assert_eq!(svc.list(&t, "sbx").await.unwrap().tasks[0].error, None);
+    std::fs::copy(from.join(id.as_str()).join("status.json"), &path).unwrap();
+    let mut record: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    record["origin"]["boot_id"] = "the boot of another machine".into();
+    std::fs::write(&path, record.to_string()).unwrap();
+    let v = svc_copy.status(&copy, "sbx-copy", &id, &p, 0.0).await.unwrap();
+    assert_eq!((v.state, v.error), (TaskState::Cancelled, None));
 }
 
 /// A sandbox without python3 (`None`), or whose python3 is this version.

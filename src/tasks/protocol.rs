@@ -84,6 +84,9 @@ pub struct ListedTask {
     pub exit_code: Option<i64>,
     #[serde(default)]
     pub command_first_line: Option<String>,
+    /// Why the state is what it is, when the supervisor says (as in the status object).
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
 /// Output of `list`.

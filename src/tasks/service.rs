@@ -383,7 +383,10 @@ impl TaskService {
     /// not a zombie, and must name this task and this daemon. Anything else
     /// (an older daemon, an envd that refuses the path, the daemon gone) is
     /// decided by `cat /proc/PID/stat` (the files API cannot serve /proc
-    /// files themselves, whose size reads as zero), as `load_task` does.
+    /// files themselves, whose size reads as zero), as `load_task` does;
+    /// except for a record with an `origin`, answered `false` without a
+    /// process: [`Self::status_direct`] leaves it to the supervisor, since a
+    /// pid copied from another sandbox may name an unrelated live process here.
     async fn supervisor_alive<T: SupervisorTransport>(
         &self,
         t: &T,
@@ -400,6 +403,9 @@ impl TaskService {
             {
                 return Ok(true);
             }
+        }
+        if record.has_origin() {
+            return Ok(false);
         }
         let out = t.exec(vec!["cat".to_owned(), format!("/proc/{pid}/stat")], None, CALL_TIMEOUT).await?;
         let stat = (out.exit_code == 0).then_some(out.stdout.as_slice());
@@ -422,7 +428,8 @@ impl TaskService {
 
     /// get_task without python: status.json, then both pages and (while
     /// running) the supervisor's liveness, in parallel. `Ok(None)` leaves the
-    /// answer to the supervisor (no status yet, unfamiliar record).
+    /// answer to the supervisor (no status yet, unfamiliar record, a record
+    /// with an `origin` whose daemon is not confirmed alive).
     pub(crate) async fn status_direct<T: SupervisorTransport>(
         &self,
         t: &T,
@@ -447,6 +454,11 @@ impl TaskService {
         let mut state = record.state;
         let mut error = None;
         if alive? == Some(false) {
+            if record.has_origin() {
+                // Gone, or copied from another sandbox (a snapshot or fork):
+                // only the supervisor reads the sandbox's identity.
+                return Ok(None);
+            }
             // The daemon may have recorded its end and exited between the two
             // reads: read again before declaring it unknown.
             match self.read_record(t, &dir, task_id).await? {

@@ -157,6 +157,9 @@ pub struct TaskSummary {
     pub exit_code: Option<i64>,
     /// First line of the command (at most 200 characters).
     pub command_first_line: Option<String>,
+    /// Why the state is what it is, as get_task's `error` (e.g. why it is unknown).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 impl TaskSummary {
@@ -168,6 +171,7 @@ impl TaskSummary {
             finished_at: unix_seconds(task.finished_at),
             exit_code: task.exit_code,
             command_first_line: task.command_first_line.map(|c| masker.mask(&c).into_owned()),
+            error: task.error.map(|e| masker.mask(&e).into_owned()),
         }
     }
 }
