@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{FromRequest, Multipart, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
@@ -192,8 +192,17 @@ pub async fn upload(State(state): State<Arc<EnvdState>>, request: Request) -> Re
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
     let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
     let result = if essence == "multipart/form-data" {
-        match Multipart::from_request(request, &()).await {
-            Ok(multipart) => upload_multipart(&user, query.path.as_deref(), multipart, &metadata).await,
+        match multer::parse_boundary(&content_type) {
+            Ok(boundary) => {
+                // The parser stops at the closing boundary; what follows it (the CRLF every
+                // client sends) is read to the end before the answer, else the connection is
+                // closed with it unread and a client still writing it sees a reset.
+                let (body, drained) = drained_after(request.into_body());
+                let multipart = multer::Multipart::new(body, boundary);
+                let result = upload_multipart(&user, query.path.as_deref(), multipart, &metadata).await;
+                let _ = tokio::time::timeout(DRAIN_TIMEOUT, drained).await;
+                result
+            }
             Err(err) => Err(ConnectError::new(Code::InvalidArgument, format!("invalid multipart request: {err}"))),
         }
     } else if essence.is_empty() || essence == "application/octet-stream" {
@@ -220,15 +229,40 @@ pub async fn upload(State(state): State<Arc<EnvdState>>, request: Request) -> Re
     }
 }
 
+/// How long an answer waits for the rest of a multipart body once its parts are read.
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// `body` as a stream for the multipart parser, and a task that, once the parser lets go of the
+/// stream, reads what is left of the body and drops it; it ends at the body's end.
+fn drained_after(
+    body: Body,
+) -> (tokio_stream::wrappers::ReceiverStream<Result<bytes::Bytes, axum::Error>>, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let pump = tokio::spawn(async move {
+        let mut data = body.into_data_stream();
+        let mut parser = Some(tx);
+        while let Some(chunk) = data.next().await {
+            let failed = chunk.is_err();
+            if let Some(sender) = &parser
+                && sender.send(chunk).await.is_err()
+            {
+                parser = None;
+            }
+            if failed {
+                break;
+            }
+        }
+    });
+    (tokio_stream::wrappers::ReceiverStream::new(rx), pump)
+}
+
 async fn upload_multipart(
     user: &UserAccount,
     query_path: Option<&str>,
-    mut multipart: Multipart,
+    mut multipart: multer::Multipart<'static>,
     metadata: &Metadata,
 ) -> Result<Vec<UploadedEntry>, ConnectError> {
-    let bad = |err: axum::extract::multipart::MultipartError| {
-        ConnectError::new(Code::InvalidArgument, format!("invalid multipart body: {err}"))
-    };
+    let bad = |err: multer::Error| ConnectError::new(Code::InvalidArgument, format!("invalid multipart body: {err}"));
     let mut uploaded = Vec::new();
     while let Some(mut field) = multipart.next_field().await.map_err(bad)? {
         if field.name() != Some("file") {
