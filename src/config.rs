@@ -92,7 +92,7 @@ impl SessionsConfig {
 /// `[limits]`: per-tenant limits (0: no limit; unset: a fair-share default derived from the
 /// deployment, see `gateway::http::quotas::TenantLimits`). The global sandbox limit is
 /// `local.max_sandboxes` (or the remote provider's own).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitsConfig {
     /// Live sandboxes per tenant (counted at the provider, this deployment only).
@@ -101,6 +101,25 @@ pub struct LimitsConfig {
     pub max_sessions_per_tenant: Option<usize>,
     /// Tool calls running at once per tenant.
     pub max_concurrent_calls_per_tenant: Option<usize>,
+    /// Most forks one `fork_sandbox` call may ask for (1-20, the provider's own cap; default 10).
+    /// Forks also count against `max_sandboxes_per_tenant`.
+    pub max_forks_per_call: u32,
+}
+
+/// Default of `limits.max_forks_per_call`.
+pub const DEFAULT_MAX_FORKS_PER_CALL: u32 = 10;
+/// Most forks the provider makes in one call (E2B's `count` 1..20).
+pub const PROVIDER_MAX_FORKS: u32 = 20;
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_sandboxes_per_tenant: None,
+            max_sessions_per_tenant: None,
+            max_concurrent_calls_per_tenant: None,
+            max_forks_per_call: DEFAULT_MAX_FORKS_PER_CALL,
+        }
+    }
 }
 
 /// `[server]`: the HTTP listener and MCP transport.
@@ -290,6 +309,9 @@ impl Config {
             templates: local.templates.clone().into_iter().collect(),
             template_store_limit_mb: local.template_store_limit_mb,
             template_ready_timeout_secs: local.template_ready_timeout_secs,
+            max_snapshots: usize::try_from(local.max_snapshots).unwrap_or(usize::MAX),
+            paused_retention_secs: local.paused_retention_secs,
+            default_snapshot_mode: local.default_snapshot_mode,
             id_map: local.id_range.parse()?,
             disk_limit_mb: local.disk_limit_mb,
             network: local.network(),
@@ -427,6 +449,12 @@ impl Config {
         }
         if self.provider.deployment.is_empty() || self.provider.deployment.len() > 64 {
             return invalid("provider.deployment must be 1-64 characters".into());
+        }
+        let forks = self.limits.max_forks_per_call;
+        if forks == 0 || forks > PROVIDER_MAX_FORKS {
+            return invalid(format!(
+                "limits.max_forks_per_call must be between 1 and {PROVIDER_MAX_FORKS} (the provider's cap), got {forks}"
+            ));
         }
         let sb = &self.sandbox;
         if sb.max_timeout_secs == 0 || sb.default_timeout_secs == 0 || sb.default_timeout_secs > sb.max_timeout_secs {
@@ -604,6 +632,18 @@ mod tests {
         assert_eq!(c.limits.max_sandboxes_per_tenant, Some(0));
         assert_eq!(c.limits.max_sessions_per_tenant, Some(3));
         assert_eq!(c.limits.max_concurrent_calls_per_tenant, Some(5));
+        assert_eq!(c.limits.max_forks_per_call, DEFAULT_MAX_FORKS_PER_CALL, "a key left out keeps its default");
+    }
+
+    #[test]
+    fn max_forks_per_call_is_within_the_providers_cap() {
+        assert_eq!(Config::load_with_env(None, &[]).unwrap().limits.max_forks_per_call, 10);
+        let c = load("[limits]\nmax_forks_per_call = 3\n", &[]).unwrap();
+        assert_eq!(c.limits.max_forks_per_call, 3);
+        for bad in ["0", "21"] {
+            let message = load("", &[("SANDBOX_MCP_LIMITS__MAX_FORKS_PER_CALL", bad)]).unwrap_err().to_string();
+            assert!(message.contains("limits.max_forks_per_call must be between 1 and 20"), "{bad}: {message}");
+        }
     }
 
     #[test]

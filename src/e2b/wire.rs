@@ -34,8 +34,15 @@ pub struct NewSandbox {
     pub template_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<u64>,
+    /// `lifecycle.on_timeout = "pause"`: the sandbox is paused at its deadline instead of killed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_pause: Option<bool>,
+    /// The kind of that pause: `false` is a filesystem-only pause (`mode: "filesystem"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_pause_memory: Option<bool>,
+    /// `lifecycle.auto_resume`: a request to a paused sandbox's agent resumes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_resume: Option<AutoResume>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secure: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none", alias = "allow_internet_access")]
@@ -46,6 +53,22 @@ pub struct NewSandbox {
     pub env_vars: Option<HashMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<SandboxNetwork>,
+}
+
+/// `autoResume` of a create request (E2B's `SandboxAutoResumeConfig`).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AutoResume {
+    #[serde(default)]
+    pub enabled: bool,
+}
+
+/// `lifecycle` of a sandbox's info (E2B's `SandboxLifecycle`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxLifecycle {
+    pub auto_resume: bool,
+    /// `kill` or `pause`.
+    pub on_timeout: String,
 }
 
 /// `network` of a create request (E2B's `SandboxNetworkConfig`). Fields the local provider does not
@@ -188,6 +211,8 @@ pub struct SandboxDetail {
     pub allow_internet_access: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<SandboxNetwork>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<SandboxLifecycle>,
 }
 
 /// An item of `GET /templates` (E2B's `Template`), plus what the local provider adds: `kind`,
@@ -590,6 +615,66 @@ pub fn signal_number(value: &serde_json::Value) -> Option<i32> {
         },
         _ => None,
     }
+}
+
+// ---------------------------------------------------------------- control plane: snapshots and forks
+
+/// Metadata key the provider sets on a fork: the id of the sandbox it was forked from.
+pub const META_FORK_PARENT: &str = "fork.parent";
+/// Metadata key the provider sets on a fork: a sentence saying what a fork does not carry.
+pub const META_FORK_CARRIES: &str = "fork.carries";
+
+/// Body of `POST /sandboxes/{id}/snapshots` (E2B's). `memory: false` asks for a filesystem
+/// snapshot; a full memory snapshot may be refused (the local provider answers 400).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NewSnapshot {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<bool>,
+}
+
+/// Answer of `POST /sandboxes/{id}/snapshots` (201) and an item of `GET /snapshots`. The
+/// `snapshotID` (`NAME:default` for a named one) is opaque: it is what a create passes as
+/// `templateID`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    #[serde(rename = "snapshotID", alias = "snapshotId", alias = "snapshot_id")]
+    pub snapshot_id: String,
+    #[serde(default)]
+    pub names: Vec<String>,
+}
+
+/// Query of `GET /snapshots` (the client builds it); more pages while `X-Next-Token` is answered.
+#[derive(Debug, Clone, Default)]
+pub struct SnapshotQuery {
+    /// Only the snapshots taken of this sandbox.
+    pub sandbox_id: Option<String>,
+    /// Only the snapshots with this name or id.
+    pub name: Option<String>,
+    pub limit: Option<u32>,
+    pub next_token: Option<String>,
+}
+
+/// Body of `POST /sandboxes/{id}/fork`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ForkSandbox {
+    /// Lifetime of each fork, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<u64>,
+    /// Forks to make (1-20; the provider's default is 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u32>,
+}
+
+/// One entry of the answer of `POST /sandboxes/{id}/fork` (201, one per fork, each independent):
+/// `{"sandbox": <Sandbox as create returns>}` or `{"error": {"code", "message"}}`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ForkEntry {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<Sandbox>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
 }
 
 #[cfg(test)]

@@ -14,7 +14,8 @@
 //!   templates as stacked layers);
 //! - `isolation/`: the layers around every sandbox (namespaces at spawn, the in-sandbox set-up,
 //!   user namespace, seccomp, cgroups, disk), and the spec the agent builds its sandbox from;
-//! - `store/`: the template store (content-addressed layers, OCI import and pulls, GC);
+//! - `store/`: the template store (content-addressed layers, OCI import and pulls, GC, a
+//!   sandbox's writes made a layer);
 //! - `control/`: the sandbox table and lifecycle, records, ids, agent processes, settings;
 //! - `build/`: template builds (steps run in step sandboxes, harvested into layers);
 //! - `api/`: the HTTP surface: the control plane, the data-plane proxy, their error answer;
@@ -113,6 +114,17 @@ pub struct ProviderArgs {
     /// Seconds a create waits for a stored template's ready command (`local.template_ready_timeout_secs`).
     #[arg(long)]
     pub template_ready_timeout_secs: Option<u64>,
+    /// Most snapshots kept at once (`local.max_snapshots`).
+    #[arg(long)]
+    pub max_snapshots: Option<u32>,
+    /// Seconds a sandbox paused at its deadline (`lifecycle.on_timeout = "pause"`) is kept before
+    /// it is removed (`local.paused_retention_secs`).
+    #[arg(long)]
+    pub paused_retention_secs: Option<u64>,
+    /// What a snapshot request naming no mode gets (`local.default_snapshot_mode`): `full` is
+    /// refused with the mode that works; `filesystem` takes a filesystem snapshot.
+    #[arg(long, value_enum)]
+    pub default_snapshot_mode: Option<crate::local::control::provider_config::SnapshotMode>,
     /// Most HTTP connections open at once, the longest-idle one closed to make room (`server.max_connections`).
     #[arg(long)]
     pub max_connections: Option<usize>,
@@ -157,6 +169,15 @@ impl ProviderArgs {
         }
         if let Some(n) = self.template_ready_timeout_secs {
             local.template_ready_timeout_secs = n;
+        }
+        if let Some(n) = self.max_snapshots {
+            local.max_snapshots = n;
+        }
+        if let Some(n) = self.paused_retention_secs {
+            local.paused_retention_secs = n;
+        }
+        if let Some(mode) = self.default_snapshot_mode {
+            local.default_snapshot_mode = mode;
         }
         local.templates.extend(self.templates.iter().cloned());
         if !self.dns_servers.is_empty() {

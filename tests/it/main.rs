@@ -38,6 +38,7 @@ mod readme_clients;
 mod sandbox_host_addresses;
 mod sandbox_network;
 mod sandbox_privileges;
+mod snapshot_sdks;
 mod tasks_lifecycle;
 mod tasks_output;
 mod tasks_reconnect;

@@ -89,6 +89,7 @@ fn detail<'a>(id: &str, metadata: impl IntoIterator<Item = (&'a str, &'a str)>) 
         state: wire::SandboxState::Running,
         allow_internet_access: None,
         network: None,
+        lifecycle: None,
     }
 }
 

@@ -51,7 +51,7 @@ fn store(state: &AppState) -> ApiResult<&Store> {
     })
 }
 
-fn store_error(err: StoreError) -> ControlError {
+pub(super) fn store_error(err: StoreError) -> ControlError {
     ControlError::from(BuildError::Store(err))
 }
 
@@ -287,9 +287,15 @@ pub(super) async fn delete(
         ));
     }
     let store = store(&state)?.clone();
+    let state_dir = state.provider.cfg.state_dir.clone();
     tokio::task::spawn_blocking(move || {
         let _lock = store.lock()?;
-        store.remove(&template_id)
+        let record = store.remove(&template_id)?;
+        if record.snapshot.is_some() {
+            let freed = store.free_snapshot_layers(&record, &state_dir)?;
+            tracing::info!(snapshot = %record.name, freed_bytes = freed, "snapshot deleted");
+        }
+        Ok::<_, crate::local::store::StoreError>(())
     })
     .await
     .map_err(|e| ControlError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("delete: {e}")))?

@@ -22,13 +22,14 @@ mod builds;
 pub mod control_error;
 pub mod list_query;
 pub mod proxy;
+mod snapshots;
 mod templates;
 
 use crate::e2b::wire::{
     self, ConnectSandbox, HEADER_API_KEY, HEADER_NEXT_TOKEN, HEADER_SANDBOX_ID, NewSandbox, SandboxDetail,
     SandboxState, SetTimeout,
 };
-use crate::local::control::record::{SandboxRecord, rfc3339_ms};
+use crate::local::control::record::{Lifecycle, SandboxRecord, rfc3339_ms};
 use crate::local::control::sandbox_table::{CreateParams, SandboxTable};
 use control_error::ControlError;
 
@@ -68,6 +69,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/sandboxes/{id}/pause", post(pause))
         .route("/sandboxes/{id}/metrics", get(metrics))
         .route("/sandboxes/{id}/network", put(update_network))
+        .route("/sandboxes/{id}/snapshots", post(snapshots::create))
+        .route("/sandboxes/{id}/fork", post(snapshots::fork))
+        .route("/snapshots", get(snapshots::list))
         .route("/templates", get(templates::list))
         .route("/v3/templates", post(builds::request))
         .route("/templates/{id}", axum::routing::delete(builds::delete))
@@ -113,7 +117,7 @@ async fn route_data_plane(State(state): State<Arc<AppState>>, req: Request, next
         if port == wire::ENVD_PORT {
             return proxy::forward(state.provider.clone(), &id, req).await;
         }
-        return inbound(&entry, &id, port, req).await;
+        return inbound(&state.provider, &entry, &id, port, req).await;
     }
     next.run(req).await
 }
@@ -121,6 +125,7 @@ async fn route_data_plane(State(state): State<Arc<AppState>>, req: Request, next
 /// A request for a port of a sandbox, from outside. The traffic token is checked first, so a
 /// caller without it learns nothing of the sandbox's state or ports.
 async fn inbound(
+    provider: &SandboxTable,
     entry: &crate::local::control::sandbox_table::SandboxEntry,
     id: &str,
     port: u16,
@@ -134,11 +139,16 @@ async fn inbound(
         return crate::local::net::inbound::refusal(id, why);
     }
     if rec.state != SandboxState::Running {
-        return ControlError::new(
-            StatusCode::BAD_GATEWAY,
-            format!("sandbox {id} is paused; connect to it to resume it"),
-        )
-        .into_response();
+        if !rec.lifecycle.auto_resume {
+            return ControlError::new(
+                StatusCode::BAD_GATEWAY,
+                format!("sandbox {id} is paused; connect to it to resume it"),
+            )
+            .into_response();
+        }
+        if let Err(err) = provider.connect(id, None).await {
+            return ControlError::from(err).into_response();
+        }
     }
     let Some(netns) = entry.netns() else {
         return ControlError::new(StatusCode::BAD_GATEWAY, format!("sandbox {id} has no network")).into_response();
@@ -223,6 +233,10 @@ fn detail_view(provider: &SandboxTable, rec: &SandboxRecord, with_token: bool) -
         state: rec.state,
         allow_internet_access: Some(rec.allow_internet_access),
         network: Some(network_view(rec)),
+        lifecycle: Some(wire::SandboxLifecycle {
+            auto_resume: rec.lifecycle.auto_resume,
+            on_timeout: if rec.lifecycle.on_timeout_pause { "pause" } else { "kill" }.into(),
+        }),
     }
 }
 
@@ -260,6 +274,7 @@ async fn create(State(state): State<Arc<AppState>>, body: Body) -> ApiResult<Res
     }
     let network = req.network.unwrap_or_default();
     refuse_unsupported(network.unsupported_fields())?;
+    let lifecycle = lifecycle_of(req.auto_pause, req.auto_pause_memory, req.auto_resume)?;
     let params = CreateParams {
         template: req.template_id,
         timeout_secs: req.timeout,
@@ -273,10 +288,37 @@ async fn create(State(state): State<Arc<AppState>>, body: Body) -> ApiResult<Res
             // (the gateway always says: false unless its tool call asks for public traffic).
             allow_public_traffic: network.allow_public_traffic.unwrap_or(true),
         },
+        lifecycle,
         ..CreateParams::default()
     };
     let rec = state.provider.create(params).await?;
     Ok((StatusCode::CREATED, Json(sandbox_view(&rec, state.provider.cfg.network.domain.as_deref()))).into_response())
+}
+
+/// The create's `autoPause`, `autoPauseMemory` and `autoResume` as the sandbox's lifecycle;
+/// combinations E2B refuses are a 400 here too.
+fn lifecycle_of(
+    auto_pause: Option<bool>,
+    auto_pause_memory: Option<bool>,
+    auto_resume: Option<wire::AutoResume>,
+) -> ApiResult<Lifecycle> {
+    let on_timeout_pause = auto_pause.unwrap_or(false);
+    let auto_resume = auto_resume.is_some_and(|r| r.enabled);
+    let filesystem_pause = on_timeout_pause && auto_pause_memory == Some(false);
+    if auto_resume && !on_timeout_pause {
+        return Err(ControlError::new(
+            StatusCode::BAD_REQUEST,
+            "autoResume needs autoPause (lifecycle on_timeout \"pause\"): a killed sandbox cannot resume",
+        ));
+    }
+    if auto_resume && filesystem_pause {
+        return Err(ControlError::new(
+            StatusCode::BAD_REQUEST,
+            "autoResume cannot be combined with a filesystem-only pause (autoPauseMemory false): such a sandbox is \
+             resumed explicitly, with connect",
+        ));
+    }
+    Ok(Lifecycle { on_timeout_pause, auto_resume, filesystem_pause })
 }
 
 fn refuse_unsupported(fields: Vec<&'static str>) -> ApiResult<()> {

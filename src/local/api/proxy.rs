@@ -45,12 +45,19 @@ pub async fn forward(provider: Arc<SandboxTable>, sandbox_id: &str, req: Request
         return not_found(sandbox_id, "");
     };
     let rec = entry.snapshot();
-    if rec.state != SandboxState::Running {
+    if rec.state != SandboxState::Running && !rec.lifecycle.auto_resume {
         return not_found(sandbox_id, " (it is paused; connect to it to resume it)");
     }
     if !authorized(&req, &rec.envd_access_token) {
         return ControlError::new(StatusCode::UNAUTHORIZED, "missing or invalid X-Access-Token for this sandbox")
             .into_response();
+    }
+    // `lifecycle.auto_resume`: an authorized request resumes the paused sandbox, as connect does.
+    if rec.state != SandboxState::Running
+        && let Err(err) = provider.connect(sandbox_id, None).await
+    {
+        tracing::warn!(sandbox = %sandbox_id, %err, "cannot resume the paused sandbox for a request");
+        return ControlError::from(err).into_response();
     }
     if let Some(len) = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
         && len > provider.cfg.max_data_body_bytes

@@ -94,7 +94,11 @@ fn templates(provider: &SandboxTable) -> ApiResult<Vec<wire::Template>> {
         if configured.contains_key(&record.name) {
             continue;
         }
-        let root = store.lowers(&record).ok().and_then(TemplateRoot::stacked);
+        // A snapshot stacks over the template it was taken on (`base`'s host layers among them).
+        let root = match &record.snapshot {
+            Some(_) => provider.resolve_template(&record.template_id).ok().flatten().map(|r| r.root),
+            None => store.lowers(&record).ok().and_then(TemplateRoot::stacked),
+        };
         let mut names = vec![record.name.clone()];
         names.extend(record.aliases.iter().filter(|a| **a != record.name).cloned());
         out.push(wire::Template {
@@ -106,7 +110,7 @@ fn templates(provider: &SandboxTable) -> ApiResult<Vec<wire::Template>> {
             updated_at: record.created.clone(),
             size_bytes: Some(record.size_bytes),
             python3: root.as_ref().and_then(python3_version),
-            kind: Some("stored".into()),
+            kind: Some(if record.snapshot.is_some() { "snapshot" } else { "stored" }.into()),
             ..common.clone()
         });
     }

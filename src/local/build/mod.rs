@@ -3,13 +3,12 @@
 //! process, each build's status and log, and the queue that runs at most
 //! [`CONCURRENT_BUILDS`] at once. How one build runs is `run`; its steps and their cache keys
 //! are `steps`; the uploaded files of `COPY` steps are `files`; turning a step sandbox's
-//! written files into a layer is `harvest`.
+//! written files into a layer is the store's `harvest`.
 //!
 //! Builds live in memory: after a provider restart a build in flight is gone (its status
 //! answers 404) and nothing of it was registered; finished steps stay cached in the store.
 
 pub mod files;
-mod harvest;
 mod run;
 pub mod steps;
 

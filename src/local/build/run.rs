@@ -13,13 +13,13 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
-use super::harvest;
 use super::steps::{Base, Context, Plan, Step, cache_key};
 use super::{Build, Builds, Failure, REASON_TAIL_LINES};
 use crate::e2b::CallOptions;
 use crate::e2b::wire::{self, ProcessEvent};
 use crate::local::control::sandbox_table::CreateParams;
 use crate::local::control::template_start::run_user;
+use crate::local::store::harvest;
 use crate::local::store::registry::{self, PullOptions};
 use crate::local::store::{Digest, NewTemplate, RunConfig, Store, env_map, write_atomic};
 use crate::local::template::TemplateRoot;
@@ -209,6 +209,7 @@ async fn execute(builds: &Builds, build: &Build, plan: Plan) -> Result<(), Stop>
             tags: Some(tags),
             cpu_count,
             memory_mb,
+            snapshot: None,
         })
     })
     .await
@@ -319,7 +320,6 @@ async fn step_in_sandbox(of: &StepOf<'_>, layers: &[Digest], context: &Context, 
         timeout_secs: Some(provider.cfg.max_timeout_secs.min(STEP_TIMEOUT.as_secs())),
         allow_internet_access: true,
         root: Some(root),
-        keep_disk: true,
         build_step_of: Some(of.build.build_id.clone()),
         ..CreateParams::default()
     };

@@ -16,6 +16,7 @@ use std::time::Duration;
 use tokio::io::unix::AsyncFd;
 
 use super::identity::process_is;
+use crate::local::isolation::spec::AGENT_DATA_FD;
 
 fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
     // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor or -1.
@@ -34,6 +35,29 @@ fn pidfd_send_signal(pidfd: &OwnedFd, signal: i32) -> std::io::Result<()> {
         libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), signal, std::ptr::null::<libc::c_void>(), 0)
     };
     if ret < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+}
+
+/// A copy of agent `pid`'s [`AGENT_DATA_FD`], if `pid` is still the process that started at
+/// `start_time`. What it names was checked to be a directory; everything read through it is
+/// treated as the sandbox's (untrusted) writing.
+pub fn agent_data_dir(pid: i32, start_time: u64) -> std::io::Result<OwnedFd> {
+    let pidfd = pidfd_open(pid)?;
+    if !process_is(pid, start_time) {
+        return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+    }
+    use std::os::fd::AsRawFd;
+    // SAFETY: pidfd_getfd(2) on a pidfd we own; it returns a new descriptor (close-on-exec) or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), AGENT_DATA_FD, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor to us.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let stat = nix::sys::stat::fstat(std::os::fd::AsFd::as_fd(&fd)).map_err(std::io::Error::from)?;
+    if stat.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        return Err(std::io::Error::other("the agent's data descriptor is not a directory"));
+    }
+    Ok(fd)
 }
 
 /// Sends SIGKILL to the agent `pid` if it is still the process that started at `start_time`. As

@@ -26,6 +26,11 @@ pub const DEFAULT_TEMPLATE_STORE_LIMIT_MB: u64 = crate::local::store::DEFAULT_ST
 /// Default `local.template_ready_timeout_secs`: how long a create waits for a stored template's
 /// ready command.
 pub const DEFAULT_TEMPLATE_READY_TIMEOUT_SECS: u64 = 60;
+/// Default `local.max_snapshots`: most snapshots the provider keeps (its one tenant's quota).
+pub const DEFAULT_MAX_SNAPSHOTS: u32 = 100;
+/// Default `local.paused_retention_secs`: how long a sandbox paused at its deadline
+/// (`lifecycle.on_timeout = "pause"`) is kept before it is removed.
+pub const DEFAULT_PAUSED_RETENTION_SECS: u64 = 24 * 3600;
 /// Lifetime of a sandbox created without `timeout`, seconds (E2B's default). The gateway always
 /// sends one (`sandbox.default_timeout_secs`), so this matters to direct API clients only.
 pub const DEFAULT_SANDBOX_TIMEOUT_SECS: u64 = 300;
@@ -72,6 +77,26 @@ pub struct LocalConfig {
     /// Seconds a create waits for a stored template's ready command to succeed (its start command
     /// runs at every create); past them the sandbox is killed and the create fails.
     pub template_ready_timeout_secs: u64,
+    /// Most snapshots kept at once (`POST /sandboxes/{id}/snapshots`); 429 past it.
+    pub max_snapshots: u32,
+    /// Seconds a sandbox paused at its deadline (`lifecycle.on_timeout = "pause"`) is kept before
+    /// it is removed; 0: one second.
+    pub paused_retention_secs: u64,
+    /// What a snapshot request that names no mode gets: `full` (E2B's default: refused here, with
+    /// the mode that works) or `filesystem` (for clients that cannot name one, such as the
+    /// JavaScript SDK 2.51's `createSnapshot`).
+    pub default_snapshot_mode: SnapshotMode,
+}
+
+/// A snapshot's kind (E2B's `mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum SnapshotMode {
+    /// Memory and filesystem (not supported by the local provider).
+    #[default]
+    Full,
+    /// The filesystem only.
+    Filesystem,
 }
 
 impl Default for LocalConfig {
@@ -89,6 +114,9 @@ impl Default for LocalConfig {
             templates: BTreeMap::new(),
             template_store_limit_mb: DEFAULT_TEMPLATE_STORE_LIMIT_MB,
             template_ready_timeout_secs: DEFAULT_TEMPLATE_READY_TIMEOUT_SECS,
+            max_snapshots: DEFAULT_MAX_SNAPSHOTS,
+            paused_retention_secs: DEFAULT_PAUSED_RETENTION_SECS,
+            default_snapshot_mode: SnapshotMode::Full,
         }
     }
 }
@@ -137,6 +165,12 @@ pub struct LocalProviderConfig {
     /// How long a create waits for a stored template's ready command, seconds
     /// (`local.template_ready_timeout_secs`).
     pub template_ready_timeout_secs: u64,
+    /// Most snapshots kept at once (`local.max_snapshots`).
+    pub max_snapshots: usize,
+    /// How long a sandbox paused at its deadline is kept, seconds (`local.paused_retention_secs`).
+    pub paused_retention_secs: u64,
+    /// The mode of a snapshot request that names none (`local.default_snapshot_mode`).
+    pub default_snapshot_mode: SnapshotMode,
     /// Host uid/gid range that ids inside every sandbox map to (`local.id_range`).
     pub id_map: crate::local::isolation::userns::IdMap,
     /// Per-sandbox disk limit, MiB (`local.disk_limit_mb`); `None`: no limit.
@@ -172,6 +206,9 @@ impl Default for LocalProviderConfig {
             templates: HashMap::new(),
             template_store_limit_mb: local.template_store_limit_mb,
             template_ready_timeout_secs: local.template_ready_timeout_secs,
+            max_snapshots: usize::try_from(local.max_snapshots).unwrap_or(usize::MAX),
+            paused_retention_secs: local.paused_retention_secs,
+            default_snapshot_mode: local.default_snapshot_mode,
             id_map: local.id_range.parse().unwrap_or_default(),
             disk_limit_mb: local.disk_limit_mb,
             max_control_body_bytes: 1024 * 1024,

@@ -56,6 +56,34 @@ pub struct SandboxRecord {
     /// `sandbox_table::is_build_step`); nothing a client sends at create reaches it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub build_step_of: Option<String>,
+    /// What the sandbox's root is made of (to snapshot it); `None` for a build step's sandbox
+    /// and for sandboxes created before snapshots existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<crate::local::store::Lineage>,
+    /// The process configuration of its template (environment, user, start and ready commands),
+    /// which a snapshot of it keeps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_config: Option<crate::local::store::RunConfig>,
+    /// What happens at the deadline, and whether a request resumes it when paused.
+    #[serde(default)]
+    pub lifecycle: Lifecycle,
+    /// Paused by its deadline (`lifecycle.on_timeout_pause`): `end_at_ms` is then the end of its
+    /// retention, after which it is removed.
+    #[serde(default)]
+    pub timed_out: bool,
+}
+
+/// E2B's `lifecycle` of a sandbox, as given at create.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Lifecycle {
+    /// `onTimeout: pause` (`autoPause`): paused at the deadline instead of killed.
+    pub on_timeout_pause: bool,
+    /// `autoResume`: a request to the agent of the paused sandbox resumes it.
+    pub auto_resume: bool,
+    /// `autoPauseMemory: false` (a filesystem-only pause) was asked for; the local provider
+    /// freezes in both modes (see `docs/snapshots.md`).
+    pub filesystem_pause: bool,
 }
 
 /// Errors of record I/O.

@@ -27,6 +27,7 @@ use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
 use super::sandbox_plan::{DEV_LINKS, DevPlan, LayersPlan, LowerBind, Overlay, PROC_GUARDS, PrivateDir, SandboxPlan};
 use super::seccomp;
+use super::spec::AGENT_DATA_FD;
 use super::spec::{SOCKET_FILE, SandboxSpec};
 use super::userns;
 
@@ -91,6 +92,7 @@ pub fn enter_sandbox(
         }
         (None, None) => {}
     }
+    keep_data_dir(&plan.data)?;
     mount_layers(&plan.layers, &userns)?;
     // Mount points the template made symlinks: the set-up below may fail on them, and is then
     // refused as the template's fault (see [`TEMPLATE_REFUSED`]).
@@ -158,6 +160,21 @@ pub fn enter_sandbox(
     set_up().map_err(|err| refused_for_links(err, &linked))
 }
 
+/// Keeps the sandbox's data directory (its disk) open at [`AGENT_DATA_FD`] for the agent's whole
+/// life: after `pivot_root` nothing else names it, and a provider that restarted takes it from
+/// there to snapshot the sandbox. Close-on-exec: no process the agent starts inherits it.
+fn keep_data_dir(data: &Path) -> anyhow::Result<()> {
+    let flags = nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC;
+    let fd = nix::fcntl::open(data, flags, nix::sys::stat::Mode::empty()).context("opening the data directory")?;
+    // SAFETY: dup3(2) of a descriptor we own onto a fixed number nothing else of the agent uses;
+    // the new descriptor is deliberately never closed.
+    let kept = unsafe { libc::dup3(std::os::fd::AsRawFd::as_raw_fd(&fd), AGENT_DATA_FD, libc::O_CLOEXEC) };
+    if kept < 0 {
+        return Err(std::io::Error::last_os_error()).context("keeping the data directory open");
+    }
+    Ok(())
+}
+
 /// Mounts the copy-on-write root and the extra layers (see [`LayersPlan`]).
 fn mount_layers(plan: &LayersPlan, userns: &OwnedFd) -> anyhow::Result<()> {
     let overlay = |overlay: &Overlay| -> anyhow::Result<()> {
@@ -179,6 +196,9 @@ fn mount_layers(plan: &LayersPlan, userns: &OwnedFd) -> anyhow::Result<()> {
     for layer in &plan.extra {
         let layer = layer.as_ref().map_err(Clone::clone)?;
         bind(&layer.bind)?;
+        for above in &layer.above {
+            bind(above)?;
+        }
         if !layer.overlay.mount.target.is_dir() {
             anyhow::bail!("the template has no /{} directory for its layer", layer.target);
         }

@@ -135,6 +135,8 @@ pub(super) struct Overlay {
 pub(super) struct ExtraLayer {
     pub(super) target: String,
     pub(super) bind: LowerBind,
+    /// The layers stacked above the source (a snapshot's), bottom first.
+    pub(super) above: Vec<LowerBind>,
     pub(super) overlay: Overlay,
 }
 
@@ -287,10 +289,26 @@ impl LayersPlan {
                     mount_point: lower_dir.join(name),
                     what: "creating a layer mount point",
                 };
+                let above: Vec<LowerBind> = layer
+                    .above
+                    .iter()
+                    .enumerate()
+                    .map(|(i, source)| LowerBind {
+                        source: source.clone(),
+                        mount_point: lower_dir.join(format!("{name}+{}", i + 1)),
+                        what: "creating a layer mount point",
+                    })
+                    .collect();
                 let layer_dir = data.join("layers").join(name);
-                let overlay =
-                    overlay(&[&bind.mount_point], layer_dir.join("upper"), layer_dir.join("work"), root.join(name));
-                Ok(ExtraLayer { target: name.clone(), bind, overlay })
+                // Top first, as overlayfs wants them.
+                let stack: Vec<&Path> = above
+                    .iter()
+                    .rev()
+                    .map(|b| b.mount_point.as_path())
+                    .chain(std::iter::once(bind.mount_point.as_path()))
+                    .collect();
+                let overlay = overlay(&stack, layer_dir.join("upper"), layer_dir.join("work"), root.join(name));
+                Ok(ExtraLayer { target: name.clone(), bind, above, overlay })
             })
             .collect();
         LayersPlan { lowers, root: root_overlay, extra }

@@ -38,7 +38,7 @@ fn dir(rel: &str) -> PathBuf {
 }
 
 fn usr_layer() -> Layer {
-    Layer { target: "usr".into(), source: "/usr".into() }
+    Layer { target: "usr".into(), source: "/usr".into(), above: Vec::new() }
 }
 
 fn extra(plan: &SandboxPlan) -> Vec<&ExtraLayer> {
@@ -109,7 +109,8 @@ fn overlay_options_name_no_host_path() {
     // where the host keeps its state.
     let mut spec = spec();
     spec.template_lowers = vec![PathBuf::from(STATE).join("store/l1")];
-    spec.template_layers = vec![usr_layer(), Layer { target: "lib64".into(), source: "/lib64".into() }];
+    spec.template_layers =
+        vec![usr_layer(), Layer { target: "lib64".into(), source: "/lib64".into(), above: Vec::new() }];
     for has_disk in [false, true] {
         let plan = plan(&spec, has_disk);
         let all = overlays(&plan);
@@ -149,10 +150,25 @@ fn extra_layers_overlay_the_templates_own_directory() {
 }
 
 #[test]
+fn a_snapshots_layers_stack_above_an_extra_layer_top_first() {
+    let mut spec = spec();
+    let above = vec![PathBuf::from("/store/a/fs"), PathBuf::from("/store/b/fs")];
+    spec.template_layers = vec![Layer { above: above.clone(), ..usr_layer() }];
+    let plan = plan(&spec, false);
+    let usr = extra(&plan)[0];
+    let binds: Vec<(PathBuf, PathBuf)> = usr.above.iter().map(|b| (b.source.clone(), b.mount_point.clone())).collect();
+    assert_eq!(binds, vec![(above[0].clone(), dir("lower/usr+1")), (above[1].clone(), dir("lower/usr+2"))]);
+    let opts = usr.overlay.mount.data.clone().unwrap_or_default();
+    // The newest layer first, the template's own last, all relative to the sandbox directory.
+    assert!(opts.starts_with("lowerdir=lower/usr+2:lower/usr+1:lower/usr,"), "{opts}");
+}
+
+#[test]
 fn template_layer_targets_must_be_plain_top_level_names() {
     let mut spec = spec();
     let targets = ["usr", "", "usr/lib", "..", ".", ".hidden", "/etc", "lib64"];
-    spec.template_layers = targets.iter().map(|t| Layer { target: (*t).to_owned(), source: "/src".into() }).collect();
+    spec.template_layers =
+        targets.iter().map(|t| Layer { target: (*t).to_owned(), source: "/src".into(), above: Vec::new() }).collect();
     let plan = plan(&spec, false);
     // One entry per layer, in order: mounting stops at the first refused one.
     let outcome: Vec<Result<&str, String>> =

@@ -1,6 +1,7 @@
 //! What the provider hands the in-sandbox agent: the spec (`spec.json` in the sandbox's
-//! directory, written before the agent starts and read by it before it builds the sandbox) and
-//! the name of the agent's Unix socket there, which both sides use.
+//! directory, written before the agent starts and read by it before it builds the sandbox), the
+//! name of the agent's Unix socket there, and the descriptor at which the agent keeps its data
+//! directory, which both sides use.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -9,6 +10,10 @@ use serde::{Deserialize, Serialize};
 
 /// File name of the spec envd reads at start.
 pub const SPEC_FILE: &str = "spec.json";
+/// The descriptor number at which every agent keeps its sandbox's data directory (the disk that
+/// holds its overlay upper layer and private directories) open, for the provider to take with
+/// `pidfd_getfd(2)` when it no longer has its own handle on it (after a restart).
+pub const AGENT_DATA_FD: i32 = 880;
 /// File name of envd's Unix socket inside the sandbox directory.
 pub const SOCKET_FILE: &str = "envd.sock";
 

@@ -22,11 +22,15 @@ pub struct GcReport {
 /// Uploaded build files older than this are removed.
 const UPLOAD_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
-pub fn collect(store: &Store, state_dir: &Path) -> Result<GcReport, StoreError> {
+/// The layers (by hex digest) some template record or some sandbox of `state_dir` uses.
+fn used_layers(store: &Store, state_dir: &Path) -> Result<HashSet<String>, StoreError> {
     let layers_dir = store.layout.dir.join(super::layout::LAYERS);
     let mut used: HashSet<String> = HashSet::new();
     for record in store.layout.records()? {
-        used.extend(record.layers.iter().filter_map(|d| Digest::parse(d).ok()).map(|d| d.hex().to_owned()));
+        let extra = record.snapshot.iter().flat_map(|s| s.extra.values().flatten());
+        used.extend(
+            record.layers.iter().chain(extra).filter_map(|d| Digest::parse(d).ok()).map(|d| d.hex().to_owned()),
+        );
     }
     // Running sandboxes keep their layers even when their template was removed.
     if let Ok(sandboxes) = std::fs::read_dir(state_dir.join("sandboxes")) {
@@ -43,6 +47,31 @@ pub fn collect(store: &Store, state_dir: &Path) -> Result<GcReport, StoreError> 
             }
         }
     }
+    Ok(used)
+}
+
+/// Removes those of `candidates` (a deleted snapshot's layers) that nothing uses any more;
+/// returns the bytes freed. The caller holds the lock.
+pub fn collect_unused(store: &Store, state_dir: &Path, candidates: &[Digest]) -> Result<u64, StoreError> {
+    let used = used_layers(store, state_dir)?;
+    let mut freed = 0;
+    for digest in candidates {
+        if used.contains(digest.hex()) {
+            continue;
+        }
+        let dir = store.layout.layer_dir(digest);
+        if !dir.exists() {
+            continue;
+        }
+        freed += store.layout.layer_meta(digest).map(|m| m.size_bytes).unwrap_or(0);
+        std::fs::remove_dir_all(&dir).map_err(|e| StoreError::io(&dir, e))?;
+    }
+    Ok(freed)
+}
+
+pub fn collect(store: &Store, state_dir: &Path) -> Result<GcReport, StoreError> {
+    let layers_dir = store.layout.dir.join(super::layout::LAYERS);
+    let used = used_layers(store, state_dir)?;
     let mut report = GcReport::default();
     for entry in std::fs::read_dir(&layers_dir).map_err(|e| StoreError::io(&layers_dir, e))?.flatten() {
         let Some(name) = entry.file_name().to_str().map(str::to_owned) else { continue };

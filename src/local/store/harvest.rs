@@ -1,8 +1,9 @@
-//! A finished build step's writes become a layer: the step sandbox's overlay upper directory,
-//! read once every process of the sandbox is frozen, is written as a tar stream (owners mapped
-//! back from host ids to the sandbox's ids, overlay whiteouts and opaque directories as OCI
-//! whiteouts, hard links kept) and fed to the store's hostile-layer extractor, like any image
-//! layer: what code in the sandbox wrote is never trusted. The files every sandbox start writes
+//! What a sandbox wrote becomes a layer (a finished build step's, a snapshot's): its overlay upper
+//! directory (and, for a snapshot, its private `/home` and `/root`), read while every process of
+//! the sandbox is frozen, is written as a tar stream (owners mapped back from host ids to the
+//! sandbox's ids, overlay whiteouts and opaque directories as OCI whiteouts, hard links kept) and
+//! fed to the store's hostile-layer extractor, like any image layer: what code in the sandbox
+//! wrote is never trusted. The files every sandbox start writes
 //! itself (`/etc/hostname`, `/etc/hosts`, `/etc/resolv.conf`) are left out.
 //!
 //! The walk does not rely on the freeze alone: every directory and file is opened from its
@@ -38,21 +39,47 @@ pub const MAX_DEPTH: usize = 1024;
 /// the store's lock and has stopped every writer of `upper`.
 pub fn upper_to_layer(store: &Store, upper: &Path, id_base: u32) -> Result<Digest, StoreError> {
     let (reader, writer) = std::io::pipe().map_err(|e| StoreError::io(upper, e))?;
-    let walk_root = upper.to_path_buf();
-    let walker = std::thread::spawn(move || -> Result<(), StoreError> {
-        let mut tar = tar::Builder::new(std::io::BufWriter::with_capacity(256 * 1024, writer));
-        tar.follow_symlinks(false);
-        let mut walk = Walk { tar: &mut tar, id_base: u64::from(id_base), links: HashMap::new(), entries: 0 };
-        walk.walk(&walk_root)?;
-        let mut out = tar.into_inner().map_err(|e| StoreError::io(&walk_root, e))?;
-        out.flush().map_err(|e| StoreError::io(&walk_root, e))?;
-        Ok(())
-    });
+    let parts = vec![Part::root(upper.to_path_buf())];
+    let walker = std::thread::spawn(move || write_tar(&parts, id_base, writer));
     let stored = store.ingest_layer(reader, None, None);
     let walked = walker.join().map_err(|_| StoreError::Extract("the layer writer thread failed".into()))?;
     // A walk error explains a broken stream better than the extractor's view of it.
     walked?;
     stored
+}
+
+/// One directory of a sandbox's writable data and where it lands in the layer.
+#[derive(Debug, Clone)]
+pub struct Part {
+    pub source: PathBuf,
+    /// `""` for the layer's root, else a top-level directory's name (`home`).
+    pub at: &'static str,
+    /// Marks `at` opaque: it hides the directory of the layers below (a private `/home`).
+    pub opaque: bool,
+    /// Top-level names of `source` left out (only for the root part).
+    pub skip: &'static [&'static str],
+}
+
+impl Part {
+    /// An upper layer as the layer's root.
+    pub fn root(source: PathBuf) -> Part {
+        Part { source, at: "", opaque: false, skip: &[] }
+    }
+}
+
+/// Writes `parts` (owned by host ids from `id_base` on) as one layer's tar stream to `out`; the
+/// caller has stopped every writer of them.
+pub fn write_tar(parts: &[Part], id_base: u32, out: impl Write) -> Result<(), StoreError> {
+    let first = parts.first().map(|p| p.source.clone()).unwrap_or_default();
+    let mut tar = tar::Builder::new(std::io::BufWriter::with_capacity(256 * 1024, out));
+    tar.follow_symlinks(false);
+    let mut walk = Walk { tar: &mut tar, id_base: u64::from(id_base), links: HashMap::new(), entries: 0 };
+    for part in parts {
+        walk.walk(part)?;
+    }
+    let mut out = tar.into_inner().map_err(|e| StoreError::io(&first, e))?;
+    out.flush().map_err(|e| StoreError::io(&first, e))?;
+    Ok(())
 }
 
 fn kind_of(stat: &FileStat) -> SFlag {
@@ -168,14 +195,24 @@ impl<W: Write> Walk<'_, W> {
         Ok(Frame { dir: fd, rel, names: names.into_iter() })
     }
 
-    fn walk(&mut self, upper: &Path) -> Result<(), StoreError> {
+    fn walk(&mut self, part: &Part) -> Result<(), StoreError> {
+        let upper = part.source.as_path();
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         let root = nix::fcntl::open(upper, flags, Mode::empty()).map_err(|e| StoreError::io(upper, e.into()))?;
         let root_stat = fstat(root.as_fd()).map_err(|e| StoreError::io(upper, e.into()))?;
         // The first entry is the root itself: the stream never starts with a file's own bytes
         // (which the store would take for a compression header).
-        self.header(&root_stat, tar::EntryType::Directory, Path::new("./"), std::io::empty(), 0)?;
-        let mut stack = vec![self.open_frame(root, &root_stat, PathBuf::new())?];
+        let at = if part.at.is_empty() { PathBuf::from("./") } else { PathBuf::from(part.at) };
+        self.header(&root_stat, tar::EntryType::Directory, &at, std::io::empty(), 0)?;
+        if part.opaque {
+            self.header_empty(&root_stat, &at.join(".wh..wh..opq"))?;
+        }
+        let mut first = self.open_frame(root, &root_stat, PathBuf::from(part.at))?;
+        if !part.skip.is_empty() {
+            let kept: Vec<OsString> = first.names.by_ref().filter(|n| !part.skip.iter().any(|s| n == s)).collect();
+            first.names = kept.into_iter();
+        }
+        let mut stack = vec![first];
         let max_entries = Limits::default().max_entries;
         loop {
             let depth = stack.len();

@@ -53,6 +53,39 @@ pub fn env_map(env: &[String]) -> std::collections::HashMap<String, String> {
     env.iter().filter_map(|e| e.split_once('=')).map(|(k, v)| (k.to_owned(), v.to_owned())).collect()
 }
 
+/// What a sandbox's root is made of, in the store's terms: enough to stack a snapshot of it on
+/// exactly the layers it ran on (see `local::snapshot`). A snapshot's template keeps the lineage
+/// of the sandbox it was taken of, its own layers added.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct Lineage {
+    /// `base` or a directory template's name when the root is one of those (not the store's);
+    /// `None` when `layers` are the whole root.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub root_template: Option<String>,
+    /// Store layers above the root, bottom first.
+    pub layers: Vec<String>,
+    /// Store layers above an extra layer of the root template (`base`'s `/usr`), by its target.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub extra: std::collections::BTreeMap<String, Vec<String>>,
+    /// The sandbox had private `/home` and `/root` (a `base` or directory root never stacked on):
+    /// a snapshot carries them from the sandbox's private directories.
+    pub private_home: bool,
+}
+
+/// A snapshot's origin (`POST /sandboxes/{id}/snapshots`, a fork).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SnapshotOf {
+    /// The sandbox it was taken of.
+    pub sandbox_id: String,
+    /// `base` or a directory template under the layers, when the root is one of those.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_template: Option<String>,
+    /// Layers above the root template's extra layers, by target (see [`Lineage::extra`]).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub extra: std::collections::BTreeMap<String, Vec<String>>,
+}
+
 /// One template: its layers (bottom first) and its config, plus the metadata E2B reports.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct TemplateRecord {
@@ -78,6 +111,9 @@ pub struct TemplateRecord {
     /// Where it came from (`import:FILE`, `pull:REF`), for `template list`.
     #[serde(default)]
     pub source: String,
+    /// A snapshot of a sandbox: what else it stacks on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotOf>,
 }
 
 /// Paths of one store.

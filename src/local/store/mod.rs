@@ -6,13 +6,15 @@
 //! Every layer is extracted into `tmp/` and renamed into `layers/` only after
 //! its blob matched its digest, so a killed pull or import leaves nothing a
 //! template could use (leftovers are removed the next time the store opens).
-//! Writers (import, pull, `rm`, `gc`, a future build) hold the store's lock;
-//! readers (the provider's creates) only read finished records and layers.
+//! Writers (import, pull, `rm`, `gc`, builds, snapshots) hold the store's lock;
+//! readers (the provider's creates) only read finished records and layers. What a
+//! sandbox wrote (a build step's, a snapshot's) becomes a layer through `harvest`.
 
 pub mod cli;
 mod digest;
 pub mod extract;
 mod gc;
+pub mod harvest;
 mod image;
 mod import;
 mod layout;
@@ -25,7 +27,7 @@ use std::path::{Path, PathBuf};
 
 pub use digest::Digest;
 pub use gc::GcReport;
-pub use layout::{LayerMeta, Layout, RunConfig, StoreLock, TemplateRecord, env_map, write_atomic};
+pub use layout::{LayerMeta, Layout, Lineage, RunConfig, SnapshotOf, StoreLock, TemplateRecord, env_map, write_atomic};
 
 /// A layer read by [`Store::extract_layer`], waiting for [`Store::commit_layer`].
 #[derive(Debug)]
@@ -109,6 +111,8 @@ pub struct NewTemplate<'a> {
     pub tags: Option<Vec<String>>,
     pub cpu_count: Option<u32>,
     pub memory_mb: Option<u64>,
+    /// A snapshot's origin ([`TemplateRecord::snapshot`]).
+    pub snapshot: Option<SnapshotOf>,
 }
 
 /// `NAME:TAG` split (E2B's way to name a template's tag), or `NAME` alone.
@@ -351,13 +355,15 @@ impl Store {
     /// Registers (or replaces) a template; what `new` leaves `None` is kept from a template of the
     /// same name, else made up (ids) or defaulted (tags `default`). The caller holds the lock.
     pub fn commit(&self, new: NewTemplate<'_>) -> Result<TemplateRecord, StoreError> {
-        let NewTemplate { name, layers, config, source, template_id, build_id, tags, cpu_count, memory_mb } = new;
+        let NewTemplate { name, layers, config, source, template_id, build_id, tags, cpu_count, memory_mb, snapshot } =
+            new;
         self.check_name(name)?;
         let mut size = 0;
-        for layer in &layers {
+        let extra = snapshot.iter().flat_map(|s| s.extra.values().flatten()).filter_map(|d| Digest::parse(d).ok());
+        for layer in layers.iter().cloned().chain(extra) {
             size += self
                 .layout
-                .layer_meta(layer)
+                .layer_meta(&layer)
                 .map(|m| m.size_bytes)
                 .ok_or_else(|| StoreError::Corrupt(format!("layer {layer} is not in the store")))?;
         }
@@ -379,16 +385,28 @@ impl Store {
             cpu_count: cpu_count.unwrap_or(2),
             memory_mb: memory_mb.unwrap_or(512),
             source,
+            snapshot,
         };
         self.layout.write_record(&record)?;
         Ok(record)
     }
 
-    /// Removes a template's record (its layers stay until `gc`). The caller holds the lock.
-    pub fn remove(&self, name: &str) -> Result<(), StoreError> {
+    /// Removes a template's record (its layers stay until `gc`) and returns it. The caller holds
+    /// the lock.
+    pub fn remove(&self, name: &str) -> Result<TemplateRecord, StoreError> {
         let record = self.lookup(name)?.ok_or_else(|| StoreError::NotFound(name.to_owned()))?;
         let path = self.layout.record(&record.name);
-        std::fs::remove_file(&path).map_err(|e| StoreError::io(&path, e))
+        std::fs::remove_file(&path).map_err(|e| StoreError::io(&path, e))?;
+        Ok(record)
+    }
+
+    /// Removes the layers of the deleted snapshot `record` that no template and no sandbox of
+    /// `state_dir` uses (a snapshot's space is free at its delete, not at the next `gc`); returns
+    /// the bytes freed. The caller holds the lock.
+    pub fn free_snapshot_layers(&self, record: &TemplateRecord, state_dir: &Path) -> Result<u64, StoreError> {
+        let extra = record.snapshot.iter().flat_map(|s| s.extra.values().flatten());
+        let candidates: Vec<Digest> = record.layers.iter().chain(extra).filter_map(|d| Digest::parse(d).ok()).collect();
+        gc::collect_unused(self, state_dir, &candidates)
     }
 
     /// Imports an OCI image layout (directory or tar) or a `docker save` tarball as `name`.

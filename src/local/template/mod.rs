@@ -94,6 +94,10 @@ const EMPTY_DIRS: &[(&str, u32)] = &[
 pub struct Layer {
     pub target: String,
     pub source: PathBuf,
+    /// Read-only layers stacked above `source`, bottom first: a snapshot's record of what a
+    /// sandbox wrote below `/<target>` (see `local::snapshot`). Empty for `base` itself.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub above: Vec<PathBuf>,
 }
 
 /// A template's lower layers: the root directory, the read-only layers stacked above it (bottom
@@ -182,7 +186,7 @@ fn inputs(host_root: &Path) -> (String, Vec<Layer>, Vec<(String, PathBuf)>) {
             }
             Ok(meta) if meta.is_dir() => {
                 hash.update(format!("layer {name}\n").as_bytes());
-                layers.push(Layer { target: (*name).to_owned(), source });
+                layers.push(Layer { target: (*name).to_owned(), source, above: Vec::new() });
             }
             _ => {}
         }
@@ -332,7 +336,7 @@ mod tests {
 
         let base = build_base(state.path(), h).unwrap();
         let r = &base.root;
-        assert_eq!(base.layers, vec![Layer { target: "usr".into(), source: h.join("usr") }]);
+        assert_eq!(base.layers, vec![Layer { target: "usr".into(), source: h.join("usr"), above: Vec::new() }]);
         assert_eq!(std::fs::read_link(r.join("bin")).unwrap(), Path::new("usr/bin"));
         assert!(r.join("usr").is_dir() && r.join("tmp").is_dir() && r.join("home/user").is_dir());
         assert_eq!(std::fs::read_to_string(r.join("etc/ssl/certs/ca.pem")).unwrap(), "CA");

@@ -20,7 +20,7 @@ use crate::local::isolation::cgroups::{self, Limits};
 use crate::local::isolation::sandbox_init::TEMPLATE_REFUSED;
 use crate::local::isolation::spec::{SPEC_FILE, SandboxSpec};
 use crate::local::net::policy::EgressPolicy;
-use crate::local::store::RunConfig;
+use crate::local::store::{Lineage, RunConfig};
 use crate::local::template::TemplateRoot;
 use crate::logging::escaped;
 
@@ -32,12 +32,16 @@ const AGENT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 impl SandboxTable {
     /// Creates a sandbox and returns once its agent accepts connections.
     pub async fn create(&self, mut params: CreateParams) -> Result<SandboxRecord, ProviderError> {
-        let template_root = match params.root.take() {
+        let template_root = match (params.root.take(), params.resolved.take()) {
             // A build step's sandbox runs no start command (that is the built template's own).
-            Some(root) => (root, RunConfig::default()),
-            None => self
-                .template(&params.template)?
-                .ok_or_else(|| ProviderError::TemplateNotFound(params.template.clone()))?,
+            (Some(root), _) => (root, RunConfig::default(), None),
+            (None, Some(resolved)) => (resolved.root, resolved.config, Some(resolved.lineage)),
+            (None, None) => {
+                let resolved = self
+                    .resolve_template(&params.template)?
+                    .ok_or_else(|| ProviderError::TemplateNotFound(params.template.clone()))?;
+                (resolved.root, resolved.config, Some(resolved.lineage))
+            }
         };
         let lifetime_ms = self.timeout_ms(params.timeout_secs)?;
         let policy = EgressPolicy::new(&params.network, params.allow_internet_access)
@@ -58,7 +62,7 @@ impl SandboxTable {
     async fn create_reserved(
         &self,
         params: CreateParams,
-        template: (TemplateRoot, RunConfig),
+        template: (TemplateRoot, RunConfig, Option<Lineage>),
         lifetime_ms: i64,
         policy: EgressPolicy,
     ) -> Result<SandboxRecord, ProviderError> {
@@ -72,7 +76,7 @@ impl SandboxTable {
     async fn create_in_dir(
         &self,
         params: CreateParams,
-        template: (TemplateRoot, RunConfig),
+        template: (TemplateRoot, RunConfig, Option<Lineage>),
         lifetime_ms: i64,
         policy: EgressPolicy,
         id: String,
@@ -106,7 +110,7 @@ impl SandboxTable {
                 }
             }
         }
-        let (template, run_config) = template;
+        let (template, run_config, lineage) = template;
         let spec = SandboxSpec {
             sandbox_id: id.clone(),
             home_from_template: template.stored,
@@ -159,8 +163,9 @@ impl SandboxTable {
             },
         );
         // The agent has its own copies of these descriptors now (or failed to start).
-        let kept_disk = if params.keep_disk { disk_mount.as_ref().and_then(|d| d.try_clone().ok()) } else { None };
-        if params.keep_disk && disk_mount.is_some() != kept_disk.is_some() {
+        // Every sandbox's: a snapshot reads the upper layer through it while the sandbox runs.
+        let kept_disk = disk_mount.as_ref().and_then(|d| d.try_clone().ok());
+        if disk_mount.is_some() != kept_disk.is_some() {
             tracing::warn!(sandbox = %id, "the sandbox's disk descriptor could not be kept");
         }
         drop((disk_mount, userns));
@@ -219,6 +224,10 @@ impl SandboxTable {
             cgroups: cgroup_dirs,
             pause_method: None,
             build_step_of: params.build_step_of,
+            template_config: lineage.is_some().then(|| run_config.clone()),
+            lineage,
+            lifecycle: params.lifecycle,
+            timed_out: false,
         };
         let net = match self.net.activate(&id, prepared, policy) {
             Ok(net) => net,

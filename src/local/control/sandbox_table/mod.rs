@@ -4,7 +4,12 @@
 //! one, the deadline reaper, re-adoption after a restart and reconciliation are `teardown`.
 
 mod create;
+mod resolve;
+mod snapshot;
 mod teardown;
+
+pub use resolve::ResolvedTemplate;
+pub use snapshot::{FORK_CARRIES, META_FORK_CARRIES, META_FORK_PARENT, Taken};
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
@@ -21,7 +26,6 @@ use crate::local::isolation::cgroups::{self, CgroupLayout};
 use crate::local::isolation::spec::SOCKET_FILE;
 use crate::local::net::policy::{EgressPolicy, NetworkConfig};
 use crate::local::net::{NetPool, SandboxNet};
-use crate::local::store::RunConfig;
 use crate::local::template::TemplateRoot;
 
 /// How long a killed agent may take to disappear.
@@ -40,6 +44,11 @@ pub enum ProviderError {
     BadRequest(String),
     #[error("the provider already runs its maximum of {0} sandboxes; kill one first")]
     TooMany(usize),
+    /// A quota other than the sandbox count (snapshots, the template store's size).
+    #[error("{0}")]
+    Quota(String),
+    #[error("{0}")]
+    Conflict(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -50,7 +59,8 @@ impl ProviderError {
             ProviderError::NotFound(_) | ProviderError::TemplateNotFound(_) => 404,
             ProviderError::AlreadyPaused(_) => 409,
             ProviderError::BadRequest(_) => 400,
-            ProviderError::TooMany(_) => 429,
+            ProviderError::TooMany(_) | ProviderError::Quota(_) => 429,
+            ProviderError::Conflict(_) => 409,
             ProviderError::Internal(_) => 500,
         }
     }
@@ -99,6 +109,12 @@ impl SandboxEntry {
     pub fn take_kept_disk(&self) -> Option<OwnedFd> {
         crate::sync::lock(&self.kept_disk).take()
     }
+    /// A copy of the sandbox's disk descriptor ([`SandboxEntry::take_kept_disk`]), for a snapshot
+    /// of the running sandbox. `None` without a disk limit, and for a sandbox re-adopted after a
+    /// provider restart (the descriptor did not survive it).
+    pub fn kept_disk(&self) -> Option<OwnedFd> {
+        crate::sync::lock(&self.kept_disk).as_ref().and_then(|fd| fd.try_clone().ok())
+    }
     fn take_net(&self) -> Option<SandboxNet> {
         crate::sync::lock(&self.net).take()
     }
@@ -128,8 +144,10 @@ pub struct CreateParams {
     pub network: NetworkConfig,
     /// The layers to stack instead of looking `template` up (a template build's step sandbox).
     pub root: Option<TemplateRoot>,
-    /// Keep the provider's descriptor of the sandbox's disk ([`SandboxEntry::take_kept_disk`]).
-    pub keep_disk: bool,
+    /// The template already resolved (a fork's snapshot, stacked without a template record).
+    pub resolved: Option<ResolvedTemplate>,
+    /// What happens at the deadline (`autoPause`, `autoResume`).
+    pub lifecycle: super::record::Lifecycle,
     /// The build whose step this sandbox runs ([`is_build_step`]); never set from the API.
     pub build_step_of: Option<String>,
 }
@@ -249,23 +267,6 @@ impl SandboxTable {
         })
     }
 
-    /// The lower layers of a template, if it exists, and its process configuration (a stored
-    /// template's start and ready commands; empty for the others): `local.templates`, `base`,
-    /// then the store (by name, template id or alias; read on every create, so imports need no
-    /// restart).
-    fn template(&self, name: &str) -> Result<Option<(TemplateRoot, RunConfig)>, ProviderError> {
-        if let Some(root) = self.cfg.templates.get(name) {
-            return Ok(Some((TemplateRoot::directory(root.clone()), RunConfig::default())));
-        }
-        if name == "base" {
-            return Ok(Some((self.base.clone(), RunConfig::default())));
-        }
-        let Some(store) = &self.store else { return Ok(None) };
-        let internal = |e: crate::local::store::StoreError| ProviderError::Internal(format!("template store: {e}"));
-        let Some(record) = store.lookup(name).map_err(internal)? else { return Ok(None) };
-        Ok(TemplateRoot::stacked(store.lowers(&record).map_err(internal)?).map(|root| (root, record.config)))
-    }
-
     /// The `base` template's root (for `GET /templates`).
     pub fn base_template(&self) -> &TemplateRoot {
         &self.base
@@ -353,11 +354,15 @@ impl SandboxTable {
             None if resumed => Some(now_ms() + self.timeout_ms(None)?),
             None => None,
         };
+        // A sandbox paused at its deadline has its retention as deadline: resumed, it gets a
+        // lifetime again, not the rest of its retention.
+        let timed_out = rec.timed_out && resumed;
         entry.update(|r| {
             r.state = SandboxState::Running;
             r.pause_method = None;
+            r.timed_out = false;
             if let Some(end) = wanted_end {
-                r.end_at_ms = r.end_at_ms.max(end);
+                r.end_at_ms = if timed_out { end } else { r.end_at_ms.max(end) };
             }
         })?;
         Ok((entry.snapshot(), resumed))
@@ -366,6 +371,12 @@ impl SandboxTable {
     /// Pauses a running sandbox (cgroup freezer, or SIGSTOP to every process without one).
     pub async fn pause(&self, id: &str) -> Result<(), ProviderError> {
         let entry = self.get(id).ok_or_else(|| ProviderError::NotFound(id.to_owned()))?;
+        self.pause_entry(&entry).await
+    }
+
+    async fn pause_entry(&self, entry: &SandboxEntry) -> Result<(), ProviderError> {
+        let id = entry.snapshot().id;
+        let id = id.as_str();
         let _op = entry.op.lock().await;
         let rec = entry.snapshot();
         if rec.state == SandboxState::Paused {

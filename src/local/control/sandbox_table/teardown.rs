@@ -97,6 +97,11 @@ impl SandboxTable {
             match record::read_json::<SandboxRecord>(&dir.join(RECORD_FILE)) {
                 Ok(rec) if rec.id == id => {
                     let alive = process_is(rec.envd_pid, rec.envd_start_time);
+                    if alive && rec.state == SandboxState::Running && !is_build_step(&rec) {
+                        // A provider killed during a snapshot left it frozen: thawed before its
+                        // agent is asked whether it is healthy.
+                        let _ = cgroups::set_frozen(&rec.cgroups, false).await;
+                    }
                     let healthy = alive
                         && (rec.state == SandboxState::Paused
                             || agent_probe::agent_healthy(&dir.join(SOCKET_FILE)).await);
@@ -142,6 +147,10 @@ impl SandboxTable {
                 tracing::debug!(sandbox = %rec.id, "cannot read the agent's /proc entry; checking again later");
                 continue;
             }
+            if expired && !dead && rec.lifecycle.on_timeout_pause && !rec.timed_out {
+                self.pause_at_deadline(&entry).await;
+                continue;
+            }
             if expired || dead {
                 if dead {
                     tracing::warn!(sandbox = %rec.id, "sandbox agent died; cleaning up");
@@ -149,6 +158,29 @@ impl SandboxTable {
                 let _ = self.kill(&rec.id).await;
             }
         }
+    }
+
+    /// `lifecycle.on_timeout = "pause"`: at its deadline the sandbox is paused instead of killed,
+    /// and kept `local.paused_retention_secs` (its new deadline; `connect` resumes it).
+    async fn pause_at_deadline(&self, entry: &Arc<SandboxEntry>) {
+        let id = entry.snapshot().id;
+        if let Err(err) = self.pause_entry(entry).await
+            && !matches!(err, ProviderError::AlreadyPaused(_))
+        {
+            tracing::warn!(sandbox = %id, %err, "cannot pause the sandbox at its deadline; killing it");
+            let _ = self.kill(&id).await;
+            return;
+        }
+        let retention_ms =
+            i64::try_from(self.cfg.paused_retention_secs.max(1).saturating_mul(1000)).unwrap_or(i64::MAX);
+        let until = now_ms().saturating_add(retention_ms);
+        if let Err(err) = entry.update(|r| {
+            r.timed_out = true;
+            r.end_at_ms = until;
+        }) {
+            tracing::warn!(sandbox = %id, %err, "cannot record the pause at the deadline");
+        }
+        tracing::info!(sandbox = %id, retention_secs = self.cfg.paused_retention_secs, "sandbox paused at its deadline");
     }
 
     /// One reconciliation pass between this provider's records, its own state directory and the
