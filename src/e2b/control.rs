@@ -1,6 +1,7 @@
-//! Control-plane client: create, connect, kill, timeout, info, list and pause
-//! sandboxes, list templates (`X-API-Key` auth, `/v2` paths, the SDK's status semantics), and
-//! the factory for per-sandbox [`EnvdClient`]s.
+//! Control-plane client: create, connect, kill, timeout, info, list, pause
+//! and fork sandboxes, take, list and delete their snapshots, list templates
+//! (`X-API-Key` auth, `/v2` paths, the SDK's status semantics), and the
+//! factory for per-sandbox [`EnvdClient`]s.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -230,13 +231,7 @@ impl E2bClient {
             params.push(("nextToken", token.clone()));
         }
         let response = transport::send(&ctx, || self.request(Method::GET, url.clone()).query(&params)).await?;
-        let next = response
-            .headers()
-            .get(HEADER_NEXT_TOKEN)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-            .map(str::to_owned);
+        let next = next_token(&response);
         let items: Vec<wire::SandboxDetail> = transport::read_json(&ctx, response).await?;
         Ok((items, next))
     }
@@ -285,6 +280,108 @@ impl E2bClient {
         transport::expect_success(&ctx, response).await.map(|()| true)
     }
 
+    /// `POST /sandboxes/{id}/snapshots` (201): a snapshot of the sandbox, usable as a create's
+    /// `templateID`. Sent at most once unless the connection could not be made (a repeated named
+    /// snapshot would be refused as existing).
+    pub async fn create_snapshot(&self, id: &str, req: &wire::NewSnapshot) -> Result<wire::SnapshotInfo, E2bError> {
+        let ctx = self.ctx("create_snapshot", Some(id), RetryPolicy::ConnectErrors);
+        let url = self.url(&["sandboxes", id, "snapshots"]);
+        let response = transport::send(&ctx, || self.json_request(Method::POST, url.clone(), req)).await?;
+        let snapshot: wire::SnapshotInfo = transport::read_json(&ctx, response).await?;
+        if snapshot.snapshot_id.is_empty() {
+            return Err(ctx.protocol("snapshot response has an empty snapshotID"));
+        }
+        Ok(snapshot)
+    }
+
+    /// One page of `GET /snapshots`; the second value is the next page's token.
+    pub async fn list_snapshots(
+        &self,
+        q: &wire::SnapshotQuery,
+    ) -> Result<(Vec<wire::SnapshotInfo>, Option<String>), E2bError> {
+        let ctx = self.ctx("list_snapshots", None, RetryPolicy::Idempotent);
+        let url = self.url(&["snapshots"]);
+        let mut params: Vec<(&str, String)> = Vec::new();
+        if let Some(sandbox_id) = &q.sandbox_id {
+            params.push(("sandboxID", sandbox_id.clone()));
+        }
+        if let Some(name) = &q.name {
+            params.push(("name", name.clone()));
+        }
+        if let Some(limit) = q.limit {
+            params.push(("limit", limit.to_string()));
+        }
+        if let Some(token) = &q.next_token {
+            params.push(("nextToken", token.clone()));
+        }
+        let response = transport::send(&ctx, || self.request(Method::GET, url.clone()).query(&params)).await?;
+        let next = next_token(&response);
+        let items: Vec<wire::SnapshotInfo> = transport::read_json(&ctx, response).await?;
+        Ok((items, next))
+    }
+
+    /// Every snapshot matching `sandbox_id` and `name` (either may be left out; follows pages).
+    pub async fn list_all_snapshots(
+        &self,
+        sandbox_id: Option<&str>,
+        name: Option<&str>,
+    ) -> Result<Vec<wire::SnapshotInfo>, E2bError> {
+        let mut query = wire::SnapshotQuery {
+            sandbox_id: sandbox_id.map(str::to_owned),
+            name: name.map(str::to_owned),
+            limit: Some(LIST_PAGE_SIZE),
+            next_token: None,
+        };
+        let mut all = Vec::new();
+        for _ in 0..MAX_LIST_PAGES {
+            let (items, next) = self.list_snapshots(&query).await?;
+            all.extend(items);
+            match next {
+                Some(token) if query.next_token.as_deref() == Some(token.as_str()) => {
+                    let ctx = self.ctx("list_snapshots", None, RetryPolicy::Never);
+                    return Err(ctx.protocol("the provider returned the same next-page token twice"));
+                }
+                Some(token) => query.next_token = Some(token),
+                None => return Ok(all),
+            }
+        }
+        let ctx = self.ctx("list_snapshots", None, RetryPolicy::Never);
+        Err(ctx.protocol(format!("more than {MAX_LIST_PAGES} pages of snapshots")))
+    }
+
+    /// `DELETE /templates/{snapshotID}`: `true` if deleted, `false` if it did not exist (404).
+    pub async fn delete_snapshot(&self, snapshot_id: &str) -> Result<bool, E2bError> {
+        let ctx = self.ctx("delete_snapshot", None, RetryPolicy::Idempotent);
+        let url = self.url(&["templates", snapshot_id]);
+        let response = transport::send(&ctx, || self.request(Method::DELETE, url.clone())).await?;
+        if response.status() == StatusCode::NOT_FOUND {
+            return Ok(false);
+        }
+        transport::expect_success(&ctx, response).await.map(|()| true)
+    }
+
+    /// `POST /sandboxes/{id}/fork` (201): one entry per fork, each a sandbox (as create returns
+    /// it) or its own error. Never retried (each attempt makes sandboxes). An answer with another
+    /// number of entries than asked for is a protocol error.
+    pub async fn fork_sandbox(&self, id: &str, req: &wire::ForkSandbox) -> Result<Vec<wire::ForkEntry>, E2bError> {
+        let ctx = self.ctx("fork_sandbox", Some(id), RetryPolicy::Never);
+        let url = self.url(&["sandboxes", id, "fork"]);
+        let response = transport::send(&ctx, || self.json_request(Method::POST, url.clone(), req)).await?;
+        let entries: Vec<wire::ForkEntry> = transport::read_json(&ctx, response).await?;
+        let wanted = req.count.unwrap_or(1) as usize;
+        if entries.len() != wanted {
+            return Err(ctx.protocol(format!("asked for {wanted} forks, the answer has {} entries", entries.len())));
+        }
+        for entry in &entries {
+            match (&entry.sandbox, &entry.error) {
+                (Some(sandbox), None) if !sandbox.sandbox_id.is_empty() => {}
+                (None, Some(_)) => {}
+                _ => return Err(ctx.protocol("a fork entry must hold either a sandbox with its sandboxID or an error")),
+            }
+        }
+        Ok(entries)
+    }
+
     /// envd client of a sandbox returned by create/connect (shares this client's pool).
     pub fn envd(&self, sandbox: &wire::Sandbox) -> EnvdClient {
         let base = self.envd_url(&sandbox.sandbox_id, sandbox.domain.as_deref());
@@ -323,6 +420,17 @@ impl E2bClient {
         let usable = |d: &&str| !d.is_empty();
         reported.map(str::trim).filter(usable).or(configured.map(str::trim).filter(usable)).map(str::to_owned)
     }
+}
+
+/// The `X-Next-Token` of a list answer: there is another page.
+fn next_token(response: &reqwest::Response) -> Option<String> {
+    response
+        .headers()
+        .get(HEADER_NEXT_TOKEN)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned)
 }
 
 /// The SDK's metadata filter value: `urlencode({quote(k): quote(v)})` (the

@@ -387,3 +387,119 @@ async fn range_reads_cope_with_servers_that_ignore_or_botch_the_range() {
     assert!(matches!(err, E2bError::TooLarge { limit, .. } if limit == 16 * 1024 * 1024), "{err:?}");
     server.abort();
 }
+
+#[tokio::test]
+async fn snapshot_calls_follow_the_wire_contract() {
+    use axum::extract::{Path, Query};
+    use std::collections::HashMap;
+    let recorder = Arc::new(Recorder::default());
+    let (rec_create, rec_list, rec_delete) = (recorder.clone(), recorder.clone(), recorder.clone());
+    let router = Router::new()
+        .route(
+            "/sandboxes/{id}/snapshots",
+            post(move |Path(id): Path<String>, headers: HeaderMap, body: Bytes| async move {
+                rec_create.push(&format!("snapshot {id} {}", String::from_utf8_lossy(&body)), &headers);
+                if id == "gone" {
+                    return (StatusCode::NOT_FOUND, r#"{"code":404,"message":"sandbox gone not found"}"#)
+                        .into_response();
+                }
+                let answer = serde_json::json!({"snapshotID": "snap-1:default", "names": ["snap-1"]});
+                (StatusCode::CREATED, axum::Json(answer)).into_response()
+            }),
+        )
+        .route(
+            "/snapshots",
+            get(move |Query(q): Query<HashMap<String, String>>, headers: HeaderMap| async move {
+                let mut keys: Vec<String> = q.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                keys.sort();
+                rec_list.push(&format!("list {}", keys.join("&")), &headers);
+                if !q.contains_key("nextToken") {
+                    let page = serde_json::json!([{"snapshotID": "a:default", "names": ["a"]}]);
+                    return ([("x-next-token", "page2")], axum::Json(page)).into_response();
+                }
+                axum::Json(serde_json::json!([{"snapshotID": "b:default"}])).into_response()
+            }),
+        )
+        .route(
+            "/templates/{id}",
+            axum::routing::delete(move |Path(id): Path<String>, headers: HeaderMap| async move {
+                rec_delete.push(&format!("delete {id}"), &headers);
+                if id == "snap-1:default" {
+                    return StatusCode::NO_CONTENT.into_response();
+                }
+                (StatusCode::NOT_FOUND, r#"{"code":404,"message":"not found"}"#).into_response()
+            }),
+        );
+    let (url, server) = serve(router).await;
+    let client = client(&url);
+
+    let req = wire::NewSnapshot { name: Some("snap-1".into()), memory: Some(false) };
+    let snapshot = client.create_snapshot("sbx1", &req).await.unwrap();
+    assert_eq!((snapshot.snapshot_id.as_str(), snapshot.names.clone()), ("snap-1:default", vec!["snap-1".to_owned()]));
+    assert_eq!(recorder.count(r#"snapshot sbx1 {"name":"snap-1","memory":false}"#), 1, "the body as E2B's");
+    let sent = recorder.headers(r#"snapshot sbx1 {"name":"snap-1","memory":false}"#);
+    assert_eq!(sent["x-api-key"], "e2b_0123456789abcdef0123456789abcdef01234567");
+    let err = client.create_snapshot("gone", &req).await.unwrap_err();
+    assert!(err.is_sandbox_gone() && err.sandbox_id() == Some("gone"), "{err:?}");
+
+    // Paged while X-Next-Token is answered; the filters are sent as E2B names them.
+    let all = client.list_all_snapshots(Some("sbx1"), Some("a")).await.unwrap();
+    let ids: Vec<&str> = all.iter().map(|s| s.snapshot_id.as_str()).collect();
+    assert_eq!(ids, ["a:default", "b:default"]);
+    assert!(all[1].names.is_empty(), "names default to empty");
+    assert_eq!(recorder.count("list limit=100&name=a&sandboxID=sbx1"), 1);
+    assert_eq!(recorder.count("list limit=100&name=a&nextToken=page2&sandboxID=sbx1"), 1);
+
+    // Deleted (204), or unknown (404: false); the id goes into the path as it is.
+    assert!(client.delete_snapshot("snap-1:default").await.unwrap());
+    assert!(!client.delete_snapshot("nope:default").await.unwrap());
+    assert_eq!(recorder.count("delete snap-1:default"), 1);
+    server.abort();
+}
+
+#[tokio::test]
+async fn fork_is_never_retried_and_reads_each_entry() {
+    use axum::extract::Path;
+    let recorder = Arc::new(Recorder::default());
+    let rec = recorder.clone();
+    let router = Router::new().route(
+        "/sandboxes/{id}/fork",
+        post(move |Path(id): Path<String>, headers: HeaderMap, body: Bytes| async move {
+            rec.push(&format!("fork {id}"), &headers);
+            let body: wire::ForkSandbox = serde_json::from_slice(&body).unwrap();
+            match id.as_str() {
+                "busy" => (StatusCode::SERVICE_UNAVAILABLE, [("retry-after", "0")], r#"{"code":503,"message":"busy"}"#)
+                    .into_response(),
+                "gone" => (StatusCode::NOT_FOUND, r#"{"code":404,"message":"sandbox gone not found"}"#).into_response(),
+                "short" => (StatusCode::CREATED, axum::Json(serde_json::json!([]))).into_response(),
+                _ => {
+                    assert_eq!(body, wire::ForkSandbox { timeout: Some(60), count: Some(2) });
+                    let answer = serde_json::json!([
+                        {"sandbox": {"templateID": "base", "sandboxID": "f1", "clientID": "local",
+                            "envdVersion": "0.6.13", "envdAccessToken": "tok"}},
+                        {"error": {"code": 429, "message": "reached the maximum of 5 sandboxes"}},
+                    ]);
+                    (StatusCode::CREATED, axum::Json(answer)).into_response()
+                }
+            }
+        }),
+    );
+    let (url, server) = serve(router).await;
+    let client = client(&url);
+    let req = wire::ForkSandbox { timeout: Some(60), count: Some(2) };
+    let entries = client.fork_sandbox("sbx1", &req).await.unwrap();
+    assert_eq!(entries[0].sandbox.as_ref().map(|s| s.sandbox_id.as_str()), Some("f1"));
+    assert_eq!(
+        entries[1].error.as_ref().map(|e| (e.code, e.message.as_str())),
+        Some((429, "reached the maximum of 5 sandboxes"))
+    );
+
+    let err = client.fork_sandbox("busy", &req).await.unwrap_err();
+    assert!(matches!(err, E2bError::Api { status: 503, .. }), "{err:?}");
+    assert_eq!(recorder.count("fork busy"), 1, "a fork makes sandboxes: never retried");
+    let err = client.fork_sandbox("gone", &req).await.unwrap_err();
+    assert!(err.is_sandbox_gone() && err.op() == "fork_sandbox", "{err:?}");
+    let err = client.fork_sandbox("short", &req).await.unwrap_err();
+    assert!(err.to_string().contains("asked for 2 forks, the answer has 0 entries"), "{err}");
+    server.abort();
+}

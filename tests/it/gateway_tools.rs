@@ -35,7 +35,10 @@ async fn tools_work_end_to_end_with_session_defaults_and_ownership() {
 
     // An unknown tool's error names the tools that exist.
     let unknown = common::mcp::try_call(&client, "run_comand", json!({})).await.expect_err("unknown tool").to_string();
-    assert!(unknown.contains("run_comand") && unknown.contains("run_command, start_task"), "{unknown}");
+    assert!(
+        unknown.contains("run_comand") && unknown.contains("run_command, snapshot_sandbox, start_task"),
+        "{unknown}"
+    );
 
     // No default sandbox yet: the error says what to do; nothing is created implicitly.
     let message = err(&client, "run_command", json!({"command": "true"})).await;

@@ -39,6 +39,8 @@ mod sandbox_host_addresses;
 mod sandbox_network;
 mod sandbox_privileges;
 mod snapshot_sdks;
+mod snapshot_tasks;
+mod snapshots;
 mod tasks_lifecycle;
 mod tasks_output;
 mod tasks_reconnect;

@@ -175,6 +175,22 @@ impl TenantQuotas {
     pub fn sandbox_refusal(&self, tenant: &str, live: usize) -> QuotaRefusal {
         QuotaRefusal::Sandboxes { tenant: tenant.to_owned(), live, setting: self.limits.sandboxes.setting.clone() }
     }
+
+    /// Refuses `count` more sandboxes (forks) of `tenant`, who has `live` now, when they would pass
+    /// its sandbox limit; forks count like creates.
+    pub fn check_forks(&self, tenant: &str, live: usize, count: usize) -> Result<(), QuotaRefusal> {
+        let max = self.limits.sandboxes.max;
+        if max == 0 || live.saturating_add(count) <= max {
+            return Ok(());
+        }
+        Err(QuotaRefusal::Forks {
+            tenant: tenant.to_owned(),
+            live,
+            count,
+            free: max.saturating_sub(live),
+            setting: self.limits.sandboxes.setting.clone(),
+        })
+    }
 }
 
 /// A per-tenant limit refusing a tool call.
@@ -192,6 +208,12 @@ pub enum QuotaRefusal {
          created it ends (unless a task was started in it), or when it reaches its deadline; then create again"
     )]
     Sandboxes { tenant: String, live: usize, setting: String },
+    #[error(
+        "tenant limit reached: tenant {tenant} has {live} live sandboxes and {count} forks would pass its limit \
+         ({setting}; forks count like created sandboxes); ask for at most {free} forks, or free slots first \
+         (kill_sandbox; list_sandboxes shows yours)"
+    )]
+    Forks { tenant: String, live: usize, count: usize, free: usize, setting: String },
 }
 
 /// State of the session-limit middleware.
@@ -315,5 +337,23 @@ mod tests {
         drop(first);
         drop(quotas.start_call("a").unwrap());
         drop(other);
+    }
+
+    #[test]
+    fn forks_count_against_the_sandbox_limit() {
+        let mut config = with_tenants(&["a", "b"]);
+        config.limits.max_sandboxes_per_tenant = Some(4);
+        let quotas = TenantQuotas::new(TenantLimits::from_config(&config));
+        assert!(quotas.check_forks("a", 1, 3).is_ok(), "exactly up to the limit");
+        let refused = quotas.check_forks("a", 2, 3).unwrap_err().to_string();
+        assert!(
+            refused.starts_with("tenant limit reached: tenant a has 2 live sandboxes and 3 forks would pass its limit")
+                && refused.contains("limits.max_sandboxes_per_tenant = 4")
+                && refused.contains("ask for at most 2 forks"),
+            "{refused}"
+        );
+        config.limits.max_sandboxes_per_tenant = Some(0);
+        let unlimited = TenantQuotas::new(TenantLimits::from_config(&config));
+        assert!(unlimited.check_forks("a", 100, 20).is_ok(), "0: no limit");
     }
 }

@@ -20,6 +20,7 @@ use crate::gateway::state::{Gateway, Routers};
 use crate::gateway::tools::exec::RUN_COMMAND;
 use crate::gateway::tools::file::{LIST_FILES, READ_FILE, WRITE_FILE};
 use crate::gateway::tools::sandbox::{CONNECT_SANDBOX, CREATE_SANDBOX, LIST_SANDBOXES};
+use crate::gateway::tools::snapshot::FORK_SANDBOX;
 use crate::gateway::tools::task::{LIST_TASKS, START_TASK};
 
 /// How long a 2026-07-28 client may cache `tools/list` (the list changes only with a new release).
@@ -55,7 +56,17 @@ fn stateless_description(tool: &str) -> Option<&'static str> {
             "Check that a sandbox of yours exists (resuming it if paused) and return its state and deadline. \
              Pass its sandbox_id to the other tools."
         }
-        LIST_SANDBOXES => "List your sandboxes (running or paused) with their deadlines and your metadata.",
+        LIST_SANDBOXES => {
+            "List your sandboxes (running or paused) with their deadlines, your metadata, and for a fork its parent."
+        }
+        FORK_SANDBOX => {
+            "Fork a sandbox of yours: make count new sandboxes (default 1), each starting with a copy of its files \
+             and metadata as they are now (not its running processes, open connections or memory). sandbox_id is \
+             required. Each fork counts as one of your sandboxes and lives until its deadline (timeout; extended \
+             when run_command or the file tools use it) or until kill_sandbox: it is NOT killed when you \
+             disconnect, so kill it when done. Returns each fork's sandbox_id and inbound access, or that fork's \
+             own error."
+        }
         RUN_COMMAND => {
             "Run a shell command in a sandbox and wait for it (bash -l -c). sandbox_id is required. Returns \
              exit_code, stdout and stderr (each capped at 64 KiB, with a truncation flag). A non-zero exit code is \

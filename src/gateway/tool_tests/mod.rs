@@ -420,3 +420,86 @@ async fn tenant_sandbox_quota_is_enforced_with_an_actionable_sentence() {
     assert_eq!(ok(&alice, "kill_sandbox", json!({"sandbox_id": id})).await["killed"], json!(true));
     ok(&alice, "create_sandbox", json!({})).await;
 }
+
+#[tokio::test]
+async fn snapshots_and_forks_are_checked_named_and_kept_per_tenant() {
+    use crate::gateway::tools::snapshot::snapshot_prefix;
+    let h = harness(|c| {
+        c.limits.max_forks_per_call = 2;
+        c.limits.max_sandboxes_per_tenant = Some(4);
+    })
+    .await;
+    let (alice, bob) = (h.session(ALICE).await, h.session(BOB).await);
+    // Argument errors, before any provider call.
+    for (tool, args, expected) in [
+        ("snapshot_sandbox", json!({"sandbox_id": "sbx1", "name": "-x"}), "invalid name \"-x\""),
+        ("snapshot_sandbox", json!({"sandbox_id": "sbx1", "name": "a".repeat(47)}), "name must be 1-46"),
+        ("fork_sandbox", json!({"sandbox_id": "sbx1", "count": 3}), "count must be between 1 and 2"),
+        ("fork_sandbox", json!({"sandbox_id": "sbx1", "timeout": 0}), "timeout must be between 1 and"),
+        ("delete_snapshot", json!({"snapshot_id": "a b"}), "invalid snapshot_id \"a b\""),
+        ("create_sandbox", json!({"metadata": {"fork.parent": "sbx9"}}), "\"fork.parent\" is reserved"),
+    ] {
+        let message = err(&alice, tool, args.clone()).await;
+        assert!(message.contains(expected), "{tool} {args}: {message}");
+    }
+    assert!(h.provider.requests().is_empty(), "argument errors reached the provider: {:?}", h.provider.requests());
+
+    let parent = ok(&alice, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_owned();
+    let prefix = snapshot_prefix("default", "alice");
+    let snap = ok(&alice, "snapshot_sandbox", json!({"name": "s1"})).await;
+    assert_eq!(snap["name"], json!(format!("{prefix}s1")));
+    assert_eq!(snap["snapshot_id"], json!(format!("{prefix}s1:default")));
+    let sent = format!("snapshot {parent} {{\"name\":\"{prefix}s1\",\"memory\":false}}");
+    assert!(h.provider.requests().contains(&sent), "always a filesystem snapshot: {:?}", h.provider.requests());
+    let taken = err(&alice, "snapshot_sandbox", json!({"name": "s1"})).await;
+    assert!(taken.starts_with("a snapshot named \"s1\" already exists: choose another name"), "{taken}");
+
+    // Bob: alice's snapshot is an unknown template (no create is sent), not listed, not deletable;
+    // another tenant's prefix is refused without asking the provider.
+    let bob_prefix = snapshot_prefix("default", "bob");
+    for template in [format!("{prefix}s1"), format!("{prefix}s1:default"), format!("{prefix}never-made")] {
+        let message = err(&bob, "create_sandbox", json!({"template": template})).await;
+        assert!(message.starts_with(&format!("template {template:?} not found: call list_templates")), "{message}");
+    }
+    assert!(!h.provider.requests().iter().any(|r| r.starts_with(&format!("create {prefix}"))), "bob's create was sent");
+    assert_eq!(ok(&bob, "list_snapshots", json!({})).await["snapshots"], json!([]));
+    let message = err(&bob, "delete_snapshot", json!({"snapshot_id": format!("{prefix}s1:default")})).await;
+    assert!(message.starts_with(&format!("snapshot \"{prefix}s1:default\" not found")), "{message}");
+    assert!(!h.provider.requests().iter().any(|r| r.starts_with("delete snapshot")), "bob's delete was sent");
+    assert!(!prefix.starts_with(&bob_prefix));
+    // Alice creates from it (by name), lists it, deletes it.
+    ok(&alice, "create_sandbox", json!({"template": format!("{prefix}s1")})).await;
+    let listed = ok(&alice, "list_snapshots", json!({})).await;
+    assert_eq!(
+        listed["snapshots"],
+        json!([{"snapshot_id": format!("{prefix}s1:default"), "name": format!("{prefix}s1")}])
+    );
+
+    // Forks: owned, with their parent; the default stays the created sandbox; the quota counts them.
+    let forked = ok(&alice, "fork_sandbox", json!({"sandbox_id": parent, "count": 2})).await;
+    assert_eq!((forked["created"].clone(), forked["owned"].clone()), (json!(2), json!(true)), "{forked}");
+    assert_eq!(forked["carries"], json!("no processes (scripted)"), "the provider's own words");
+    let forks: Vec<String> =
+        forked["forks"].as_array().unwrap().iter().map(|f| f["sandbox_id"].as_str().unwrap().to_owned()).collect();
+    let listed = ok(&alice, "list_sandboxes", json!({})).await;
+    for fork in &forks {
+        let entry = listed["sandboxes"].as_array().unwrap().iter().find(|s| s["sandbox_id"] == json!(fork)).unwrap();
+        assert_eq!((entry["parent"].clone(), entry["session_roles"].clone()), (json!(parent), json!(["owned"])));
+        assert_eq!(entry["metadata"], json!({}), "fork.* keys are not the user's metadata: {entry}");
+    }
+    let message = err(&alice, "fork_sandbox", json!({"sandbox_id": parent})).await;
+    assert!(message.starts_with("tenant limit reached: tenant alice has 4 live sandboxes and 1 forks"), "{message}");
+    assert_eq!(err(&bob, "fork_sandbox", json!({"sandbox_id": parent})).await, not_found_sentence(&parent));
+
+    // When every fork fails, the call fails with the provider's reason, classified.
+    let deleted = ok(&alice, "delete_snapshot", json!({"snapshot_id": format!("{prefix}s1")})).await;
+    assert_eq!(deleted, json!({"snapshot_id": format!("{prefix}s1:default"), "deleted": true}));
+    ok(&alice, "kill_sandbox", json!({"sandbox_id": forks[0]})).await;
+    h.provider.inject("fork", 201, json!([{"error": {"code": 429, "message": "reached the maximum of 5 sandboxes"}}]));
+    let message = err(&alice, "fork_sandbox", json!({"sandbox_id": parent})).await;
+    assert!(message.starts_with(&format!("could not fork sandbox {parent}: the sandbox limit")), "{message}");
+    // Sessionless: not owned, with its lifetime.
+    let loose = h.stateless_call(ALICE, "fork_sandbox", json!({"sandbox_id": parent})).await;
+    assert_eq!(loose["structuredContent"]["owned"], json!(false), "{loose}");
+    assert!(loose["structuredContent"]["lifetime"].as_str().unwrap().contains("kill_sandbox"), "{loose}");
+}

@@ -1,5 +1,6 @@
 //! The scripted provider of the tool tests: a small axum server answering
-//! the E2B API routes (create, get, list, kill, connect, timeout, health) and
+//! the E2B API routes (create, get, list, kill, connect, timeout, health,
+//! snapshots and forks) and
 //! the envd routes (process Start, file reads) the tools use, from an
 //! in-memory table, with one-shot faults injected per route and every
 //! request recorded.
@@ -33,6 +34,7 @@ struct Fault {
 pub(super) struct Provider {
     pub(super) sandboxes: Mutex<HashMap<String, wire::SandboxDetail>>,
     pub(super) files: Mutex<HashMap<(String, String), Vec<u8>>>,
+    pub(super) snapshots: Mutex<Vec<wire::SnapshotInfo>>,
     faults: Mutex<HashMap<&'static str, Vec<Fault>>>,
     requests: Mutex<Vec<String>>,
     next_id: Mutex<u32>,
@@ -109,7 +111,7 @@ fn not_found(what: &str) -> Response {
 }
 
 async fn create(State(p): State<Shared>, axum::Json(req): axum::Json<wire::NewSandbox>) -> Response {
-    p.seen("create".into());
+    p.seen(format!("create {}", req.template_id));
     if let Some(fault) = p.fault("create") {
         return fault;
     }
@@ -123,6 +125,74 @@ async fn create(State(p): State<Shared>, axum::Json(req): axum::Json<wire::NewSa
     let sandbox = sandbox_of(&d);
     p.sandboxes.lock().unwrap().insert(id, d);
     (StatusCode::CREATED, axum::Json(sandbox)).into_response()
+}
+
+/// `POST /sandboxes/{id}/snapshots`: named `NAME:default`, like the local provider's.
+async fn snapshot(State(p): State<Shared>, Path(id): Path<String>, body: Bytes) -> Response {
+    p.seen(format!("snapshot {id} {}", String::from_utf8_lossy(&body)));
+    if !p.exists(&id) {
+        return not_found(&format!("sandbox {id}"));
+    }
+    let Ok(req) = serde_json::from_slice::<wire::NewSnapshot>(&body) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let name = req.name.unwrap_or_else(|| "unnamed".into());
+    let info = wire::SnapshotInfo { snapshot_id: format!("{name}:default"), names: vec![name] };
+    let mut all = p.snapshots.lock().unwrap();
+    if all.iter().any(|s| s.snapshot_id == info.snapshot_id) {
+        return (StatusCode::CONFLICT, axum::Json(json!({"code": 409, "message": "snapshot exists"}))).into_response();
+    }
+    all.push(info.clone());
+    (StatusCode::CREATED, axum::Json(info)).into_response()
+}
+
+/// `GET /snapshots?name=`: by name or id.
+async fn list_snapshots(State(p): State<Shared>, Query(query): Query<HashMap<String, String>>) -> Response {
+    p.seen("list snapshots".into());
+    let name = query.get("name");
+    let all = p.snapshots.lock().unwrap();
+    let items: Vec<_> =
+        all.iter().filter(|s| name.is_none_or(|n| s.snapshot_id == *n || s.names.contains(n))).cloned().collect();
+    axum::Json(items).into_response()
+}
+
+/// `DELETE /templates/{snapshotID}`.
+async fn delete_snapshot(State(p): State<Shared>, Path(id): Path<String>) -> Response {
+    p.seen(format!("delete snapshot {id}"));
+    let mut all = p.snapshots.lock().unwrap();
+    let before = all.len();
+    all.retain(|s| s.snapshot_id != id);
+    if all.len() == before { not_found(&format!("template {id}")) } else { StatusCode::NO_CONTENT.into_response() }
+}
+
+/// `POST /sandboxes/{id}/fork`: `count` copies with the parent's metadata and `fork.parent`.
+async fn fork(
+    State(p): State<Shared>,
+    Path(id): Path<String>,
+    axum::Json(req): axum::Json<wire::ForkSandbox>,
+) -> Response {
+    p.seen(format!("fork {id}"));
+    if let Some(fault) = p.fault("fork") {
+        return fault;
+    }
+    let Some(parent) = p.sandboxes.lock().unwrap().get(&id).cloned() else {
+        return not_found(&format!("sandbox {id}"));
+    };
+    let mut entries = Vec::new();
+    for _ in 0..req.count.unwrap_or(1) {
+        let fork_id = {
+            let mut next = p.next_id.lock().unwrap();
+            *next += 1;
+            format!("sbx{next:04}")
+        };
+        let mut d = detail(&fork_id, []);
+        d.metadata = parent.metadata.clone();
+        d.metadata.insert(wire::META_FORK_PARENT.into(), id.clone());
+        d.metadata.insert(wire::META_FORK_CARRIES.into(), "no processes (scripted)".into());
+        entries.push(json!({"sandbox": sandbox_of(&d)}));
+        p.sandboxes.lock().unwrap().insert(fork_id, d);
+    }
+    (StatusCode::CREATED, axum::Json(entries)).into_response()
 }
 
 async fn get_one(State(p): State<Shared>, Path(id): Path<String>) -> Response {
@@ -237,6 +307,10 @@ pub(super) async fn scripted_provider() -> (Shared, url::Url, tokio::task::JoinH
         .route("/v2/sandboxes", post(create).get(list))
         .route("/sandboxes/{id}", get(get_one).delete(kill))
         .route("/sandboxes/{id}/timeout", post(|| async { StatusCode::NO_CONTENT }))
+        .route("/sandboxes/{id}/snapshots", post(snapshot))
+        .route("/sandboxes/{id}/fork", post(fork))
+        .route("/snapshots", get(list_snapshots))
+        .route("/templates/{id}", axum::routing::delete(delete_snapshot))
         .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/process.Process/Start", post(start))
         .route("/files", get(read_file))

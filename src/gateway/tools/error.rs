@@ -60,6 +60,12 @@ pub enum ToolError {
          template's name, one of its aliases or its template_id), or omit template for the default"
     )]
     UnknownTemplate { template: String },
+    /// A snapshot that does not exist or is not the caller's: one answer for both.
+    #[error(
+        "snapshot {snapshot:?} not found: it does not exist, has been deleted, or is not yours; call \
+         list_snapshots to see your snapshots"
+    )]
+    SnapshotNotFound { snapshot: String },
     /// The sandbox provider failed (`action` says what was being done, e.g. "kill sandbox X").
     #[error("could not {action}: {failure}")]
     Provider { action: String, failure: ProviderFailure },
@@ -207,7 +213,9 @@ impl ToolError {
     pub fn is_not_found(&self) -> bool {
         matches!(
             self,
-            Self::SandboxNotFound { .. } | Self::Task(TaskError::SandboxGone(_) | TaskError::TaskNotFound { .. })
+            Self::SandboxNotFound { .. }
+                | Self::SnapshotNotFound { .. }
+                | Self::Task(TaskError::SandboxGone(_) | TaskError::TaskNotFound { .. })
         )
     }
 

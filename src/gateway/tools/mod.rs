@@ -1,5 +1,5 @@
-//! The MCP tools, one file per family (`sandbox`, `template`, `exec`,
-//! `file`, `task`), and what every tool call goes through: who is calling,
+//! The MCP tools, one file per family (`sandbox`, `snapshot`, `template`,
+//! `exec`, `file`, `task`), and what every tool call goes through: who is calling,
 //! the call quota and the one log line (`calls`), the typed errors and their
 //! sentences (`error`), sandbox resolution and the tenant check (`access`),
 //! argument limits (`args`) and the bound on a result's size
@@ -14,6 +14,7 @@ pub mod exec;
 pub mod file;
 pub mod result_size;
 pub mod sandbox;
+pub mod snapshot;
 pub mod task;
 pub mod template;
 
@@ -24,6 +25,10 @@ pub const ALL: &[&str] = &[
     sandbox::CONNECT_SANDBOX,
     sandbox::KILL_SANDBOX,
     sandbox::LIST_SANDBOXES,
+    snapshot::SNAPSHOT_SANDBOX,
+    snapshot::FORK_SANDBOX,
+    snapshot::LIST_SNAPSHOTS,
+    snapshot::DELETE_SNAPSHOT,
     template::LIST_TEMPLATES,
     exec::RUN_COMMAND,
     file::READ_FILE,
@@ -40,6 +45,7 @@ impl crate::gateway::state::Gateway {
     /// router here.
     pub fn tool_router() -> rmcp::handler::server::router::tool::ToolRouter<crate::gateway::state::Gateway> {
         Self::sandbox_router()
+            + Self::snapshot_router()
             + Self::template_router()
             + Self::exec_router()
             + Self::file_router()

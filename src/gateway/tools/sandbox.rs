@@ -24,8 +24,8 @@ use crate::gateway::state::Gateway;
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSandboxArgs {
-    /// Template to start from: a name, alias or template_id from list_templates. Default "base" (a stock
-    /// Linux with python3).
+    /// Template to start from: a name, alias or template_id from list_templates, or a snapshot_id or
+    /// name from snapshot_sandbox / list_snapshots. Default "base" (a stock Linux with python3).
     #[serde(default)]
     pub template: Option<String>,
     /// Lifetime in seconds before the sandbox is destroyed automatically (default from the server
@@ -36,7 +36,7 @@ pub struct CreateSandboxArgs {
     /// Environment variables set for every command in the sandbox.
     #[serde(default)]
     pub envs: Option<HashMap<String, String>>,
-    /// Your own key/value labels (at most 32; keys starting with "sandbox_mcp_" are reserved).
+    /// Your own key/value labels (at most 32; keys starting with "sandbox_mcp_" or "fork." are reserved).
     #[serde(default)]
     pub metadata: Option<HashMap<String, String>>,
     /// Network rules. Outbound default: the internet is reachable, private and internal addresses
@@ -70,6 +70,10 @@ pub struct NetworkArgs {
     #[serde(default)]
     pub allow_public_traffic: Option<bool>,
 }
+
+/// Prefix of the metadata keys a provider sets on a fork (`fork.parent`, `fork.carries`): not the
+/// user's to set, so that a sandbox's `parent` is always the provider's word.
+const FORK_METADATA_PREFIX: &str = "fork.";
 
 /// Whether a create failed for its template: a 404 (a create names no sandbox; the local
 /// provider and E2B answer an unknown template so), or E2B's 400 naming the template.
@@ -183,8 +187,11 @@ pub struct SandboxSummary {
     pub started_at: String,
     /// RFC 3339: when it will be destroyed unless used or extended.
     pub end_at: String,
-    /// Your own metadata (the gateway's sandbox_mcp_* keys removed).
+    /// Your own metadata (the gateway's sandbox_mcp_* keys and the provider's fork.* keys removed).
     pub metadata: HashMap<String, String>,
+    /// For a fork (fork_sandbox): the id of the sandbox it was forked from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
     /// What this session thinks of it: any of "default", "owned" (killed when the session ends),
     /// "retained" (a task was started in it: kept when the session ends).
     pub session_roles: Vec<String>,
@@ -248,7 +255,8 @@ impl Gateway {
     }
 
     #[tool(description = "List your sandboxes (running or paused), with what this session thinks of each: \
-        default, owned (killed when this session ends) or retained (kept: a task runs in it).")]
+        default, owned (killed when this session ends) or retained (kept: a task runs in it), and for a fork its \
+        parent.")]
     pub async fn list_sandboxes(
         &self,
         Parameters(_args): Parameters<ListSandboxesArgs>,
@@ -263,7 +271,7 @@ impl Gateway {
     /// What an agent needs to reach the sandbox's ports, from a create or connect answer: public
     /// exactly when the provider gave no traffic access token (so a provider that ignored
     /// `allowPublicTraffic: false` is reported as public, which it is).
-    fn inbound_access(&self, sandbox: &wire::Sandbox) -> InboundAccess {
+    pub(super) fn inbound_access(&self, sandbox: &wire::Sandbox) -> InboundAccess {
         let token = sandbox.traffic_access_token.clone().filter(|t| !t.is_empty());
         let host = self
             .core
@@ -280,7 +288,7 @@ impl Gateway {
 
     /// The sandboxes of `tenant` in this deployment, as the provider lists them (what the sandbox quota
     /// counts and list_sandboxes shows); `action` says what failed ("could not {action}: ...").
-    async fn sandboxes_of(&self, tenant: &str, action: &str) -> Result<Vec<wire::SandboxDetail>, ToolError> {
+    pub(super) async fn sandboxes_of(&self, tenant: &str, action: &str) -> Result<Vec<wire::SandboxDetail>, ToolError> {
         let filter = [
             (META_TENANT.to_string(), tenant.to_string()),
             (META_DEPLOYMENT.to_string(), self.core.deployment().to_owned()),
@@ -321,6 +329,12 @@ impl Gateway {
         validate_envs(&envs)?;
         let mut metadata = args.metadata.unwrap_or_default();
         validate_metadata(&metadata, META_RESERVED_PREFIX)?;
+        if let Some(key) = metadata.keys().find(|k| k.starts_with(FORK_METADATA_PREFIX)) {
+            return Err(ToolError::invalid(format!(
+                "metadata key {key:?} is reserved (keys starting with {FORK_METADATA_PREFIX:?} are set by the \
+                 provider on forks)"
+            )));
+        }
         metadata.insert(META_TENANT.into(), call.tenant.clone());
         if let Some(session_id) = &call.session_id {
             metadata.insert(META_SESSION.into(), session_id.clone());
@@ -345,6 +359,8 @@ impl Gateway {
             }),
             ..Default::default()
         };
+        // Another tenant's snapshot reads as an unknown template (before any quota or create).
+        self.check_template_owner(call, &template).await?;
         let _create_guard = self.check_tenant_sandboxes(&call.tenant).await?;
         let sandbox = self.core.provider.create_sandbox(&request).await.map_err(|err| {
             if is_unknown_template(&err) {
@@ -464,7 +480,12 @@ impl Gateway {
                     session_roles: s
                         .map(|s| s.roles_of(&d.sandbox_id).into_iter().map(String::from).collect())
                         .unwrap_or_default(),
-                    metadata: d.metadata.into_iter().filter(|(k, _)| !k.starts_with(META_RESERVED_PREFIX)).collect(),
+                    parent: d.metadata.get(wire::META_FORK_PARENT).filter(|p| !p.is_empty()).cloned(),
+                    metadata: d
+                        .metadata
+                        .into_iter()
+                        .filter(|(k, _)| !k.starts_with(META_RESERVED_PREFIX) && !k.starts_with(FORK_METADATA_PREFIX))
+                        .collect(),
                     sandbox_id: d.sandbox_id,
                     template: d.template_id,
                     state: d.state.as_str().to_string(),

@@ -1,6 +1,7 @@
 //! `list_templates`: the templates `create_sandbox` can start from, as the
-//! provider's `GET /templates` lists them, with whether background tasks
-//! (whose supervisor needs python3 3.8+) run in each.
+//! provider's `GET /templates` lists them (without other tenants' snapshots),
+//! with whether background tasks (whose supervisor needs python3 3.8+) run in
+//! each.
 
 use http::request::Parts;
 use rmcp::handler::server::tool::Extension;
@@ -11,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::calls::CallContext;
 use super::error::ToolError;
+use super::snapshot::{has_foreign_prefix, is_owned, refers_to};
 use crate::e2b::wire;
 use crate::gateway::state::Gateway;
 
@@ -25,8 +27,9 @@ pub struct TemplateSummary {
     /// Other names of the same template.
     pub aliases: Vec<String>,
     pub template_id: String,
-    /// "base" (the host's programs), "directory" (a root filesystem the operator set up) or
-    /// "stored" (an imported or pulled OCI image); absent when the provider does not say.
+    /// "base" (the host's programs), "directory" (a root filesystem the operator set up),
+    /// "stored" (an imported or pulled OCI image) or "snapshot" (one of yours, from snapshot_sandbox);
+    /// absent when the provider does not say.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
     /// Bytes its layers take, when the provider reports it.
@@ -85,6 +88,38 @@ pub fn summary(template: wire::Template) -> TemplateSummary {
     }
 }
 
+/// Whose snapshot a template is.
+#[derive(Debug, PartialEq, Eq)]
+enum SnapshotOwner {
+    NotASnapshot,
+    Caller,
+    /// Another tenant's or another deployment's: never shown.
+    Someone,
+}
+
+/// Whether `template` is one of the provider's `snapshots` (or carries a snapshot prefix) and whose.
+fn snapshot_owner(template: &wire::Template, snapshots: &[wire::SnapshotInfo], prefix: &str) -> SnapshotOwner {
+    let references: Vec<&str> = std::iter::once(&template.template_id)
+        .chain(&template.names)
+        .chain(&template.aliases)
+        .map(String::as_str)
+        .filter(|r| !r.is_empty())
+        .collect();
+    if references.iter().any(|r| has_foreign_prefix(r, prefix)) {
+        return SnapshotOwner::Someone;
+    }
+    let matching: Vec<&wire::SnapshotInfo> =
+        snapshots.iter().filter(|s| references.iter().any(|r| refers_to(s, r))).collect();
+    if matching.is_empty() {
+        // A template the provider calls a snapshot but lists no snapshot for is nobody's to see.
+        return match template.kind.as_deref() {
+            Some("snapshot") => SnapshotOwner::Someone,
+            _ => SnapshotOwner::NotASnapshot,
+        };
+    }
+    if matching.iter().all(|s| is_owned(s, prefix)) { SnapshotOwner::Caller } else { SnapshotOwner::Someone }
+}
+
 /// The `list_templates` tool's name (its function below must have this name: `tools::tests` checks).
 pub const LIST_TEMPLATES: &str = "list_templates";
 
@@ -104,11 +139,23 @@ impl Gateway {
 }
 
 impl Gateway {
-    async fn list_templates_impl(&self, _call: &CallContext) -> Result<ListTemplatesResult, ToolError> {
+    async fn list_templates_impl(&self, call: &CallContext) -> Result<ListTemplatesResult, ToolError> {
         let templates =
             self.core.provider.list_templates().await.map_err(|err| ToolError::provider("list templates", err))?;
+        // Snapshots are templates too: only the caller's are shown (as kind "snapshot").
+        let snapshots = self.provider_snapshots(None, None).await?;
+        let prefix = self.snapshot_prefix_of(call);
         let mut result = ListTemplatesResult {
-            templates: templates.into_iter().map(summary).collect(),
+            templates: templates
+                .into_iter()
+                .filter_map(|template| match snapshot_owner(&template, &snapshots, &prefix) {
+                    SnapshotOwner::Someone => None,
+                    SnapshotOwner::Caller => {
+                        Some(TemplateSummary { kind: Some("snapshot".into()), ..summary(template) })
+                    }
+                    SnapshotOwner::NotASnapshot => Some(summary(template)),
+                })
+                .collect(),
             default_template: self.core.config.sandbox.default_template.clone(),
             truncated: false,
         };
@@ -140,5 +187,31 @@ mod tests {
         let s = summary(e2b);
         assert_eq!((s.name.as_str(), s.tasks), ("abc", None));
         assert!(runs_supervisor("3.8") && runs_supervisor("3.12") && !runs_supervisor("3.7") && !runs_supervisor("3"));
+    }
+
+    #[test]
+    fn other_tenants_snapshots_are_left_out() {
+        use crate::gateway::tools::snapshot::snapshot_prefix;
+        let (mine, theirs) = (snapshot_prefix("default", "alice"), snapshot_prefix("default", "bob"));
+        let snapshot =
+            |name: &str| wire::SnapshotInfo { snapshot_id: format!("{name}:default"), names: vec![name.into()] };
+        let snapshots = [snapshot(&format!("{mine}a")), snapshot(&format!("{theirs}b")), snapshot("plain")];
+        let template = |id: &str, names: &[&str]| wire::Template {
+            template_id: id.into(),
+            names: names.iter().map(|n| (*n).to_owned()).collect(),
+            ..Default::default()
+        };
+        let owner = |t: &wire::Template| snapshot_owner(t, &snapshots, &mine);
+        assert_eq!(owner(&template("base", &["base"])), SnapshotOwner::NotASnapshot);
+        assert_eq!(owner(&template(&format!("{mine}a:default"), &[])), SnapshotOwner::Caller);
+        assert_eq!(owner(&template("id7", &[&format!("{mine}a")])), SnapshotOwner::Caller);
+        assert_eq!(owner(&template(&format!("{theirs}b:default"), &[])), SnapshotOwner::Someone);
+        // A snapshot made outside the gateway (no prefix) is nobody's here.
+        assert_eq!(owner(&template("plain:default", &["plain"])), SnapshotOwner::Someone);
+        // Another tenant's prefix is enough, even when the snapshot list does not have it.
+        assert_eq!(owner(&template("x", &[&format!("{theirs}gone")])), SnapshotOwner::Someone);
+        // A snapshot by the provider's word, of no snapshot listed: left out.
+        let orphan = wire::Template { kind: Some("snapshot".into()), ..template("y", &["y"]) };
+        assert_eq!(owner(&orphan), SnapshotOwner::Someone);
     }
 }

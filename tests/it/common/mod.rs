@@ -28,18 +28,22 @@ use std::time::{Duration, Instant};
 pub use gateway::{Gateway, GatewayBuilder, e2b_config, with_free_port};
 
 /// The gateway's tools, sorted: the one list the tests compare a live `tools/list` with.
-pub const TOOLS: [&str; 13] = [
+pub const TOOLS: [&str; 17] = [
     "cancel_task",
     "connect_sandbox",
     "create_sandbox",
+    "delete_snapshot",
+    "fork_sandbox",
     "get_task",
     "kill_sandbox",
     "list_files",
     "list_sandboxes",
+    "list_snapshots",
     "list_tasks",
     "list_templates",
     "read_file",
     "run_command",
+    "snapshot_sandbox",
     "start_task",
     "write_file",
 ];
