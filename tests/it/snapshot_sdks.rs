@@ -144,7 +144,8 @@ async fn snapshots_outlive_a_restart_and_a_crash_mid_snapshot_leaves_no_half_tem
 #[tokio::test]
 async fn the_api_refuses_what_it_cannot_do_and_removes_paused_sandboxes_after_their_retention() {
     require_root!();
-    let p = Provider::start(&["--paused-retention-secs", "2", "--max-snapshots", "1"]);
+    let p =
+        Provider::start(&["--paused-retention-secs", "2", "--max-snapshots", "1", "--template-store-limit-mb", "64"]);
     let source = p.create(json!({"templateID": "base", "timeout": 600})).await;
     let id = id_of(&source);
     for body in [json!({}), json!({"memory": true})] {
@@ -164,6 +165,14 @@ async fn the_api_refuses_what_it_cannot_do_and_removes_paused_sandboxes_after_th
     let (status, over) = snapshot(&p, &id, json!({"memory": false})).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "past local.max_snapshots: {over}");
     assert!(over["message"].as_str().unwrap().contains("max_snapshots"), "{over}");
+    // More written than the store has room for: refused before anything is frozen or copied.
+    let (code, out) = p.run(&source, "head -c 83886080 /dev/urandom > /home/user/big", None).await;
+    assert_eq!(code, 0, "{out}");
+    let (status, full) = snapshot(&p, &id, json!({"memory": false})).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "over the store's room: {full}");
+    assert!(full["message"].as_str().unwrap().contains("template_store_limit_mb"), "{full}");
+    let scratch: Vec<_> = std::fs::read_dir(p.state.join("store/tmp")).unwrap().flatten().collect();
+    assert!(scratch.is_empty(), "a refused snapshot left {} scratch entries", scratch.len());
     for count in [0, 21] {
         let (status, refused) =
             p.call(Method::POST, &format!("/sandboxes/{id}/fork"), Some(json!({"count": count}))).await;

@@ -95,12 +95,30 @@ impl SandboxTable {
             Some(fd) => PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())),
             None => entry.dir.clone(),
         };
+        // The copy and its layers take about twice what the sandbox wrote: refused before anything
+        // is frozen or written when the store cannot keep it.
+        if disk.is_some()
+            && let Some((used, _)) = crate::local::isolation::disk::usage(&data)
+        {
+            let free = store.limit_bytes().saturating_sub(store.usage_bytes());
+            if used > free {
+                return Err(ProviderError::Quota(format!(
+                    "sandbox {id} has written {} MiB, more than the template store's {} MiB left \
+                     (local.template_store_limit_mb); delete snapshots or templates first",
+                    used >> 20,
+                    free >> 20
+                )));
+            }
+        }
         let scratch = store.layout.scratch("snapshot").map_err(store_error)?;
         let parts = parts_of(&data, &lineage);
         let id_base = self.cfg.id_map.host(0);
         let config = self.config_of(&rec);
 
         let op = entry.op.lock().await;
+        if !self.get(id).is_some_and(|current| std::sync::Arc::ptr_eq(&current, &entry)) {
+            return Err(ProviderError::NotFound(id.to_owned())); // killed meanwhile
+        }
         let rec = entry.snapshot();
         let frozen_here = rec.state == SandboxState::Running;
         if frozen_here {
