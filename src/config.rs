@@ -104,6 +104,8 @@ pub struct LimitsConfig {
     /// Most forks one `fork_sandbox` call may ask for (1-20, the provider's own cap; default 10).
     /// Forks also count against `max_sandboxes_per_tenant`.
     pub max_forks_per_call: u32,
+    /// Snapshots kept per tenant (`snapshot_sandbox`).
+    pub max_snapshots_per_tenant: Option<usize>,
 }
 
 /// Default of `limits.max_forks_per_call`.
@@ -118,6 +120,7 @@ impl Default for LimitsConfig {
             max_sessions_per_tenant: None,
             max_concurrent_calls_per_tenant: None,
             max_forks_per_call: DEFAULT_MAX_FORKS_PER_CALL,
+            max_snapshots_per_tenant: None,
         }
     }
 }

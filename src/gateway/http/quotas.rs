@@ -22,6 +22,9 @@ use crate::gateway::sessions::SessionRegistry;
 /// The deployment size assumed for `provider.kind = "e2b"`, whose limit the gateway cannot read:
 /// the concurrent sandboxes of E2B's smallest (Hobby) plan.
 pub const E2B_ASSUMED_MAX_SANDBOXES: usize = 20;
+/// The snapshots assumed for `provider.kind = "e2b"`, whose limit the gateway cannot read: as many
+/// as the local provider keeps by default.
+pub const E2B_ASSUMED_MAX_SNAPSHOTS: usize = 100;
 
 /// One per-tenant limit in force.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -48,6 +51,7 @@ pub struct TenantLimits {
     pub sandboxes: Limit,
     pub sessions: Limit,
     pub calls: Limit,
+    pub snapshots: Limit,
 }
 
 impl TenantLimits {
@@ -82,6 +86,25 @@ impl TenantLimits {
                 Limit::derived("max_sandboxes_per_tenant", share, format!("{source} shared by {tenants} tenants"))
             }
         };
+        let snapshots = match limits.max_snapshots_per_tenant {
+            Some(max) => Limit::configured("max_snapshots_per_tenant", max),
+            None if tenants <= 1 => Limit::derived(
+                "max_snapshots_per_tenant",
+                0,
+                "none with a single tenant (the provider's limit applies)".into(),
+            ),
+            None => {
+                let (deployment, source) = match config.provider.kind {
+                    ProviderKind::Local => {
+                        let max = usize::try_from(config.local.max_snapshots).unwrap_or(usize::MAX);
+                        (max, format!("local.max_snapshots = {max}"))
+                    }
+                    ProviderKind::E2b => (E2B_ASSUMED_MAX_SNAPSHOTS, format!("{E2B_ASSUMED_MAX_SNAPSHOTS} snapshots")),
+                };
+                let share = (deployment / tenants).max(1);
+                Limit::derived("max_snapshots_per_tenant", share, format!("{source} shared by {tenants} tenants"))
+            }
+        };
         let quarter = (config.server.max_connections / 4).max(1);
         let per_listener = |key: &str, value: Option<usize>| match value {
             Some(max) => Limit::configured(key, max),
@@ -93,6 +116,7 @@ impl TenantLimits {
         };
         Self {
             sandboxes,
+            snapshots,
             sessions: per_listener("max_sessions_per_tenant", limits.max_sessions_per_tenant),
             calls: per_listener("max_concurrent_calls_per_tenant", limits.max_concurrent_calls_per_tenant),
         }
@@ -176,6 +200,15 @@ impl TenantQuotas {
         QuotaRefusal::Sandboxes { tenant: tenant.to_owned(), live, setting: self.limits.sandboxes.setting.clone() }
     }
 
+    /// Refuses another snapshot of `tenant`, who keeps `kept` now, at its snapshot limit.
+    pub fn check_snapshots(&self, tenant: &str, kept: usize) -> Result<(), QuotaRefusal> {
+        let max = self.limits.snapshots.max;
+        if max == 0 || kept < max {
+            return Ok(());
+        }
+        Err(QuotaRefusal::Snapshots { tenant: tenant.to_owned(), kept, setting: self.limits.snapshots.setting.clone() })
+    }
+
     /// Refuses `count` more sandboxes (forks) of `tenant`, who has `live` now, when they would pass
     /// its sandbox limit; forks count like creates.
     pub fn check_forks(&self, tenant: &str, live: usize, count: usize) -> Result<(), QuotaRefusal> {
@@ -214,6 +247,12 @@ pub enum QuotaRefusal {
          (kill_sandbox; list_sandboxes shows yours)"
     )]
     Forks { tenant: String, live: usize, count: usize, free: usize, setting: String },
+    #[error(
+        "tenant limit reached: tenant {tenant} already keeps {kept} snapshots ({setting}); delete one first \
+         (delete_snapshot; list_snapshots shows yours), or take this one again under the name of one you no \
+         longer need (the same name replaces it)"
+    )]
+    Snapshots { tenant: String, kept: usize, setting: String },
 }
 
 /// State of the session-limit middleware.
@@ -292,6 +331,22 @@ mod tests {
         let limits = TenantLimits::from_config(&e2b);
         assert_eq!(limits.sandboxes.max, 10);
         assert!(limits.sandboxes.setting.contains("20 sandboxes (E2B's Hobby plan) shared by 2 tenants"));
+    }
+
+    #[test]
+    fn unset_snapshot_limit_is_the_providers_snapshots_shared_by_the_tenants() {
+        let limits = TenantLimits::from_config(&with_tenants(&["a", "b"]));
+        assert_eq!(
+            limits.snapshots.setting,
+            "limits.max_snapshots_per_tenant = 50, the default: local.max_snapshots = 100 shared by 2 tenants"
+        );
+        assert_eq!(TenantLimits::from_config(&Config::default()).snapshots.max, 0, "none with a single tenant");
+        let mut config = with_tenants(&["a", "b"]);
+        config.limits.max_snapshots_per_tenant = Some(3);
+        let quotas = TenantQuotas::new(TenantLimits::from_config(&config));
+        assert!(quotas.check_snapshots("a", 2).is_ok());
+        let refused = quotas.check_snapshots("a", 3).unwrap_err().to_string();
+        assert!(refused.contains("already keeps 3 snapshots (limits.max_snapshots_per_tenant = 3)"), "{refused}");
     }
 
     #[test]

@@ -427,6 +427,7 @@ async fn snapshots_and_forks_are_checked_named_and_kept_per_tenant() {
     let h = harness(|c| {
         c.limits.max_forks_per_call = 2;
         c.limits.max_sandboxes_per_tenant = Some(4);
+        c.limits.max_snapshots_per_tenant = Some(1);
     })
     .await;
     let (alice, bob) = (h.session(ALICE).await, h.session(BOB).await);
@@ -453,6 +454,12 @@ async fn snapshots_and_forks_are_checked_named_and_kept_per_tenant() {
     assert!(h.provider.requests().contains(&sent), "always a filesystem snapshot: {:?}", h.provider.requests());
     let taken = err(&alice, "snapshot_sandbox", json!({"name": "s1"})).await;
     assert!(taken.starts_with("a snapshot named \"s1\" already exists: choose another name"), "{taken}");
+    // The tenant's snapshot limit (one here): a new name is refused before the provider is asked.
+    let before = h.provider.requests().len();
+    let over = err(&alice, "snapshot_sandbox", json!({"name": "s2"})).await;
+    assert!(over.starts_with("tenant limit reached: tenant alice already keeps 1 snapshots"), "{over}");
+    assert!(over.contains("limits.max_snapshots_per_tenant = 1"), "{over}");
+    assert!(!h.provider.requests()[before..].iter().any(|r| r.starts_with("snapshot ")), "the over-limit one was sent");
 
     // Bob: alice's snapshot is an unknown template (no create is sent), not listed, not deletable;
     // another tenant's prefix is refused without asking the provider.

@@ -377,7 +377,23 @@ impl Gateway {
         call.set_sandbox(&id);
         self.check_owner(call, &id).await?;
         let suffix = args.name.unwrap_or_else(|| format!("{:08x}", rand::random::<u32>()));
-        let name = format!("{}{suffix}", self.snapshot_prefix_of(call));
+        let prefix = self.snapshot_prefix_of(call);
+        let name = format!("{prefix}{suffix}");
+        // The tenant's snapshot limit; a name it already has is replaced, not added. Checked before
+        // the provider is asked, one snapshot at a time per tenant (the create guard).
+        let _guard = match self.core.quotas.limits().snapshots.max {
+            0 => None,
+            _ => {
+                let guard = self.core.quotas.create_guard(&call.tenant).await;
+                let mine: Vec<wire::SnapshotInfo> =
+                    self.provider_snapshots(None, None).await?.into_iter().filter(|s| is_owned(s, &prefix)).collect();
+                let replaces = mine.iter().any(|s| refers_to(s, &name));
+                if !replaces {
+                    self.core.quotas.check_snapshots(&call.tenant, mine.len())?;
+                }
+                Some(guard)
+            }
+        };
         let request = wire::NewSnapshot { name: Some(name.clone()), memory: Some(false) };
         let snapshot = self.core.provider.create_snapshot(&id, &request).await.map_err(|err| match err {
             E2bError::Api { status: 409, .. } => ToolError::invalid(format!(
