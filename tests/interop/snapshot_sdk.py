@@ -45,6 +45,8 @@ def main():
     source.files.write("/home/user/notes.txt", "from the source\n")
     source.commands.run("mkdir -p /opt/app && echo built > /opt/app/state", user="root")
     source.commands.run("echo usr-write > /usr/local/share/snapshot-marker", user="root")
+    source.commands.run("sleep 900", background=True)
+    alive = "pgrep -x sleep >/dev/null && echo alive || echo gone"
 
     # The SDK's default, a memory snapshot: refused, naming the mode that works.
     try:
@@ -57,8 +59,10 @@ def main():
     snap = source.create_snapshot(mode="filesystem")
     result["snapshot_s"] = round(time.monotonic() - started, 3)
     check(snap.snapshot_id.endswith(":default") and snap.names == [snap.snapshot_id], f"snapshot info {snap}")
+    check(source.commands.run(alive).stdout == "alive\n", "the source's process runs on after its snapshot")
 
     child = new(snap.snapshot_id, timeout=120)
+    check(child.commands.run(alive).stdout == "gone\n", "a snapshot carries no process")
     check(child.files.read("/home/user/notes.txt") == "from the source\n", "the child has the source's home file")
     check(child.commands.run("cat /opt/app/state").stdout == "built\n", "the child has the source's root file")
     check(
@@ -132,6 +136,24 @@ def main():
     check(resumed.files.read("/home/user/kept.txt") == "kept\n", "its file is intact")
     check(resumed.commands.run("pgrep -x sleep >/dev/null && echo alive").stdout == "alive\n",
           "its process survived the pause")
+
+    # An explicit pause, then connect.
+    check(resumed.pause() is True, "pause")
+    check(Sandbox.get_info(paused.sandbox_id).state == "paused", "paused by the SDK")
+    again = Sandbox.connect(paused.sandbox_id)
+    check(again.commands.run("pgrep -x sleep >/dev/null && echo alive").stdout == "alive\n",
+          "connect after pause: its process is intact")
+
+    # The object form with mode "filesystem": accepted, paused at the deadline, resumed by connect.
+    fs_pause = new(timeout=3, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}})
+    check(fs_pause.get_info().lifecycle["on_timeout"] == "pause", "the object form is a pause")
+    fs_pause.files.write("/home/user/fs.txt", "fs\n")
+    deadline = time.monotonic() + 20
+    while Sandbox.get_info(fs_pause.sandbox_id).state != "paused" and time.monotonic() < deadline:
+        time.sleep(0.25)
+    check(Sandbox.get_info(fs_pause.sandbox_id).state == "paused", "mode filesystem: paused at its deadline")
+    check(Sandbox.connect(fs_pause.sandbox_id).files.read("/home/user/fs.txt") == "fs\n",
+          "mode filesystem: connect resumes it with its files")
 
     auto = new(timeout=3, lifecycle={"on_timeout": "pause", "auto_resume": True})
     deadline = time.monotonic() + 20
