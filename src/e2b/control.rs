@@ -241,23 +241,42 @@ impl E2bClient {
         &self,
         metadata: &[(String, String)],
     ) -> Result<Vec<wire::SandboxDetail>, E2bError> {
-        let mut query =
-            wire::ListQuery { metadata: metadata.to_vec(), limit: Some(LIST_PAGE_SIZE), ..Default::default() };
+        let query = wire::ListQuery { metadata: metadata.to_vec(), limit: Some(LIST_PAGE_SIZE), ..Default::default() };
+        self.all_pages("list_sandboxes", "sandboxes", |next_token| {
+            let page = wire::ListQuery { next_token, ..query.clone() };
+            async move { self.list_sandboxes(&page).await }
+        })
+        .await
+    }
+
+    /// Every item of a paged list: `page` is called with each next-page token (`None` first) until
+    /// the provider sends none; at most [`MAX_LIST_PAGES`] pages, and a token sent twice in a row
+    /// is a protocol error (a provider that would page forever).
+    async fn all_pages<T, Page>(
+        &self,
+        op: &'static str,
+        what: &str,
+        mut page: impl FnMut(Option<String>) -> Page,
+    ) -> Result<Vec<T>, E2bError>
+    where
+        Page: std::future::Future<Output = Result<(Vec<T>, Option<String>), E2bError>>,
+    {
+        let mut token: Option<String> = None;
         let mut all = Vec::new();
         for _ in 0..MAX_LIST_PAGES {
-            let (items, next) = self.list_sandboxes(&query).await?;
+            let (items, next) = page(token.clone()).await?;
             all.extend(items);
             match next {
-                Some(token) if query.next_token.as_deref() == Some(token.as_str()) => {
-                    let ctx = self.ctx("list_sandboxes", None, RetryPolicy::Never);
+                Some(next) if token.as_deref() == Some(next.as_str()) => {
+                    let ctx = self.ctx(op, None, RetryPolicy::Never);
                     return Err(ctx.protocol("the provider returned the same next-page token twice"));
                 }
-                Some(token) => query.next_token = Some(token),
+                Some(next) => token = Some(next),
                 None => return Ok(all),
             }
         }
-        let ctx = self.ctx("list_sandboxes", None, RetryPolicy::Never);
-        Err(ctx.protocol(format!("more than {MAX_LIST_PAGES} pages of sandboxes")))
+        let ctx = self.ctx(op, None, RetryPolicy::Never);
+        Err(ctx.protocol(format!("more than {MAX_LIST_PAGES} pages of {what}")))
     }
 
     /// `GET /templates`: the templates sandboxes can be created from (E2B: the team's).
@@ -326,27 +345,17 @@ impl E2bClient {
         sandbox_id: Option<&str>,
         name: Option<&str>,
     ) -> Result<Vec<wire::SnapshotInfo>, E2bError> {
-        let mut query = wire::SnapshotQuery {
+        let query = wire::SnapshotQuery {
             sandbox_id: sandbox_id.map(str::to_owned),
             name: name.map(str::to_owned),
             limit: Some(LIST_PAGE_SIZE),
             next_token: None,
         };
-        let mut all = Vec::new();
-        for _ in 0..MAX_LIST_PAGES {
-            let (items, next) = self.list_snapshots(&query).await?;
-            all.extend(items);
-            match next {
-                Some(token) if query.next_token.as_deref() == Some(token.as_str()) => {
-                    let ctx = self.ctx("list_snapshots", None, RetryPolicy::Never);
-                    return Err(ctx.protocol("the provider returned the same next-page token twice"));
-                }
-                Some(token) => query.next_token = Some(token),
-                None => return Ok(all),
-            }
-        }
-        let ctx = self.ctx("list_snapshots", None, RetryPolicy::Never);
-        Err(ctx.protocol(format!("more than {MAX_LIST_PAGES} pages of snapshots")))
+        self.all_pages("list_snapshots", "snapshots", |next_token| {
+            let page = wire::SnapshotQuery { next_token, ..query.clone() };
+            async move { self.list_snapshots(&page).await }
+        })
+        .await
     }
 
     /// `DELETE /templates/{snapshotID}`: `true` if deleted, `false` if it did not exist (404).
