@@ -91,7 +91,7 @@ fn has_xattr(file: &std::fs::File, name: &str) -> Option<Vec<u8>> {
 }
 
 fn changed(rel: &Path) -> StoreError {
-    StoreError::Extract(format!("/{} changed while the step's files were read", rel.display()))
+    StoreError::Extract(format!("/{} changed while the sandbox's files were read", rel.display()))
 }
 
 /// Opens `name` below `dir` with `O_NOFOLLOW` and checks it is the entry `stat` describes.
@@ -172,8 +172,8 @@ impl<W: Write> Walk<'_, W> {
         let file = std::fs::File::from(fd);
         if has_xattr(&file, REDIRECT_XATTR).is_some() {
             return Err(StoreError::Extract(format!(
-                "/{} was renamed by the step with overlay redirects on; build steps need the overlay module's \
-                 redirect_dir off",
+                "/{} was renamed in the sandbox with overlay redirects on; build steps and snapshots need the \
+                 overlay module's redirect_dir off",
                 rel.display()
             )));
         }
@@ -227,7 +227,7 @@ impl<W: Write> Walk<'_, W> {
             }
             self.entries += 1;
             if self.entries > max_entries {
-                return Err(StoreError::TooLarge(format!("the step left more than {max_entries} files")));
+                return Err(StoreError::TooLarge(format!("the sandbox wrote more than {max_entries} files")));
             }
             let dir = &frame.dir;
             let stat = match fstatat(dir.as_fd(), name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
@@ -239,7 +239,7 @@ impl<W: Write> Walk<'_, W> {
                 SFlag::S_IFDIR => {
                     if depth >= MAX_DEPTH {
                         return Err(StoreError::Extract(format!(
-                            "the step left directories nested deeper than {MAX_DEPTH} levels (/{})",
+                            "the sandbox wrote directories nested deeper than {MAX_DEPTH} levels (/{})",
                             frame.rel.display()
                         )));
                     }
@@ -270,8 +270,8 @@ impl<W: Write> Walk<'_, W> {
                     let file = std::fs::File::from(fd);
                     if has_xattr(&file, METACOPY_XATTR).is_some() {
                         return Err(StoreError::Extract(format!(
-                            "/{} holds only metadata in the step's upper layer (overlay metacopy on); build steps \
-                             need the overlay module's metacopy off",
+                            "/{} holds only metadata in the sandbox's upper layer (overlay metacopy on); build \
+                             steps and snapshots need the overlay module's metacopy off",
                             rel.display()
                         )));
                     }

@@ -51,7 +51,9 @@ struct LayerTar {
 
 fn store_error(err: StoreError) -> ProviderError {
     match err {
-        StoreError::LimitReached { .. } => ProviderError::Quota(format!("cannot keep the snapshot: {err}")),
+        StoreError::LimitReached { .. } | StoreError::TooLarge(_) => {
+            ProviderError::Quota(format!("cannot keep the snapshot: {err}"))
+        }
         other => ProviderError::Internal(format!("snapshot: {other}")),
     }
 }
@@ -142,9 +144,10 @@ impl SandboxTable {
         }
         drop(op);
         drop(disk);
-        let tars = written
-            .map_err(|e| ProviderError::Internal(format!("snapshot: {e}")))?
-            .map_err(|e| ProviderError::Internal(format!("cannot copy the files of sandbox {id}: {e}")))?;
+        let tars = written.map_err(|e| ProviderError::Internal(format!("snapshot: {e}")))?.map_err(|e| match e {
+            StoreError::TooLarge(_) => store_error(e),
+            e => ProviderError::Internal(format!("cannot copy the files of sandbox {id}: {e}")),
+        })?;
         tracing::info!(sandbox = %id, frozen_ms = frozen.as_secs_f64() * 1000.0, "snapshot copied");
 
         let registered = tokio::task::spawn_blocking(move || -> Result<T, ProviderError> {
