@@ -134,7 +134,9 @@ async fn snapshots_outlive_a_restart_and_a_crash_mid_snapshot_leaves_no_half_tem
     assert_eq!(status, StatusCode::CREATED, "a re-adopted sandbox's snapshot: {again}");
     // The agent's handle on the sandbox's disk (the overlay's own upper and work directories) is
     // out of reach of the sandbox's root.
-    let (code, out) = p.run(&big, "ls /proc/1/fd/880/ || cat /proc/1/fd/880/upper/home", Some("root")).await;
+    let number = std::fs::read_to_string(p.state.join("sandboxes").join(&big_id).join("data.fd")).unwrap();
+    let probe = format!("ls /proc/1/fd/{0}/ || cat /proc/1/fd/{0}/upper/home", number.trim());
+    let (code, out) = p.run(&big, &probe, Some("root")).await;
     assert_ne!(code, 0, "root inside reached the agent's data descriptor: {out}");
     assert!(out.contains("Permission denied"), "{out}");
     let copy = p.create(json!({"templateID": "after-crash:default"})).await;

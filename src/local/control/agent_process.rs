@@ -16,7 +16,6 @@ use std::time::Duration;
 use tokio::io::unix::AsyncFd;
 
 use super::identity::process_is;
-use crate::local::isolation::spec::AGENT_DATA_FD;
 
 fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
     // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor or -1.
@@ -37,17 +36,18 @@ fn pidfd_send_signal(pidfd: &OwnedFd, signal: i32) -> std::io::Result<()> {
     if ret < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
 }
 
-/// A copy of agent `pid`'s [`AGENT_DATA_FD`], if `pid` is still the process that started at
-/// `start_time`. What it names was checked to be a directory; everything read through it is
-/// treated as the sandbox's (untrusted) writing.
-pub fn agent_data_dir(pid: i32, start_time: u64) -> std::io::Result<OwnedFd> {
+/// A copy of agent `pid`'s descriptor `number` (its data directory, see
+/// `isolation::spec::DATA_FD_FILE`), if `pid` is still the process that started at `start_time`.
+/// What it names was checked to be a directory; everything read through it is treated as the
+/// sandbox's (untrusted) writing.
+pub fn agent_data_dir(pid: i32, start_time: u64, number: i32) -> std::io::Result<OwnedFd> {
     let pidfd = pidfd_open(pid)?;
     if !process_is(pid, start_time) {
         return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
     }
     use std::os::fd::AsRawFd;
     // SAFETY: pidfd_getfd(2) on a pidfd we own; it returns a new descriptor (close-on-exec) or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), AGENT_DATA_FD, 0) };
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), number, 0) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }

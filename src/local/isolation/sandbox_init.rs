@@ -27,7 +27,7 @@ use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
 use super::sandbox_plan::{DEV_LINKS, DevPlan, LayersPlan, LowerBind, Overlay, PROC_GUARDS, PrivateDir, SandboxPlan};
 use super::seccomp;
-use super::spec::AGENT_DATA_FD;
+use super::spec::{AGENT_DATA_FD, DATA_FD_FILE};
 use super::spec::{SOCKET_FILE, SandboxSpec};
 use super::userns;
 
@@ -92,7 +92,7 @@ pub fn enter_sandbox(
         }
         (None, None) => {}
     }
-    keep_data_dir(&plan.data)?;
+    keep_data_dir(&plan.data);
     mount_layers(&plan.layers, &userns)?;
     // Mount points the template made symlinks: the set-up below may fail on them, and is then
     // refused as the template's fault (see [`TEMPLATE_REFUSED`]).
@@ -160,19 +160,35 @@ pub fn enter_sandbox(
     set_up().map_err(|err| refused_for_links(err, &linked))
 }
 
-/// Keeps the sandbox's data directory (its disk) open at [`AGENT_DATA_FD`] for the agent's whole
-/// life: after `pivot_root` nothing else names it, and a provider that restarted takes it from
-/// there to snapshot the sandbox. Close-on-exec: no process the agent starts inherits it.
-fn keep_data_dir(data: &Path) -> anyhow::Result<()> {
-    let flags = nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC;
-    let fd = nix::fcntl::open(data, flags, nix::sys::stat::Mode::empty()).context("opening the data directory")?;
-    // SAFETY: dup3(2) of a descriptor we own onto a fixed number nothing else of the agent uses;
-    // the new descriptor is deliberately never closed.
-    let kept = unsafe { libc::dup3(std::os::fd::AsRawFd::as_raw_fd(&fd), AGENT_DATA_FD, libc::O_CLOEXEC) };
-    if kept < 0 {
-        return Err(std::io::Error::last_os_error()).context("keeping the data directory open");
+/// Keeps the sandbox's data directory (its disk) open for the agent's whole life, at the first
+/// free descriptor from [`AGENT_DATA_FD`] (or from half the descriptor limit when that is lower),
+/// and writes its number to [`DATA_FD_FILE`] in the sandbox directory (the cwd): after
+/// `pivot_root` nothing else names the directory, and a provider that restarted takes it from
+/// there to snapshot the sandbox. Close-on-exec: no process the agent starts inherits it. Best
+/// effort: a sandbox whose descriptor could not be kept starts all the same (only a snapshot after
+/// a provider restart is refused).
+fn keep_data_dir(data: &Path) {
+    let kept = || -> anyhow::Result<i32> {
+        let flags = nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC;
+        let fd = nix::fcntl::open(data, flags, nix::sys::stat::Mode::empty()).context("opening it")?;
+        let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .map(|(soft, _)| i32::try_from(soft).unwrap_or(i32::MAX))
+            .unwrap_or(1024);
+        let lowest = AGENT_DATA_FD.min(soft / 2).max(3);
+        // SAFETY: fcntl(2) F_DUPFD_CLOEXEC on a descriptor we own: the kernel picks a free number at
+        // or above `lowest`; the new descriptor is deliberately never closed.
+        let number = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&fd), libc::F_DUPFD_CLOEXEC, lowest) };
+        if number < 0 {
+            return Err(std::io::Error::last_os_error()).context("duplicating it");
+        }
+        std::fs::write(DATA_FD_FILE, number.to_string()).context("recording its number")?;
+        Ok(number)
+    };
+    if let Err(err) = kept() {
+        eprintln!(
+            "sandbox-mcp envd: cannot keep the data directory open ({err:#}); snapshots after a provider restart will be refused"
+        );
     }
-    Ok(())
 }
 
 /// Mounts the copy-on-write root and the extra layers (see [`LayersPlan`]).

@@ -10,10 +10,13 @@ use serde::{Deserialize, Serialize};
 
 /// File name of the spec envd reads at start.
 pub const SPEC_FILE: &str = "spec.json";
-/// The descriptor number at which every agent keeps its sandbox's data directory (the disk that
-/// holds its overlay upper layer and private directories) open, for the provider to take with
-/// `pidfd_getfd(2)` when it no longer has its own handle on it (after a restart).
+/// The lowest descriptor number at which an agent keeps its sandbox's data directory (the disk
+/// that holds its overlay upper layer and private directories) open, for the provider to take with
+/// `pidfd_getfd(2)` when it no longer has its own handle on it (after a restart). Lower when the
+/// descriptor limit is lower; the number taken is written to [`DATA_FD_FILE`].
 pub const AGENT_DATA_FD: i32 = 880;
+/// File name, in the sandbox directory, of the number of the agent's data directory descriptor.
+pub const DATA_FD_FILE: &str = "data.fd";
 /// File name of envd's Unix socket inside the sandbox directory.
 pub const SOCKET_FILE: &str = "envd.sock";
 

@@ -21,6 +21,7 @@ use crate::e2b::wire::SandboxState;
 use crate::local::control::agent_process;
 use crate::local::control::record::SandboxRecord;
 use crate::local::isolation::cgroups;
+use crate::local::isolation::spec::DATA_FD_FILE;
 use crate::local::store::harvest::{self, Part};
 use crate::local::store::{Lineage, RunConfig, Store, StoreError};
 
@@ -84,10 +85,16 @@ impl SandboxTable {
         let disk = match entry.kept_disk() {
             Some(fd) => Some(fd),
             None if entry.dir.join("disk.img").exists() => {
-                Some(agent_process::agent_data_dir(rec.envd_pid, rec.envd_start_time).map_err(|e| {
+                let number = std::fs::read_to_string(entry.dir.join(DATA_FD_FILE))
+                    .ok()
+                    .and_then(|n| n.trim().parse::<i32>().ok());
+                let fd = number
+                    .ok_or_else(|| std::io::Error::other("its agent recorded no data descriptor"))
+                    .and_then(|number| agent_process::agent_data_dir(rec.envd_pid, rec.envd_start_time, number));
+                Some(fd.map_err(|e| {
                     ProviderError::Conflict(format!(
-                        "the disk of sandbox {id} cannot be reached for a snapshot ({e}); its agent predates \
-                         snapshots or is gone"
+                        "the disk of sandbox {id} cannot be reached for a snapshot since the provider restarted \
+                         ({e}); snapshot sandboxes started since"
                     ))
                 })?)
             }
