@@ -95,12 +95,27 @@ async fn a_paused_sandboxs_task_resumes_with_it_when_get_task_connects() {
     let before = client.get_sandbox(&sandbox).await.unwrap();
     assert_eq!(before.state, sandbox_mcp::e2b::wire::SandboxState::Paused);
     tokio::time::sleep(Duration::from_secs(4)).await;
+    // The same session, which had the sandbox's agent at hand: it is resumed, not lost.
+    let same = mcp.get_task(&sandbox, &task_id, json!({})).await;
+    assert_eq!(same["state"], "running", "{same}");
+    client.pause_sandbox(&sandbox).await.unwrap();
     // A new session, as after a lost conversation: get_task resumes the sandbox through connect.
     let other = Mcp::connect(&serve.mcp_url()).await;
     let seen = other.get_task(&sandbox, &task_id, json!({})).await;
     assert_eq!(seen["state"], "running", "the task was frozen with its sandbox, not lost: {seen}");
     let after = client.get_sandbox(&sandbox).await.unwrap();
     assert_eq!(after.state, sandbox_mcp::e2b::wire::SandboxState::Running);
+    // No longer a deadline than the resume's own (the provider's default lifetime, 600 s here).
+    let end = chrono::DateTime::parse_from_rfc3339(&after.end_at).unwrap();
+    let resume_gives = chrono::Utc::now() + chrono::Duration::seconds(605);
+    assert!(end <= resume_gives, "get_task extended the deadline past a resume's: {end}");
+    // The file and command tools of the same session resume it alike.
+    client.pause_sandbox(&sandbox).await.unwrap();
+    let ran = mcp.call("run_command", json!({"sandbox_id": sandbox, "command": "echo resumed"})).await.ok();
+    assert_eq!(ran["stdout"], "resumed\n", "{ran}");
+    client.pause_sandbox(&sandbox).await.unwrap();
+    let listed = mcp.call("list_files", json!({"sandbox_id": sandbox, "path": "/home/user"})).await;
+    assert!(!listed.is_error, "list_files on a paused sandbox: {}", listed.text);
     let end = other.wait_done(&sandbox, &task_id, Duration::from_secs(30)).await;
     assert_eq!(end["exit_code"], 0, "{end}");
     let end = other.get_task(&sandbox, &task_id, json!({})).await;

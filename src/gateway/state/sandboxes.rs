@@ -40,6 +40,11 @@ impl GatewayCore {
         map.insert(sandbox.sandbox_id.clone(), (tenant.to_string(), sandbox.clone()));
     }
 
+    /// Drops a sandbox from the sessionless callers' cache (it is looked up again next time).
+    pub(crate) fn stateless_forget(&self, sandbox_id: &str) {
+        crate::sync::lock(&self.stateless_verified).remove(sandbox_id);
+    }
+
     /// Records the deadline a sandbox was created or renewed with.
     pub(crate) fn note_deadline(&self, sandbox_id: &str, deadline: SystemTime) {
         crate::sync::lock(&self.renewals).entry(sandbox_id.to_string()).or_insert((None, deadline)).1 = deadline;

@@ -97,6 +97,21 @@ impl Gateway {
         })
     }
 
+    /// Whether sandbox `id`, which an agent call found gone, is in fact the caller's and paused:
+    /// then the cached look-ups of it are dropped, so that the next resolution resumes it through
+    /// connect (which never extends its deadline beyond what a resume does).
+    pub(crate) async fn resumable(&self, call: &CallContext, id: &str) -> bool {
+        let Ok(detail) = self.check_owner(call, id).await else { return false };
+        if detail.state != wire::SandboxState::Paused {
+            return false;
+        }
+        if let Some(session_id) = call.session_id.as_deref() {
+            let _ = self.core.sessions.with_session(session_id, &call.tenant, |s| s.verified.remove(id));
+        }
+        self.core.stateless_forget(id);
+        true
+    }
+
     /// The explicit id (validated) or the session default.
     pub(crate) fn sandbox_id_or_default(
         &self,

@@ -117,6 +117,33 @@ impl Gateway {
         }
     }
 
+    /// [`Gateway::logged`] for a tool that works in a sandbox's agent: when the call fails because
+    /// the sandbox seemed gone and the provider says it is there but paused (a session's cached
+    /// look-up predates the pause, at its deadline or by another client), it is resumed through
+    /// the provider's connect and the call runs once more. The first attempt reached nothing: the
+    /// provider refuses a paused sandbox's agent traffic before it is forwarded.
+    pub(crate) async fn logged_resuming<A: Clone, T, Body>(
+        &self,
+        tool: &'static str,
+        call: &CallContext,
+        args: A,
+        body: impl Fn(A) -> Body,
+    ) -> ToolResult<T>
+    where
+        Body: Future<Output = Result<T, ToolError>>,
+    {
+        let attempts = async {
+            match body(args.clone()).await {
+                Err(err) => match err.gone_sandbox().map(str::to_owned) {
+                    Some(id) if self.resumable(call, &id).await => body(args).await,
+                    _ => Err(err),
+                },
+                done => done,
+            }
+        };
+        self.logged(tool, call, attempts).await
+    }
+
     /// The one place a failed call becomes a sentence: the sandbox the provider reported gone is
     /// forgotten, the failure counted, the sentence masked (it may quote arguments, paths and
     /// provider messages), logged escaped (see [`escaped`]), and returned for the agent.

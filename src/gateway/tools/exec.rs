@@ -20,7 +20,7 @@ use super::result_size;
 use crate::e2b::{CallOptions, E2bError, OutputLimits, wire};
 use crate::gateway::state::Gateway;
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunCommandArgs {
     /// Shell command line, run as `/bin/bash -l -c COMMAND` (at most 65,536 bytes).
@@ -112,7 +112,7 @@ impl Gateway {
         Extension(parts): Extension<Parts>,
     ) -> Result<Json<RunCommandResult>, String> {
         let call = self.call_context(RUN_COMMAND, &parts)?;
-        self.logged(RUN_COMMAND, &call, self.run_command_impl(&call, args)).await
+        self.logged_resuming(RUN_COMMAND, &call, args, |args| self.run_command_impl(&call, args)).await
     }
 }
 

@@ -30,7 +30,7 @@ pub enum Encoding {
     Base64,
 }
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReadFileArgs {
     /// File path in the sandbox (absolute, or relative to /home/user).
@@ -73,7 +73,7 @@ pub struct ReadFileResult {
     pub next_offset: Option<u64>,
 }
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WriteFileArgs {
     /// File path in the sandbox (absolute, or relative to /home/user). Parent directories are created;
@@ -100,7 +100,7 @@ pub struct WriteFileResult {
     pub bytes_written: u64,
 }
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ListFilesArgs {
     /// Directory to list (absolute, or relative to /home/user). Default: /home/user.
@@ -163,7 +163,7 @@ impl Gateway {
         Extension(parts): Extension<Parts>,
     ) -> Result<Json<ReadFileResult>, String> {
         let call = self.call_context(READ_FILE, &parts)?;
-        self.logged(READ_FILE, &call, self.read_file_impl(&call, args)).await
+        self.logged_resuming(READ_FILE, &call, args, |args| self.read_file_impl(&call, args)).await
     }
 
     #[tool(description = "Write a file in a sandbox (creating parent directories, replacing an existing file). \
@@ -175,7 +175,7 @@ impl Gateway {
         Extension(parts): Extension<Parts>,
     ) -> Result<Json<WriteFileResult>, String> {
         let call = self.call_context(WRITE_FILE, &parts)?;
-        self.logged(WRITE_FILE, &call, self.write_file_impl(&call, args)).await
+        self.logged_resuming(WRITE_FILE, &call, args, |args| self.write_file_impl(&call, args)).await
     }
 
     #[tool(description = "List a directory in a sandbox (depth 1-10, default 1; at most 5000 entries). \
@@ -186,7 +186,7 @@ impl Gateway {
         Extension(parts): Extension<Parts>,
     ) -> Result<Json<ListFilesResult>, String> {
         let call = self.call_context(LIST_FILES, &parts)?;
-        self.logged(LIST_FILES, &call, self.list_files_impl(&call, args)).await
+        self.logged_resuming(LIST_FILES, &call, args, |args| self.list_files_impl(&call, args)).await
     }
 }
 

@@ -36,7 +36,7 @@ pub struct ListTasksResult {
     pub truncated: bool,
 }
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StartTaskArgs {
     /// Shell command line, run as `bash -c COMMAND` in the background (at most 65,536 characters).
@@ -57,7 +57,7 @@ pub struct StartTaskArgs {
     pub envs: Option<HashMap<String, String>>,
 }
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GetTaskArgs {
     /// Sandbox holding the task (as returned by start_task).
@@ -80,7 +80,7 @@ pub struct GetTaskArgs {
     pub wait_seconds: Option<f64>,
 }
 
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CancelTaskArgs {
     /// Sandbox holding the task.
@@ -98,7 +98,7 @@ pub struct CancelTaskArgs {
     pub limit: Option<i64>,
 }
 
-#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ListTasksArgs {
     /// Sandbox whose tasks to list; omit to use this session's default sandbox.
@@ -129,7 +129,7 @@ impl Gateway {
         Extension(parts): Extension<Parts>,
     ) -> Result<Json<StartedTask>, String> {
         let call = self.call_context(START_TASK, &parts)?;
-        self.logged(START_TASK, &call, self.start_task_impl(&call, args)).await
+        self.logged_resuming(START_TASK, &call, args, |args| self.start_task_impl(&call, args)).await
     }
 
     #[tool(description = "Read a background task's state, exit code and one page of its saved stdout/stderr. Needs \
@@ -143,7 +143,7 @@ impl Gateway {
         Extension(parts): Extension<Parts>,
     ) -> Result<Json<TaskView>, String> {
         let call = self.call_context(GET_TASK, &parts)?;
-        self.logged(GET_TASK, &call, self.get_task_impl(&call, args)).await
+        self.logged_resuming(GET_TASK, &call, args, |args| self.get_task_impl(&call, args)).await
     }
 
     #[tool(
@@ -157,7 +157,7 @@ impl Gateway {
         Extension(parts): Extension<Parts>,
     ) -> Result<Json<TaskView>, String> {
         let call = self.call_context(CANCEL_TASK, &parts)?;
-        self.logged(CANCEL_TASK, &call, self.cancel_task_impl(&call, args)).await
+        self.logged_resuming(CANCEL_TASK, &call, args, |args| self.cancel_task_impl(&call, args)).await
     }
 
     #[tool(description = "List every background task in a sandbox (task_id, state, times, exit code, first line of \
@@ -169,7 +169,7 @@ impl Gateway {
         Extension(parts): Extension<Parts>,
     ) -> Result<Json<ListTasksResult>, String> {
         let call = self.call_context(LIST_TASKS, &parts)?;
-        self.logged(LIST_TASKS, &call, self.list_tasks_impl(&call, args)).await
+        self.logged_resuming(LIST_TASKS, &call, args, |args| self.list_tasks_impl(&call, args)).await
     }
 }
 
