@@ -192,6 +192,27 @@ async fn a_stored_template_shows_its_own_home_and_root_and_keeps_tmp_private() {
     assert!(out.contains(".image-root") && out.contains(".image-home"), "{out}");
     assert!(!out.contains("written") && !out.contains("new"), "{out}");
 
+    // A snapshot of the first sandbox stacks on the image's layers: its writes to /root and the
+    // home it shares with the image come along, a file it removed from the image stays removed,
+    // and the image's own userland still works.
+    let (code, out) = p.run(&sbx, "rm /home/user/.image-home && dpkg -l | grep -c '^ii'", Some("root")).await;
+    assert_eq!(code, 0, "{out}");
+    let (status, snap) = p
+        .call(reqwest::Method::POST, &format!("/sandboxes/{}/snapshots", id_of(&sbx)), Some(json!({"memory": false})))
+        .await;
+    assert_eq!(status, reqwest::StatusCode::CREATED, "{snap}");
+    let from_snap = p.create(json!({"templateID": snap["snapshotID"], "timeout": 60})).await;
+    let (code, copied) = p
+        .run(
+            &from_snap,
+            "cat /root/written /home/user/new; test -e /home/user/.image-home || echo removed; dpkg -l | grep -c '^ii'",
+            Some("root"),
+        )
+        .await;
+    assert_eq!(code, 0, "{copied}");
+    assert!(copied.starts_with("more\nmine\nremoved\n"), "{copied}");
+    assert!(copied.ends_with(&out), "dpkg sees the same packages: {copied} against {out}");
+
     // An image without /home/user (plain Debian) gets one owned by `user`.
     let plain = debian_layout(Vec::new()).unwrap();
     import(&p, "plain", plain.path(), &[]);
