@@ -5,6 +5,7 @@
 //! container convenience `SANDBOX_MCP_TOKENS="tenant:sha256hex,..."`, and
 //! finally the CLI flags (applied by the caller). See `config/local.toml`.
 
+use crate::e2b::wire::MAX_FORK_COUNT;
 pub use crate::local::control::provider_config::LocalConfig;
 use crate::local::control::provider_config::LocalProviderConfig;
 pub use crate::tenant::is_valid_tenant;
@@ -110,8 +111,6 @@ pub struct LimitsConfig {
 
 /// Default of `limits.max_forks_per_call`.
 pub const DEFAULT_MAX_FORKS_PER_CALL: u32 = 10;
-/// Most forks the provider makes in one call (E2B's `count` 1..20).
-pub const PROVIDER_MAX_FORKS: u32 = 20;
 
 impl Default for LimitsConfig {
     fn default() -> Self {
@@ -454,9 +453,9 @@ impl Config {
             return invalid("provider.deployment must be 1-64 characters".into());
         }
         let forks = self.limits.max_forks_per_call;
-        if forks == 0 || forks > PROVIDER_MAX_FORKS {
+        if forks == 0 || forks > MAX_FORK_COUNT {
             return invalid(format!(
-                "limits.max_forks_per_call must be between 1 and {PROVIDER_MAX_FORKS} (the provider's cap), got {forks}"
+                "limits.max_forks_per_call must be between 1 and {MAX_FORK_COUNT} (the provider's cap), got {forks}"
             ));
         }
         let sb = &self.sandbox;

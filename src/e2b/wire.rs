@@ -619,6 +619,8 @@ pub fn signal_number(value: &serde_json::Value) -> Option<i32> {
 
 // ---------------------------------------------------------------- control plane: snapshots and forks
 
+/// Most forks one `POST /sandboxes/{id}/fork` makes (the official SDKs' own limit on `count`).
+pub const MAX_FORK_COUNT: u32 = 20;
 /// Metadata key the provider sets on a fork: the id of the sandbox it was forked from.
 pub const META_FORK_PARENT: &str = "fork.parent";
 /// Metadata key the provider sets on a fork: a sentence saying what a fork does not carry.

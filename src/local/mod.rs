@@ -387,7 +387,7 @@ pub fn run_envd(args: EnvdArgs) -> anyhow::Result<()> {
     let userns = args.userns_fd.map(|fd| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
     // SAFETY: the provider passes the sandbox directory (O_PATH) at this descriptor and nothing else owns it.
     let dir_fd = args.sandbox_dir_fd.map(|fd| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
-    let setup = move || -> anyhow::Result<(std::os::unix::net::UnixListener, spec::SandboxSpec)> {
+    let setup = move || -> anyhow::Result<(std::os::unix::net::UnixListener, Option<i32>, spec::SandboxSpec)> {
         let sandbox_dir = match (args.sandbox_dir, &dir_fd) {
             (Some(dir), _) => dir,
             (None, Some(fd)) => {
@@ -398,11 +398,11 @@ pub fn run_envd(args: EnvdArgs) -> anyhow::Result<()> {
         };
         drop(dir_fd);
         let spec: spec::SandboxSpec = control::record::read_json(&sandbox_dir.join(spec::SPEC_FILE))?;
-        let listener = sandbox_init::enter_sandbox(&sandbox_dir, &spec, disk, userns)?;
+        let (listener, data_fd) = sandbox_init::enter_sandbox(&sandbox_dir, &spec, disk, userns)?;
         listener.set_nonblocking(true).context("non-blocking socket")?;
-        Ok((listener, spec))
+        Ok((listener, data_fd, spec))
     };
-    let (listener, spec) = match setup() {
+    let (listener, data_fd, spec) = match setup() {
         Ok(done) => done,
         Err(err) => {
             if let Some(pipe) = ready.as_mut() {
@@ -415,7 +415,7 @@ pub fn run_envd(args: EnvdArgs) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let listener = tokio::net::UnixListener::from_std(listener).context("adopting the envd socket")?;
         if let Some(mut pipe) = ready.take() {
-            let _ = std::io::Write::write_all(&mut pipe, b"ok\n");
+            let _ = std::io::Write::write_all(&mut pipe, spec::ready_line(data_fd).as_bytes());
         }
         let opts = envd::EnvdOptions {
             sandbox_id: spec.sandbox_id.clone(),

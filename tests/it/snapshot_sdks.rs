@@ -107,18 +107,25 @@ async fn snapshots_outlive_a_restart_and_a_crash_mid_snapshot_leaves_no_half_tem
             http.post(url).header("X-API-Key", API_KEY).json(&json!({"name": "half", "memory": false})).send().await
         })
     };
+    // Killed while the source is frozen for the copy: the restarted provider must thaw it.
+    let freezer = p.record(&big_id)["cgroups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| Path::new(c.as_str().unwrap()).join("freezer.state"))
+        .find(|f| f.exists())
+        .expect("the sandbox has a freezer cgroup (cgroup v1, as the test machines)");
     let started = Instant::now();
-    let in_flight = loop {
-        let busy = std::fs::read_dir(&tmp)
-            .map(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with("snapshot-")))
-            .unwrap_or(false);
-        if busy || request.is_finished() || started.elapsed() > Duration::from_secs(20) {
-            break busy;
+    let frozen = loop {
+        let state = std::fs::read_to_string(&freezer).unwrap_or_default();
+        if state.trim() == "FROZEN" || request.is_finished() || started.elapsed() > Duration::from_secs(20) {
+            break state.trim() == "FROZEN";
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     };
-    assert!(in_flight, "the snapshot's scratch directory never appeared (it finished first?)");
+    assert!(frozen, "the source was never seen frozen (the snapshot finished first?)");
     p.crash();
+    assert_eq!(std::fs::read_to_string(&freezer).unwrap().trim(), "FROZEN", "the crash left the source frozen");
     let answer = request.await.unwrap();
     assert!(answer.is_err() || !answer.unwrap().status().is_success(), "the interrupted snapshot was answered 2xx");
     p.inner.restart();
@@ -134,8 +141,8 @@ async fn snapshots_outlive_a_restart_and_a_crash_mid_snapshot_leaves_no_half_tem
     assert_eq!(status, StatusCode::CREATED, "a re-adopted sandbox's snapshot: {again}");
     // The agent's handle on the sandbox's disk (the overlay's own upper and work directories) is
     // out of reach of the sandbox's root.
-    let number = std::fs::read_to_string(p.state.join("sandboxes").join(&big_id).join("data.fd")).unwrap();
-    let probe = format!("ls /proc/1/fd/{0}/ || cat /proc/1/fd/{0}/upper/home", number.trim());
+    let number = p.record(&big_id)["agent_data_fd"].as_i64().expect("the agent reported its data descriptor");
+    let probe = format!("ls /proc/1/fd/{number}/ || cat /proc/1/fd/{number}/upper/home");
     let (code, out) = p.run(&big, &probe, Some("root")).await;
     assert_ne!(code, 0, "root inside reached the agent's data descriptor: {out}");
     assert!(out.contains("Permission denied"), "{out}");

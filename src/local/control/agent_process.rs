@@ -36,8 +36,8 @@ fn pidfd_send_signal(pidfd: &OwnedFd, signal: i32) -> std::io::Result<()> {
     if ret < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
 }
 
-/// A copy of agent `pid`'s descriptor `number` (its data directory, see
-/// `isolation::spec::DATA_FD_FILE`), if `pid` is still the process that started at `start_time`.
+/// A copy of agent `pid`'s descriptor `number` (its data directory, from its readiness line: see
+/// `isolation::spec::ready_line`), if `pid` is still the process that started at `start_time`.
 /// What it names was checked to be a directory; everything read through it is treated as the
 /// sandbox's (untrusted) writing.
 pub fn agent_data_dir(pid: i32, start_time: u64, number: i32) -> std::io::Result<OwnedFd> {

@@ -64,6 +64,10 @@ pub struct SandboxRecord {
     /// which a snapshot of it keeps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template_config: Option<crate::local::store::RunConfig>,
+    /// The descriptor at which its agent keeps the sandbox's data directory (from its readiness
+    /// line), which a provider that restarted takes to snapshot the sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_data_fd: Option<i32>,
     /// What happens at the deadline, and whether a request resumes it when paused.
     #[serde(default)]
     pub lifecycle: Lifecycle,

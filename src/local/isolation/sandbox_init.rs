@@ -27,7 +27,7 @@ use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
 use super::sandbox_plan::{DEV_LINKS, DevPlan, LayersPlan, LowerBind, Overlay, PROC_GUARDS, PrivateDir, SandboxPlan};
 use super::seccomp;
-use super::spec::{AGENT_DATA_FD, DATA_FD_FILE};
+use super::spec::AGENT_DATA_FD;
 use super::spec::{SOCKET_FILE, SandboxSpec};
 use super::userns;
 
@@ -46,15 +46,16 @@ fn shield_from_oom_killer() {
     }
 }
 
-/// Builds the sandbox around the calling process and returns the bound agent socket. `disk` and
-/// `userns` are the sandbox's disk (mounted) and user namespace made ahead of time by the
-/// provider (see `disk` and `userns`); without them the agent makes its own.
+/// Builds the sandbox around the calling process and returns the bound agent socket and the
+/// descriptor at which the agent keeps the sandbox's data directory (see [`keep_data_dir`]).
+/// `disk` and `userns` are the sandbox's disk (mounted) and user namespace made ahead of time by
+/// the provider (see `disk` and `userns`); without them the agent makes its own.
 pub fn enter_sandbox(
     sandbox_dir: &Path,
     spec: &SandboxSpec,
     disk: Option<OwnedFd>,
     userns: Option<OwnedFd>,
-) -> anyhow::Result<UnixListener> {
+) -> anyhow::Result<(UnixListener, Option<i32>)> {
     shield_from_oom_killer();
     // Absolute, so that paths derived from it stay right after the chdir below.
     let sandbox_dir = &std::fs::canonicalize(sandbox_dir)
@@ -92,7 +93,7 @@ pub fn enter_sandbox(
         }
         (None, None) => {}
     }
-    keep_data_dir(&plan.data);
+    let data_fd = keep_data_dir(&plan.data);
     mount_layers(&plan.layers, &userns)?;
     // Mount points the template made symlinks: the set-up below may fail on them, and is then
     // refused as the template's fault (see [`TEMPLATE_REFUSED`]).
@@ -157,17 +158,17 @@ pub fn enter_sandbox(
         seccomp::install().context("installing the seccomp filter")?;
         Ok(listener)
     };
-    set_up().map_err(|err| refused_for_links(err, &linked))
+    set_up().map(|listener| (listener, data_fd)).map_err(|err| refused_for_links(err, &linked))
 }
 
 /// Keeps the sandbox's data directory (its disk) open for the agent's whole life, at the first
 /// free descriptor from [`AGENT_DATA_FD`] (or from half the descriptor limit when that is lower),
-/// and writes its number to [`DATA_FD_FILE`] in the sandbox directory (the cwd): after
-/// `pivot_root` nothing else names the directory, and a provider that restarted takes it from
-/// there to snapshot the sandbox. Close-on-exec: no process the agent starts inherits it. Best
-/// effort: a sandbox whose descriptor could not be kept starts all the same (only a snapshot after
-/// a provider restart is refused).
-fn keep_data_dir(data: &Path) {
+/// and returns its number, which the agent reports on its readiness line: after `pivot_root`
+/// nothing else names the directory, and a provider that restarted takes it from there to
+/// snapshot the sandbox. Close-on-exec: no process the agent starts inherits it. Best effort: a
+/// sandbox whose descriptor could not be kept starts all the same (only a snapshot after a
+/// provider restart is then refused).
+fn keep_data_dir(data: &Path) -> Option<i32> {
     let kept = || -> anyhow::Result<i32> {
         let flags = nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC;
         let fd = nix::fcntl::open(data, flags, nix::sys::stat::Mode::empty()).context("opening it")?;
@@ -181,14 +182,16 @@ fn keep_data_dir(data: &Path) {
         if number < 0 {
             return Err(std::io::Error::last_os_error()).context("duplicating it");
         }
-        std::fs::write(DATA_FD_FILE, number.to_string()).context("recording its number")?;
         Ok(number)
     };
-    if let Err(err) = kept() {
-        eprintln!(
-            "sandbox-mcp envd: cannot keep the data directory open ({err:#}); snapshots after a provider restart will be refused"
-        );
-    }
+    kept()
+        .map_err(|err| {
+            eprintln!(
+                "sandbox-mcp envd: cannot keep the data directory open ({err:#}); snapshots after a provider \
+                 restart will be refused"
+            );
+        })
+        .ok()
 }
 
 /// Mounts the copy-on-write root and the extra layers (see [`LayersPlan`]).

@@ -13,10 +13,26 @@ pub const SPEC_FILE: &str = "spec.json";
 /// The lowest descriptor number at which an agent keeps its sandbox's data directory (the disk
 /// that holds its overlay upper layer and private directories) open, for the provider to take with
 /// `pidfd_getfd(2)` when it no longer has its own handle on it (after a restart). Lower when the
-/// descriptor limit is lower; the number taken is written to [`DATA_FD_FILE`].
+/// descriptor limit is lower; the number taken is on the agent's readiness line ([`ready_line`]).
 pub const AGENT_DATA_FD: i32 = 880;
-/// File name, in the sandbox directory, of the number of the agent's data directory descriptor.
-pub const DATA_FD_FILE: &str = "data.fd";
+
+/// What a ready agent writes on its readiness pipe: `ok`, and the number of its data directory
+/// descriptor when it keeps one. Anything else is its set-up error.
+pub fn ready_line(data_fd: Option<i32>) -> String {
+    match data_fd {
+        Some(fd) => format!("ok {fd}\n"),
+        None => "ok\n".to_owned(),
+    }
+}
+
+/// Reads a readiness line ([`ready_line`]): `Some(data descriptor)` when the agent is ready (the
+/// inner `None` when it keeps none), `None` when the text is not a readiness line.
+pub fn parse_ready_line(text: &str) -> Option<Option<i32>> {
+    match text.trim().strip_prefix("ok")? {
+        "" => Some(None),
+        rest => rest.strip_prefix(' ').and_then(|n| n.parse().ok()).map(Some),
+    }
+}
 /// File name of envd's Unix socket inside the sandbox directory.
 pub const SOCKET_FILE: &str = "envd.sock";
 
@@ -53,4 +69,18 @@ pub struct SandboxSpec {
     /// what specs written before it mean) for `base` and directory templates.
     #[serde(default)]
     pub home_from_template: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_readiness_line_carries_the_data_descriptor_and_nothing_else_reads_as_ready() {
+        assert_eq!(parse_ready_line(&ready_line(Some(512))), Some(Some(512)));
+        assert_eq!(parse_ready_line(&ready_line(None)), Some(None));
+        for error in ["", "okay", "ok x", "ok 12 more", "mount failed: ok", "ok\tbad"] {
+            assert_eq!(parse_ready_line(error), None, "{error:?}");
+        }
+    }
 }

@@ -18,7 +18,7 @@ use crate::local::control::record::{self, LOG_FILE, RECORD_FILE, SandboxRecord, 
 use crate::local::control::{agent_process, ids, template_start};
 use crate::local::isolation::cgroups::{self, Limits};
 use crate::local::isolation::sandbox_init::TEMPLATE_REFUSED;
-use crate::local::isolation::spec::{SPEC_FILE, SandboxSpec};
+use crate::local::isolation::spec::{SPEC_FILE, SandboxSpec, parse_ready_line};
 use crate::local::net::policy::EgressPolicy;
 use crate::local::store::{Lineage, RunConfig};
 use crate::local::template::TemplateRoot;
@@ -189,22 +189,27 @@ impl SandboxTable {
         if let Err(err) = attached.await {
             tracing::warn!(sandbox = %id, %err, "moving the sandbox agent into its cgroups failed");
         }
-        if let Err(message) = ready {
-            tracing::warn!(sandbox = %id, error = %escaped(&message), "sandbox agent failed to start");
-            agent_process::kill_and_wait(pid, start_time, KILL_TIMEOUT).await;
-            cgroups::remove(&cgroup_dirs).await;
-            let log = std::fs::read_to_string(dir.join(LOG_FILE)).unwrap_or_default();
-            remove_sandbox_dir(&dir);
-            // An image the set-up cannot be made in (its mount points symlinks): the caller's to fix.
-            if let ReadyError::SetUp(text) = &message
-                && let Some(why) = text.strip_prefix(TEMPLATE_REFUSED)
-            {
-                let template = &params.template;
-                return Err(ProviderError::BadRequest(format!("template '{template}' cannot start a sandbox: {why}")));
+        let agent_data_fd = match ready {
+            Ok(data_fd) => data_fd,
+            Err(message) => {
+                tracing::warn!(sandbox = %id, error = %escaped(&message), "sandbox agent failed to start");
+                agent_process::kill_and_wait(pid, start_time, KILL_TIMEOUT).await;
+                cgroups::remove(&cgroup_dirs).await;
+                let log = std::fs::read_to_string(dir.join(LOG_FILE)).unwrap_or_default();
+                remove_sandbox_dir(&dir);
+                // An image the set-up cannot be made in (its mount points symlinks): the caller's to fix.
+                if let ReadyError::SetUp(text) = &message
+                    && let Some(why) = text.strip_prefix(TEMPLATE_REFUSED)
+                {
+                    let template = &params.template;
+                    return Err(ProviderError::BadRequest(format!(
+                        "template '{template}' cannot start a sandbox: {why}"
+                    )));
+                }
+                let detail = log.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").to_owned();
+                return Err(ProviderError::Internal(format!("the sandbox failed to start: {message} {detail}")));
             }
-            let detail = log.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").to_owned();
-            return Err(ProviderError::Internal(format!("the sandbox failed to start: {message} {detail}")));
-        }
+        };
         let now = now_ms();
         let traffic_access_token = (!params.network.allow_public_traffic).then(ids::new_access_token);
         let mut rec = SandboxRecord {
@@ -225,6 +230,7 @@ impl SandboxTable {
             pause_method: None,
             build_step_of: params.build_step_of,
             template_config: lineage.is_some().then(|| run_config.clone()),
+            agent_data_fd,
             lineage,
             lifecycle: params.lifecycle,
             timed_out: false,
@@ -284,8 +290,9 @@ enum ReadyError {
     SetUp(String),
 }
 
-/// Waits for the agent's `ok` on its readiness pipe; any other text is its set-up error.
-async fn wait_ready(ready: OwnedFd) -> Result<(), ReadyError> {
+/// Waits for the agent's readiness line (`ok`, with the number of the descriptor at which it keeps
+/// the sandbox's data directory: see `spec::ready_line`); any other text is its set-up error.
+async fn wait_ready(ready: OwnedFd) -> Result<Option<i32>, ReadyError> {
     let mut pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(ready).map_err(ReadyError::Pipe)?;
     let mut buf = Vec::new();
     let read = tokio::time::timeout(READY_TIMEOUT, async {
@@ -295,7 +302,7 @@ async fn wait_ready(ready: OwnedFd) -> Result<(), ReadyError> {
                 Ok(0) => break,
                 Ok(n) => {
                     buf.extend_from_slice(&chunk[..n]);
-                    if buf.starts_with(b"ok\n") || buf.len() > 4096 {
+                    if (buf.starts_with(b"ok") && buf.contains(&b'\n')) || buf.len() > 4096 {
                         break;
                     }
                 }
@@ -307,8 +314,7 @@ async fn wait_ready(ready: OwnedFd) -> Result<(), ReadyError> {
     let text = String::from_utf8_lossy(&buf).trim().to_owned();
     match (read, text.as_str()) {
         (Err(_), _) => Err(ReadyError::Timeout { secs: READY_TIMEOUT.as_secs() }),
-        (Ok(()), "ok") => Ok(()),
         (Ok(()), "") => Err(ReadyError::ExitedDuringSetUp),
-        (Ok(()), msg) => Err(ReadyError::SetUp(msg.to_owned())),
+        (Ok(()), msg) => parse_ready_line(msg).ok_or_else(|| ReadyError::SetUp(msg.to_owned())),
     }
 }

@@ -9,7 +9,7 @@ mod snapshot;
 mod teardown;
 
 pub use resolve::ResolvedTemplate;
-pub use snapshot::{FORK_CARRIES, META_FORK_CARRIES, META_FORK_PARENT, Taken};
+pub use snapshot::{FORK_CARRIES, META_FORK_CARRIES, META_FORK_PARENT};
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;

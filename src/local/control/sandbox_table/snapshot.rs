@@ -14,34 +14,21 @@
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::{CreateParams, ProviderError, SandboxTable};
 use crate::e2b::wire::SandboxState;
 use crate::local::control::agent_process;
 use crate::local::control::record::SandboxRecord;
 use crate::local::isolation::cgroups;
-use crate::local::isolation::spec::DATA_FD_FILE;
 use crate::local::store::harvest::{self, Part};
 use crate::local::store::{Lineage, RunConfig, Store, StoreError};
 
-pub use crate::e2b::wire::{META_FORK_CARRIES, META_FORK_PARENT};
+pub use crate::e2b::wire::{MAX_FORK_COUNT, META_FORK_CARRIES, META_FORK_PARENT};
 /// What a fork (and a sandbox made from a snapshot) has of its source, and what it has not.
 pub const FORK_CARRIES: &str = "filesystem only: the root filesystem, /home and /root as they were at the fork; \
      not /tmp, not memory, running processes (background tasks copied from the parent never report running here) \
      or open connections";
-
-/// Most forks of one request (the official SDKs' own limit).
-pub const MAX_FORKS: u32 = 20;
-
-/// A snapshot's layers, made and committed.
-#[derive(Debug, Clone)]
-pub struct Taken<T> {
-    /// What the registration under the store's lock returned.
-    pub registered: T,
-    /// How long the sandbox's processes were frozen.
-    pub frozen: Duration,
-}
 
 /// A tar file of one layer-to-be, written while the sandbox was frozen.
 struct LayerTar {
@@ -62,13 +49,14 @@ fn store_error(err: StoreError) -> ProviderError {
 impl SandboxTable {
     /// Takes a filesystem snapshot of sandbox `id` and hands its lineage (the sandbox's own plus
     /// the new layers) and process configuration to `register`, which runs under the store's
-    /// lock (a template record is written there, or nothing). Nothing of a failed snapshot stays:
-    /// its tars and extracted layers are in the store's scratch space until committed.
+    /// lock (a template record is written there, or nothing) and returns what it returns. Nothing
+    /// of a failed snapshot stays: its tars and extracted layers are in the store's scratch space
+    /// until committed.
     pub async fn snapshot_layers<T: Send + 'static>(
         &self,
         id: &str,
         register: impl FnOnce(&Store, Lineage, RunConfig) -> Result<T, ProviderError> + Send + 'static,
-    ) -> Result<Taken<T>, ProviderError> {
+    ) -> Result<T, ProviderError> {
         let store = self.store.clone().ok_or_else(|| {
             ProviderError::Internal("snapshots need the template store, which cannot be opened".into())
         })?;
@@ -85,11 +73,9 @@ impl SandboxTable {
         let disk = match entry.kept_disk() {
             Some(fd) => Some(fd),
             None if entry.dir.join("disk.img").exists() => {
-                let number = std::fs::read_to_string(entry.dir.join(DATA_FD_FILE))
-                    .ok()
-                    .and_then(|n| n.trim().parse::<i32>().ok());
-                let fd = number
-                    .ok_or_else(|| std::io::Error::other("its agent recorded no data descriptor"))
+                let fd = rec
+                    .agent_data_fd
+                    .ok_or_else(|| std::io::Error::other("its agent keeps no data descriptor"))
                     .and_then(|number| agent_process::agent_data_dir(rec.envd_pid, rec.envd_start_time, number));
                 Some(fd.map_err(|e| {
                     ProviderError::Conflict(format!(
@@ -120,9 +106,8 @@ impl SandboxTable {
             }
         }
         let scratch = store.layout.scratch("snapshot").map_err(store_error)?;
-        let parts = parts_of(&data, &lineage);
         let id_base = self.cfg.id_map.host(0);
-        let config = self.config_of(&rec);
+        let config = rec.template_config.clone().unwrap_or_default();
 
         let op = entry.op.lock().await;
         if !self.get(id).is_some_and(|current| std::sync::Arc::ptr_eq(&current, &entry)) {
@@ -142,8 +127,10 @@ impl SandboxTable {
             }
         }
         let started = Instant::now();
-        let dir = scratch.path.clone();
-        let written = tokio::task::spawn_blocking(move || write_tars(&dir, &parts, id_base)).await;
+        let (dir, private_home) = (scratch.path.clone(), lineage.private_home);
+        // What was written is listed while nothing runs: a layer first written to now is not missed.
+        let written =
+            tokio::task::spawn_blocking(move || write_tars(&dir, &parts_of(&data, private_home), id_base)).await;
         let frozen = started.elapsed();
         if frozen_here && let Err(e) = cgroups::set_frozen(&rec.cgroups, false).await {
             tracing::error!(sandbox = %id, err = %e, "cannot thaw the sandbox after its snapshot");
@@ -157,7 +144,7 @@ impl SandboxTable {
         })?;
         tracing::info!(sandbox = %id, frozen_ms = frozen.as_secs_f64() * 1000.0, "snapshot copied");
 
-        let registered = tokio::task::spawn_blocking(move || -> Result<T, ProviderError> {
+        tokio::task::spawn_blocking(move || -> Result<T, ProviderError> {
             let mut prepared = Vec::with_capacity(tars.len());
             for tar in &tars {
                 let file =
@@ -179,14 +166,7 @@ impl SandboxTable {
             registered
         })
         .await
-        .map_err(|e| ProviderError::Internal(format!("snapshot: {e}")))??;
-        Ok(Taken { registered, frozen })
-    }
-
-    /// The process configuration of `rec`'s template (its environment, user, working directory,
-    /// start and ready commands), as the sandbox was created with it.
-    fn config_of(&self, rec: &SandboxRecord) -> RunConfig {
-        rec.template_config.clone().unwrap_or_default()
+        .map_err(|e| ProviderError::Internal(format!("snapshot: {e}")))?
     }
 
     /// Forks sandbox `id`: one snapshot, then `count` sandboxes of it, created side by side. The
@@ -198,14 +178,15 @@ impl SandboxTable {
         count: u32,
         timeout_secs: Option<u64>,
     ) -> Result<Vec<Result<SandboxRecord, ProviderError>>, ProviderError> {
-        if !(1..=MAX_FORKS).contains(&count) {
-            return Err(ProviderError::BadRequest(format!("count must be between 1 and {MAX_FORKS} (got {count})")));
+        if !(1..=MAX_FORK_COUNT).contains(&count) {
+            return Err(ProviderError::BadRequest(format!(
+                "count must be between 1 and {MAX_FORK_COUNT} (got {count})"
+            )));
         }
         // Checked before anything is frozen.
         self.timeout_ms(timeout_secs)?;
         let parent = self.get_public(id).ok_or_else(|| ProviderError::NotFound(id.to_owned()))?.snapshot();
-        let taken = self.snapshot_layers(id, |_, lineage, config| Ok((lineage, config))).await?;
-        let (lineage, config) = taken.registered;
+        let (lineage, config) = self.snapshot_layers(id, |_, lineage, config| Ok((lineage, config))).await?;
         let resolved = self.stack(&format!("fork of {id}"), lineage, config)?;
         let mut metadata: HashMap<String, String> = parent.metadata.clone();
         metadata.insert(META_FORK_PARENT.into(), id.to_owned());
@@ -230,11 +211,10 @@ impl SandboxTable {
 /// What of the sandbox's data directory `data` makes its snapshot's layers: the overlay's upper
 /// layer (with the private `/home` and `/root` of a `base` or directory template's sandbox, made
 /// opaque so the template's own stay hidden), then one layer per extra layer that was written to.
-fn parts_of(data: &std::path::Path, lineage: &Lineage) -> Vec<(Option<String>, Vec<Part>)> {
+fn parts_of(data: &std::path::Path, private_home: bool) -> Vec<(Option<String>, Vec<Part>)> {
     const PRIVATE: &[&str] = &["home", "root"];
-    let mut root =
-        vec![Part { skip: if lineage.private_home { PRIVATE } else { &[] }, ..Part::root(data.join("upper")) }];
-    if lineage.private_home {
+    let mut root = vec![Part { skip: if private_home { PRIVATE } else { &[] }, ..Part::root(data.join("upper")) }];
+    if private_home {
         root.push(Part { source: data.join("home.d"), at: "home", opaque: true, skip: &[] });
         root.push(Part { source: data.join("root.d"), at: "root", opaque: true, skip: &[] });
     }
