@@ -89,24 +89,21 @@ pub(super) async fn create(
         Some(name) => {
             let name = name.strip_suffix(":default").unwrap_or(name).to_owned();
             store.check_name(&name).map_err(|e| ControlError::new(StatusCode::BAD_REQUEST, e.to_string()))?;
-            if let Some(existing) = store.lookup(&name).map_err(super::builds::store_error)?
-                && existing.snapshot.is_none()
-            {
-                return Err(ControlError::new(
-                    StatusCode::BAD_REQUEST,
-                    format!("template {name:?} exists and is not a snapshot; choose another snapshot name"),
-                ));
-            }
+            // Checked again under the store's lock; here so that a refused name freezes nothing.
+            replaces(store, &name)?;
             Some(name)
         }
         None => None,
     };
     let max = provider.cfg.max_snapshots;
     let source = id.clone();
-    let taken = provider
+    let record = provider
         .snapshot_layers(&id, move |store, lineage, config| {
+            let replaces = match &name {
+                Some(name) => replaces(store, name)?,
+                None => false,
+            };
             let records = store.list().map_err(|e| ProviderError::Internal(e.to_string()))?;
-            let replaces = name.as_deref().is_some_and(|n| records.iter().any(|r| r.name == n));
             let count = records.iter().filter(|r| r.snapshot.is_some()).count();
             if !replaces && count >= max {
                 return Err(ProviderError::Quota(format!(
@@ -140,8 +137,21 @@ pub(super) async fn create(
                 .map_err(|e| ProviderError::Internal(e.to_string()))
         })
         .await?;
-    tracing::info!(sandbox = %id, snapshot = %taken.registered.name, "snapshot taken");
-    Ok((StatusCode::CREATED, Json(info(&taken.registered))).into_response())
+    tracing::info!(sandbox = %id, snapshot = %record.name, "snapshot taken");
+    Ok((StatusCode::CREATED, Json(info(&record))).into_response())
+}
+
+/// Whether a snapshot named `name` replaces a snapshot of that name (true) or is a new one
+/// (false); a 400 when the name is another template's (a name, id or alias of a template that is
+/// not a snapshot, or another snapshot's id).
+fn replaces(store: &crate::local::store::Store, name: &str) -> Result<bool, ProviderError> {
+    match store.lookup(name).map_err(|e| ProviderError::Internal(e.to_string()))? {
+        None => Ok(false),
+        Some(existing) if existing.snapshot.is_some() && existing.name == name => Ok(true),
+        Some(_) => Err(ProviderError::BadRequest(format!(
+            "template {name:?} exists and is not a snapshot of that name; choose another snapshot name"
+        ))),
+    }
 }
 
 /// `GET /snapshots?sandboxID=&name=&limit=&nextToken=`: the snapshots, oldest first, in pages
