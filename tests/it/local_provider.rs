@@ -519,3 +519,41 @@ async fn library_entry_point_serves_and_kills_all_on_request() {
         assert!(!Path::new(&cg).exists(), "{cg}");
     }
 }
+
+/// Chunked multipart uploads whose closing CRLF comes in a chunk of its own, 0-2 ms later (as the
+/// JavaScript SDK's fetch sends its last bytes): the agent reads the body to its end before it
+/// answers, so every upload succeeds. An agent that answers at the closing boundary closes with
+/// those bytes unread, and the provider's forward then fails with a 502 now and then (one in
+/// some tens here, hence a hundred uploads).
+#[tokio::test]
+async fn chunked_multipart_uploads_whose_last_bytes_come_late_all_succeed() {
+    require_root!();
+    let p = Provider::start(&[]);
+    let sbx = p.create(json!({"templateID": "base"})).await;
+    let token = sbx["envdAccessToken"].as_str().unwrap().to_owned();
+    let boundary = "----late-crlf-0123456789";
+    let head = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"late.txt\"\r\n\
+         Content-Type: application/octet-stream\r\n\r\nwritten late\r\n--{boundary}--"
+    );
+    for attempt in 0..100 {
+        let mut stream = tokio::net::TcpStream::connect(p.inner.addr).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        let request = format!(
+            "POST /files?path=/home/user/late{attempt}.txt&username=user HTTP/1.1\r\nHost: localhost\r\n\
+             E2b-Sandbox-Id: {}\r\nX-Access-Token: {token}\r\n\
+             Content-Type: multipart/form-data; boundary={boundary}\r\nTransfer-Encoding: chunked\r\n\
+             Connection: close\r\n\r\n{:x}\r\n{head}\r\n",
+            id_of(&sbx),
+            head.len()
+        );
+        tokio::io::AsyncWriteExt::write_all(&mut stream, request.as_bytes()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(attempt % 3)).await;
+        tokio::io::AsyncWriteExt::write_all(&mut stream, b"2\r\n\r\n\r\n0\r\n\r\n").await.unwrap();
+        let mut answer = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut stream, &mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "attempt {attempt}: {answer}");
+        let (code, out) = p.run(&sbx, &format!("cat /home/user/late{attempt}.txt"), None).await;
+        assert_eq!((code, out.as_str()), (0, "written late"));
+    }
+}
