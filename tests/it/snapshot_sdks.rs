@@ -213,3 +213,47 @@ async fn the_api_refuses_what_it_cannot_do_and_removes_paused_sandboxes_after_th
     let (status, _) = p.call(Method::GET, &format!("/sandboxes/{paused_id}"), None).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "the paused sandbox outlived its retention");
 }
+
+/// What a hostile sandbox plants for its snapshot stays inside the boundary: links to the host's
+/// paths are stored as links (never followed while the snapshot is copied or stored) and resolve
+/// inside the sandbox made from it, and a hard link can only join the sandbox's own files.
+#[tokio::test]
+async fn a_snapshot_stores_planted_links_as_links_that_resolve_inside_the_new_sandbox() {
+    require_root!();
+    let p = Provider::start(&[]);
+    let source = p.create(json!({"templateID": "base", "timeout": 120})).await;
+    // The last link names the provider's own state directory (its sandboxes' records and disks).
+    let plant = format!(
+        "cd /home/user && ln -s / rootlink && ln -s /etc/hostname host-name && \
+         ln -s ../../../../../../proc/1/root up && echo mine > own && ln own own-again && \
+         mkdir -p /opt/planted && ln -s {} /opt/planted/state",
+        p.state.display()
+    );
+    let (code, out) = p.run(&source, &plant, Some("root")).await;
+    assert_eq!(code, 0, "{out}");
+    let (status, snap) = snapshot(&p, &id_of(&source), json!({"memory": false})).await;
+    assert_eq!(status, StatusCode::CREATED, "{snap}");
+    // In the store, on the host: links, not copies of what they point at.
+    let layers = p.state.join("store/layers");
+    let mut links = 0;
+    for layer in std::fs::read_dir(&layers).unwrap().flatten() {
+        for name in ["home/user/rootlink", "home/user/host-name", "home/user/up", "opt/planted/state"] {
+            let path = layer.path().join("fs").join(name);
+            if let Ok(meta) = std::fs::symlink_metadata(&path) {
+                assert!(meta.file_type().is_symlink(), "{name} was stored as what it points at");
+                links += 1;
+            }
+        }
+    }
+    assert_eq!(links, 4, "the planted links are in the snapshot's layer");
+    // Inside the sandbox of the snapshot, they resolve to its own files.
+    let child = p.create(json!({"templateID": snap["snapshotID"], "timeout": 60})).await;
+    let check = "cd /home/user && cat host-name rootlink/etc/hostname && readlink up && cat own-again && \
+                 stat -c %h own && ls /opt/planted/state/ 2>&1 | head -3";
+    let (code, out) = p.run(&child, check, Some("root")).await;
+    assert_eq!(code, 0, "{out}");
+    let child_id = id_of(&child);
+    let expected = format!("{child_id}\n{child_id}\n../../../../../../proc/1/root\nmine\n2\n");
+    assert!(out.starts_with(&expected), "{out}");
+    assert!(!out.contains("sandboxes"), "the provider's state directory is visible inside: {out}");
+}
