@@ -57,6 +57,31 @@ async fn read(client: &McpClient, sandbox_id: &str, path: &str) -> Result<String
     Ok(result.structured_content.unwrap()["content"].as_str().unwrap().to_owned())
 }
 
+/// A sessionless (MCP 2026-07-28) `tools/call` of `tool` as `token`; the JSON-RPC result.
+async fn sessionless(url: &str, token: &str, tool: &str, arguments: Value) -> Value {
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "snapshots-test", "version": "0"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    });
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": tool, "arguments": arguments, "_meta": meta}});
+    let response = reqwest::Client::new()
+        .post(url)
+        .bearer_auth(token)
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", "2026-07-28")
+        .header("Mcp-Method", "tools/call")
+        .header("Mcp-Name", tool)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert!(!response.headers().contains_key("mcp-session-id"), "a 2026-07-28 call opened a session");
+    let answer: Value = response.json().await.unwrap();
+    answer["result"].clone()
+}
+
 /// Whether the provider still lists the snapshot (by id).
 async fn snapshot_listed(provider: &sandbox_mcp::e2b::E2bClient, snapshot_id: &str) -> bool {
     provider.list_all_snapshots(None, None).await.unwrap().iter().any(|s| s.snapshot_id == snapshot_id)
@@ -259,14 +284,15 @@ async fn forks_are_owned_independent_copies_that_show_their_parent() {
     assert_eq!(direct.list_all_sandboxes(&[]).await.unwrap().len(), 4);
 
     // A sessionless (2026-07-28) caller's fork is not owned: it lives until its deadline or kill_sandbox.
-    let stateless = connect_latest(&gateway.mcp_url(), Some(ALICE)).await;
-    let loose = ok(&stateless, "fork_sandbox", json!({"sandbox_id": forks[0], "timeout": 120})).await;
+    let url = gateway.mcp_url();
+    let loose = sessionless(&url, ALICE, "fork_sandbox", json!({"sandbox_id": forks[0], "timeout": 120})).await;
+    let loose = loose["structuredContent"].clone();
     assert_eq!((loose["owned"].clone(), loose["created"].clone()), (json!(false), json!(1)), "{loose}");
     assert!(loose["lifetime"].as_str().unwrap().contains("kill_sandbox"), "{loose}");
     let loose_id = id_of(&loose["forks"][0]);
     assert_eq!(read(&alice, &loose_id, "/home/user/data.txt").await.unwrap(), "fork 0\n");
-    let missing = err(&stateless, "fork_sandbox", json!({})).await;
-    assert!(missing.starts_with("sandbox_id is required"), "{missing}");
+    let missing = sessionless(&url, ALICE, "fork_sandbox", json!({})).await;
+    assert!(missing["content"][0]["text"].as_str().unwrap().starts_with("sandbox_id is required"), "{missing}");
 
     // A task started in a fork retains it; at the session's end the other owned forks and the parent go.
     ok(&alice, "start_task", json!({"command": "sleep 300", "sandbox_id": forks[2]})).await;
@@ -277,8 +303,7 @@ async fn forks_are_owned_independent_copies_that_show_their_parent() {
     assert!(sandbox_exists(&direct, &forks[2]).await, "a fork with a task was killed at the session's end");
     assert!(sandbox_exists(&direct, &loose_id).await, "a sessionless fork was killed with the session");
     for id in [&loose_id, &forks[2]] {
-        let killed = ok(&stateless, "kill_sandbox", json!({"sandbox_id": id})).await;
-        assert_eq!(killed["killed"], json!(true), "{killed}");
+        let killed = sessionless(&url, ALICE, "kill_sandbox", json!({"sandbox_id": id})).await;
+        assert_eq!(killed["structuredContent"]["killed"], json!(true), "{killed}");
     }
-    close(stateless).await;
 }
