@@ -47,7 +47,7 @@ Imports are kept minimal because the gateway runs ``status`` on every
 get_task call and interpreter start-up dominates its latency.
 """
 
-SUPERVISOR_VERSION = "6"
+SUPERVISOR_VERSION = "7"
 
 import os
 import sys
@@ -124,7 +124,7 @@ COPIED_ERROR = ("this task was copied from another sandbox (a snapshot or fork) 
 
 CLI_OPTIONS = {
     "version": ("base",),
-    "start": ("task-id", "base"),
+    "start": ("task-id", "base", "serve"),
     "status": ("task-id", "stdout-offset", "stderr-offset", "limit", "wait",
                "wait-stdout-offset", "wait-stderr-offset", "base"),
     "cancel": ("task-id", "stdout-offset", "stderr-offset", "limit", "wait", "base"),
@@ -627,7 +627,7 @@ def cmd_status(opts):
         wait_err = opt_int(opts, "wait-stderr-offset", err_off, 0, 1 << 62)
         wait_for_change(tdir, tid, state, record, wait_out, wait_err, wait)
         record, state, error = load_task(tdir, tid)
-    emit(status_view(tdir, tid, record, state, error, out_off, err_off, limit))
+    return status_view(tdir, tid, record, state, error, out_off, err_off, limit)
 
 
 def cmd_list(opts):
@@ -658,7 +658,7 @@ def cmd_list(opts):
         return (s, t["task_id"])
 
     tasks.sort(key=key)
-    emit({"tasks": tasks})
+    return {"tasks": tasks}
 
 
 # --- cancel -----------------------------------------------------------------
@@ -769,7 +769,7 @@ def cmd_cancel(opts):
                 break
             if state == "unknown" and record.get("state") == "running":
                 break  # no daemon left to record anything
-            time.sleep(0.005)  # a task obeying TERM ends within a few ms
+            time.sleep(0.002)  # a task obeying TERM ends within a few ms
         if state == "unknown" and signalled and record.get("state") == "running":
             error = ("the task's supervisor is gone, so no outcome can be recorded; its "
                      "process group was sent TERM then KILL. The task is not confirmed "
@@ -777,7 +777,7 @@ def cmd_cancel(opts):
     view = status_view(tdir, tid, record, state, error, out_off, err_off, limit)
     view["cancel_confirmed"] = state == "cancelled"
     view["signalled"] = signalled
-    emit(view)
+    return view
 
 
 # --- start --------------------------------------------------------------------
@@ -861,9 +861,15 @@ def decode_spec(raw):
     return command, cwd, envs, timeout
 
 
-def cmd_start(opts):
+def prepare_start(opts, raw_spec=None):
+    """Checks a start and claims its task directory (spec.json, empty streams).
+    Returns what the daemon needs: (tid, tdir, spec_record, cwd, envs, umask)."""
     tid = check_task_id(opts)
-    command, cwd, envs, timeout = decode_spec(read_spec_stdin())
+    if raw_spec is None:
+        if opts.get("server"):
+            raise CliError("invalid", "the task server got a start without its spec")
+        raw_spec = _spec_from_env[0] if _spec_from_env else read_spec_stdin()
+    command, cwd, envs, timeout = decode_spec(raw_spec)
     root = tasks_root(opts)
     tdir = os.path.join(root, tid)
     if os.path.lexists(tdir):
@@ -910,7 +916,13 @@ def cmd_start(opts):
         raise CliError("io", "cannot write task files: %s" % (e.strerror or e))
     finally:
         os.umask(old_umask)
+    return tid, tdir, spec_record, cwd_run, envs, old_umask
 
+
+def cmd_start(opts, raw_spec=None):
+    """Claims, launches and reports a task. `raw_spec`: the base64 spec line
+    (else it comes from the environment or stdin)."""
+    tid, tdir, spec_record, cwd_run, envs, old_umask = prepare_start(opts, raw_spec)
     status_path = os.path.join(tdir, "status.json")
     sys.stdout.flush()
     sys.stderr.flush()
@@ -975,7 +987,7 @@ def cmd_start(opts):
     if state == "unknown" and record.get("state") is None:
         error = ("the supervisor did not record the task's start within %g s; inspect it "
                  "with get_task instead of starting it again" % START_WAIT)
-    emit(status_view(tdir, tid, record, state, error))
+    return status_view(tdir, tid, record, state, error)
 
 
 # --- the daemon ---------------------------------------------------------------
@@ -1125,8 +1137,10 @@ def set_pipe_size(fd):
         pass
 
 
-def daemon_main(tdir, tid, spec_record, cwd, envs, child_umask, ready_fd):
-    """Entry of the detached daemon (grandchild of `start`). Never returns."""
+def daemon_main(tdir, tid, spec_record, cwd, envs, child_umask, ready_fd, on_ready=None):
+    """Entry of the detached daemon (grandchild of `start`, or child of the
+    fork server, which passes `on_ready`: called with the first record once it
+    is saved, to answer the client). Never returns."""
     try:
         # Close every inherited descriptor but 0-2 and `start`'s wait pipe so
         # the launching call's pipes (and anything else the caller passed) are
@@ -1154,6 +1168,7 @@ def daemon_main(tdir, tid, spec_record, cwd, envs, child_umask, ready_fd):
             in_task_dir = False
         os.umask(0o077)
         daemon = Daemon(tdir, tid, spec_record, cwd, envs, child_umask, ready_fd)
+        daemon.on_ready = on_ready
         daemon.record["supervisor_in_task_dir"] = in_task_dir
         daemon.run()
     except BaseException:
@@ -1165,6 +1180,7 @@ class Daemon:
     def __init__(self, tdir, tid, spec_record, cwd, envs, child_umask, ready_fd):
         self.tdir = tdir
         self.ready_fd = ready_fd  # write end of `start`'s wait pipe, or None
+        self.on_ready = None      # the fork server's answer to its client, or None
         self.tid = tid
         self.spec = spec_record
         self.cwd = cwd
@@ -1192,6 +1208,12 @@ class Daemon:
 
     def save(self, sync=True):
         write_json_atomic(self.status_path, self.record, sync)
+        if self.on_ready is not None:
+            on_ready, self.on_ready = self.on_ready, None
+            try:
+                on_ready(dict(self.record))
+            except Exception:
+                pass
         if self.ready_fd is not None:
             # The first status.json exists: EOF tells `start` to read it.
             fd, self.ready_fd = self.ready_fd, None
@@ -1256,10 +1278,12 @@ class Daemon:
         err_r, err_w = self.pipe()
         set_pipe_size(out_r)
         set_pipe_size(err_r)
-        report_r, report_w = self.pipe()  # CLOEXEC: EOF on successful exec
         devnull = os.open(os.devnull, os.O_RDONLY)
         self.fds.append(devnull)
         self.record["started_at"] = time.time()
+        if hasattr(os, "posix_spawn"):
+            return self._posix_spawn(signal, argv, envb, cwd, devnull, out_r, out_w, err_r, err_w)
+        report_r, report_w = self.pipe()  # CLOEXEC: EOF on successful exec
         pid = os.fork()
         if pid == 0:
             try:
@@ -1299,6 +1323,36 @@ class Daemon:
             os.waitpid(pid, 0)
             self.pid = None
             raise SpawnError(report.decode("utf-8", "replace"))
+        return pid, out_r, err_r
+
+    def _posix_spawn(self, signal, argv, envb, cwd, devnull, out_r, out_w, err_r, err_w):
+        """`_spawn` through posix_spawn (a vfork in libc: no copy of this
+        process, and exec errors come back as OSError). The child's umask and
+        cwd are set here around the call (this process has one thread) and
+        restored: the daemon lives in its task's directory."""
+        old_umask = os.umask(self.child_umask)
+        home = self.record.get("supervisor_in_task_dir") and self.tdir or "/"
+        try:
+            os.chdir(cwd)
+            pid = os.posix_spawn(
+                b"/bin/bash", argv, envb,
+                file_actions=[(os.POSIX_SPAWN_DUP2, devnull, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
+                              (os.POSIX_SPAWN_DUP2, err_w, 2)],
+                setpgroup=0,
+                setsigdef=(signal.SIGCHLD, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT,
+                           signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ),
+                setsigmask=())
+        except OSError as e:
+            raise SpawnError("%s (%s)" % (e.strerror or e, type(e).__name__))
+        finally:
+            os.umask(old_umask)
+            try:
+                os.chdir(home)
+            except OSError:
+                os.chdir("/")
+        self.pid = pid
+        for fd in (out_w, err_w, devnull):
+            self.close_fd(fd)
         return pid, out_r, err_r
 
     def _run(self):
@@ -1494,28 +1548,345 @@ def max_rss_kb():
     return None
 
 
+# --- the fork server ------------------------------------------------------------
+#
+# A python3 start costs 15-20 ms before any work, so `start` and `cancel` are
+# also served by one long-lived process per sandbox and base directory, forked
+# from the first `start --serve 1` after it answered (so it costs no start of
+# its own). A client that costs nothing to start (CLIENT in src/tasks/fast.rs:
+# bash builtins only) reaches it:
+#
+#   server-V.pid   "PID STARTTIME": written once the server reads its FIFO; the
+#                  client checks /proc/PID/stat's state and start time first.
+#   server-V.fifo  requests, one line each, atomic (< PIPE_BUF), written through
+#                  an O_RDWR open (never blocks, even if the server just died):
+#                  "CLIENTPID CLIENTSTART SUBCOMMAND OPTIONS... [-- SPEC]", or
+#                  "CLIENTPID CLIENTSTART @" with the words, a line each, in
+#                  queue/CLIENTPID.req when the line would be too long.
+#   server-V.lock  flock'd by the live server (one per version and directory).
+#
+# The client makes queue/PID.reply (a FIFO) and queue/PID.out, and holds both
+# open; the answer's JSON goes into PID.out, then its exit code through
+# PID.reply, only while that pid is still the client (its start time); the
+# server removes both, or (a client that gave up) its clean-up does. The
+# server holds no task state (all of it is in the task directories), so a
+# crash of it touches no running task: the
+# next client finds no live server, runs python3 itself, and that start forks a
+# new server. A start is checked and claimed by the server, whose one fork, the
+# task's daemon, answers once its first record is saved; a cancel, which may
+# wait up to 3 s, is served by a forked child. Idle for SERVER_IDLE seconds, or
+# finding its pid file gone or another's, the server exits.
+
+SPEC_ENV = "SANDBOX_MCP_TASK_SPEC"   # the spec line, passed in the client's env
+SERVER_IDLE = 600.0
+SERVER_CHECK = 5.0                   # how often an idle server checks its pid file
+QUEUE_STALE = 120.0                  # queue files older than this are removed
+SERVER_OPS = ("start", "cancel")
+_spec_from_env = []                   # the spec taken (and removed) from the env
+
+
+def server_paths(base):
+    stem = os.path.join(base, "server-%s" % SUPERVISOR_VERSION)
+    return stem + ".pid", stem + ".fifo", stem + ".lock", os.path.join(base, "queue")
+
+
+def spawn_server(base):
+    """Forks a detached fork server (a copy of this process: no new python3
+    start). Returns at once; errors are ignored (the next start tries again)."""
+    try:
+        pid = os.fork()
+    except OSError:
+        return
+    if pid == 0:
+        code = 1
+        try:
+            os.setsid()
+            if os.fork() == 0:
+                try:
+                    for name in os.listdir("/proc/self/fd"):
+                        if int(name) > 2:
+                            try:
+                                os.close(int(name))
+                            except OSError:
+                                pass
+                    devnull = os.open(os.devnull, os.O_RDWR)
+                    for fd in (0, 1, 2):
+                        os.dup2(devnull, fd)
+                    if devnull > 2:
+                        os.close(devnull)
+                    os.chdir("/")
+                    serve(base)
+                except BaseException:
+                    pass
+                os._exit(0)
+            code = 0
+        finally:
+            os._exit(code)
+    try:
+        os.waitpid(pid, 0)
+    except OSError:
+        pass
+
+
+def serve(base, idle=SERVER_IDLE):
+    """The fork server's loop (returns when idle, or at once if another runs)."""
+    import fcntl
+    import select
+    signal = signal_module()
+    pid_path, fifo_path, lock_path, queue = server_paths(base)
+    _spec_from_env[:] = []  # the start this server was forked from had its own spec
+    lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(lock_fd)
+        return
+    ensure_private_dir(queue)
+    try:
+        os.unlink(fifo_path)  # a copy's (snapshot) or a crashed server's
+    except FileNotFoundError:
+        pass
+    os.mkfifo(fifo_path, 0o600)
+    fifo = os.open(fifo_path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+    # Daemons and cancel handlers are reaped by the kernel (each resets this).
+    old_sigchld = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    me = os.getpid()
+    clean_queue(queue, 0.0)
+    my_line = "%d %d\n" % (me, proc_start_time(me))
+    with open(pid_path + ".tmp", "w") as f:
+        f.write(my_line)
+    os.rename(pid_path + ".tmp", pid_path)
+    pending = b""
+    last = time.monotonic()
+    try:
+        while True:
+            timeout = min(SERVER_CHECK, max(0.05, last + idle - time.monotonic()))
+            ready = select.select([fifo], [], [], timeout)[0]
+            if not ready:
+                if time.monotonic() - last >= idle:
+                    break
+                if read_text_file(pid_path) != my_line:
+                    break  # the directory was removed, or another server took over
+                continue
+            try:
+                pending += os.read(fifo, 65536)
+            except BlockingIOError:
+                continue
+            lines = pending.split(b"\n")
+            pending = lines.pop()
+            if len(pending) > 8192:
+                pending = b""  # longer than any request line: garbage
+            for line in lines:
+                handle_request(base, queue, line, (fifo, lock_fd))
+            last = time.monotonic()
+            clean_queue(queue, QUEUE_STALE)
+    finally:
+        # Leave no live-looking pid file, then answer what arrived meanwhile:
+        # a client that read the pid file just before still gets its answer.
+        if read_text_file(pid_path) == my_line:
+            try:
+                os.unlink(pid_path)
+            except OSError:
+                pass
+        time.sleep(0.2)
+        try:
+            pending += os.read(fifo, 65536)
+        except OSError:
+            pass
+        for line in pending.split(b"\n"):
+            handle_request(base, queue, line, (fifo, lock_fd))
+        os.close(fifo)
+        os.close(lock_fd)
+        signal.signal(signal.SIGCHLD, old_sigchld)
+
+
+def read_text_file(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except (OSError, ValueError):
+        return None
+
+
+def clean_queue(queue, older_than):
+    now = time.time()
+    try:
+        with os.scandir(queue) as it:
+            for entry in it:
+                try:
+                    if now - entry.stat(follow_symlinks=False).st_mtime >= older_than:
+                        os.unlink(entry.path)
+                except OSError:
+                    pass
+    except OSError:
+        pass
+
+
+def handle_request(base, queue, line, server_fds):
+    """Serves one request line "PID START ARGV... [-- SPEC]", or "PID START @"
+    with the request in queue/PID.req (a line per word). A start's daemon, or
+    a cancel's child, answers it."""
+    words = line.strip().decode("ascii", "replace").split(" ")
+    if len(words) < 3 or not (words[0].isdigit() and words[1].isdigit()) or len(words[0]) > 12:
+        return
+    client = (int(words[0]), int(words[1]))
+    if words[2:] == ["@"]:
+        req_path = os.path.join(queue, words[0] + ".req")
+        try:
+            with open(req_path, "rb") as f:
+                raw = f.read(SPEC_MAX_BYTES + 8192)
+            os.unlink(req_path)  # the claim: a request is served once
+        except OSError:
+            return
+        words = raw.decode("utf-8", "replace").split("\n")
+    else:
+        words = words[2:]
+    spec = None
+    if "--" in words:
+        cut = words.index("--")
+        spec = words[cut + 1] if cut + 1 < len(words) else ""
+        words = words[:cut]
+    argv = [w for w in words if w]
+    if argv and argv[0] == "start":
+        server_start(base, queue, client, argv, spec)
+        return
+    if argv and argv[0] == "cancel":
+        try:
+            pid = os.fork()
+        except OSError:
+            pid = None
+        if pid == 0:
+            code = 0
+            try:
+                for fd in server_fds:
+                    os.close(fd)
+                answer(queue, client, run_subcommand(argv, base))
+            except BaseException:
+                code = 1
+            os._exit(code)
+        if pid is not None:
+            return
+    answer(queue, client, run_subcommand(argv, base, spec))
+
+
+def server_start(base, queue, client, argv, spec):
+    """A start served by the fork server: checked and claimed here, then one
+    fork; the daemon answers the client itself once its first record is saved,
+    so the server goes back to its FIFO at once."""
+    try:
+        cmd, opts = parse_args(argv)
+        if os.path.abspath(opts.get("base", base)) != base:
+            raise CliError("invalid", "the task server serves only its own directory")
+        opts["base"], opts["server"] = base, "1"
+        tid, tdir, spec_record, cwd_run, envs, old_umask = prepare_start(opts, spec)
+    except CliError as e:
+        answer(queue, client, (2, {"error": e.message, "code": e.code}))
+        return
+    except Exception as e:
+        answer(queue, client, (2, {"error": "supervisor error: %s: %s" % (type(e).__name__, e),
+                            "code": "internal"}))
+        return
+
+    def on_ready(record):
+        answer(queue, client, (0, status_view(tdir, tid, record, record["state"], record.get("error"))))
+
+    try:
+        pid = os.fork()
+    except OSError as e:
+        # No daemon: this process is the only possible writer of status.json.
+        status_path = os.path.join(tdir, "status.json")
+        record = dict(spec_record, state="failed", started_at=None, finished_at=time.time(),
+                      exit_code=None, signal=None, pid=None, pgid=None,
+                      error="could not launch the task supervisor: %s" % (e.strerror or e))
+        try:
+            write_json_atomic(status_path, record)
+        except OSError:
+            pass
+        record, state, error = load_task(tdir, tid)
+        answer(queue, client, (0, status_view(tdir, tid, record, state, error)))
+        return
+    if pid == 0:
+        try:
+            signal = signal_module()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            os.setsid()
+        except BaseException:
+            pass
+        daemon_main(tdir, tid, spec_record, cwd_run, envs, old_umask, None, on_ready)  # never returns
+
+
+def answer(queue, client, result):
+    """Answers the waiting client (pid, start time): the JSON into its
+    queue/PID.out (which it made and holds open), then the exit code through its
+    queue/PID.reply FIFO, which it reads. Nothing is written unless the pid is
+    still that client (start time); the server cleans up what a client that
+    gave up left."""
+    rc, obj = result
+    pid, start = client
+    if not process_alive(pid, start):
+        return
+    out_path = os.path.join(queue, "%d.out" % pid)
+    reply_path = os.path.join(queue, "%d.reply" % pid)
+    try:
+        fd = os.open(out_path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+        try:
+            write_all(fd, (json_dumps(obj) + "\n").encode("ascii"))
+        finally:
+            os.close(fd)
+        os.unlink(out_path)
+        fd = os.open(reply_path, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: the client is gone
+    except OSError:
+        return
+    try:
+        os.unlink(reply_path)
+        write_all(fd, b"%d\n" % rc)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def run_subcommand(argv, base=None, spec=None):
+    """(exit code, the one JSON object) of a subcommand, as `main` prints them."""
+    try:
+        cmd, opts = parse_args(argv)
+        if base is not None:
+            if cmd not in SERVER_OPS or os.path.abspath(opts.get("base", base)) != base:
+                raise CliError("invalid", "the task server serves only start and cancel, "
+                                          "in its own directory")
+            opts["base"] = base
+            opts["server"] = "1"
+        if cmd == "version":
+            return 0, {"version": SUPERVISOR_VERSION}
+        if cmd == "start":
+            return 0, cmd_start(opts, spec)
+        if cmd == "status":
+            return 0, cmd_status(opts)
+        if cmd == "cancel":
+            return 0, cmd_cancel(opts)
+        return 0, cmd_list(opts)
+    except CliError as e:
+        return 2, {"error": e.message, "code": e.code}
+    except Exception as e:  # never leave the gateway without one JSON object
+        return 2, {"error": "supervisor error: %s: %s" % (type(e).__name__, e), "code": "internal"}
+
+
 # --- entry point --------------------------------------------------------------
 
 def main(argv):
-    try:
-        cmd, opts = parse_args(argv)
-        if cmd == "version":
-            emit({"version": SUPERVISOR_VERSION})
-        elif cmd == "start":
-            cmd_start(opts)
-        elif cmd == "status":
-            cmd_status(opts)
-        elif cmd == "cancel":
-            cmd_cancel(opts)
-        else:
-            cmd_list(opts)
-        return 0
-    except CliError as e:
-        emit({"error": e.message, "code": e.code})
-        return 2
-    except Exception as e:  # never leave the gateway without one JSON object
-        emit({"error": "supervisor error: %s: %s" % (type(e).__name__, e), "code": "internal"})
-        return 2
+    # The spec passed in the environment never reaches the task's environment.
+    spec = os.environ.pop(SPEC_ENV, None)
+    if spec is not None:
+        _spec_from_env[:] = [spec]
+    rc, obj = run_subcommand(argv)
+    emit(obj)
+    if argv and argv[0] == "start" and "--serve" in argv:
+        try:
+            _, opts = parse_args(argv)
+            spawn_server(os.path.dirname(tasks_root(opts)))
+        except BaseException:
+            pass
+    return rc
 
 
 if __name__ == "__main__":

@@ -142,7 +142,7 @@ class SupervisorTestCase(unittest.TestCase):
 
     def test_version(self):
         obj = self.cli("version", base=False)
-        self.assertEqual(obj["version"], "6")
+        self.assertEqual(obj["version"], "7")
 
     def test_default_base_is_the_script_directory(self):
         # The gateway reads task files beside the installed script, so without
@@ -933,6 +933,151 @@ def load_module():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def fast_client():
+    """The gateway's bash client of the fast path, as src/tasks/fast.rs embeds it."""
+    with open(os.path.join(HERE, "..", "src", "tasks", "fast.rs")) as f:
+        text = f.read()
+    return text[text.index('r#"') + 3:text.index('"#;')]
+
+
+class ForkServerTests(unittest.TestCase):
+    """The fork server (`start --serve 1`, then `serve`) and the bash client."""
+
+    cli = SupervisorTestCase.cli
+    status = SupervisorTestCase.status
+    wait_terminal = SupervisorTestCase.wait_terminal
+    read_all = SupervisorTestCase.read_all
+
+    def setUp(self):
+        SupervisorTestCase.setUp(self)
+        self.client = fast_client()
+        self.program = ("import os, sys; sys.path.insert(0, %r); import supervisor; "
+                        "rc = supervisor.main(sys.argv[1:]); sys.stdout.flush(); os._exit(rc)") % HERE
+
+    def tearDown(self):
+        pid = self.server_pid()
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        SupervisorTestCase.tearDown(self)
+
+    def server_pid(self):
+        try:
+            with open(os.path.join(self.base, "server-%s.pid" % self.version())) as f:
+                return int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def version(self):
+        return self.cli("version", base=False)["version"]
+
+    def via_client(self, *args, spec=None):
+        env = dict(self.env)
+        env.pop("SANDBOX_MCP_TASK_SPEC", None)
+        if spec is not None:
+            env["SANDBOX_MCP_TASK_SPEC"] = base64.b64encode(json.dumps(spec).encode()).decode()
+        argv = ["/bin/bash"] + (["-x"] if os.environ.get("CLIENT_TRACE") else []) + ["-c", self.client, "t", self.base, self.version(),
+                sys.executable, "-I", "-S", "-c", self.program] + list(args) + ["--base", self.base]
+        # As envd starts it: stdin and stdout are pipes, stdin left open.
+        p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=env)
+        out = p.stdout.read()
+        err = p.stderr.read()
+        rc = p.wait(timeout=30)
+        p.stdin.close()
+        p.stdout.close()
+        p.stderr.close()
+        lines = out.decode().splitlines()
+        self.assertEqual(len(lines), 1, (out, err))
+        return rc, json.loads(lines[0])
+
+    def spec(self, command):
+        return {"command": command, "cwd": None, "envs": {"MY_TOKEN": "tok-value-1"}, "timeout": 30}
+
+    def wait_server(self):
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            pid = self.server_pid()
+            if pid and not proc_gone(pid):
+                return pid
+            time.sleep(0.02)
+        self.fail("no task server")
+
+    def test_the_server_answers_as_the_supervisor_does(self):
+        rc, first = self.via_client("start", "--task-id", new_id(), "--serve", "1",
+                                    spec=self.spec("echo one $MY_TOKEN"))
+        self.assertEqual((rc, first["state"]), (0, "running"))
+        server = self.wait_server()
+        tid = new_id()
+        rc, second = self.via_client("start", "--task-id", tid, "--serve", "1",
+                                     spec=self.spec("echo two $MY_TOKEN; env | grep -c SANDBOX_MCP_ || true"))
+        self.assertEqual(rc, 0, second)
+        self.assertEqual(set(second), set(first))
+        self.assertEqual(self.server_pid(), server)
+        st = self.wait_terminal(tid)
+        data, _ = self.read_all(tid)
+        self.assertEqual((st["state"], data), ("succeeded", b"two ***\n0\n"))
+        # Refusals come back with their code and exit status.
+        rc, again = self.via_client("start", "--task-id", tid, "--serve", "1", spec=self.spec("true"))
+        self.assertEqual((rc, again["code"]), (2, "exists"))
+        rc, bad = self.via_client("start", "--task-id", new_id(), "--serve", "1", spec={"command": 1})
+        self.assertEqual((rc, bad["code"]), (2, "invalid"))
+        # A cancel through the server (in a forked child).
+        tid = new_id()
+        self.via_client("start", "--task-id", tid, "--serve", "1", spec=self.spec("sleep 30"))
+        rc, view = self.via_client("cancel", "--task-id", tid, "--wait", "3")
+        self.assertEqual((rc, view["state"], view["cancel_confirmed"]), (0, "cancelled", True))
+        # Nothing is left in the queue.
+        self.assertEqual(os.listdir(os.path.join(self.base, "queue")), [])
+
+    def test_the_server_serves_only_start_and_cancel_and_ignores_garbage(self):
+        self.via_client("start", "--task-id", new_id(), "--serve", "1", spec=self.spec("true"))
+        server = self.wait_server()
+        fifo = os.path.join(self.base, "server-%s.fifo" % self.version())
+        fd = os.open(fifo, os.O_WRONLY)
+        # Not a pid; a pid that is not a waiting client (this test: its start time differs);
+        # a path for a request file; an over-long line.
+        os.write(fd, b"not-a-pid\n%d 1 start --task-id %s\n1 1 @\n../../x 1 @\n" % (os.getpid(), new_id().encode())
+                 + b"x" * 5000 + b"\n")
+        os.close(fd)
+        rc, answer = self.via_client("list")
+        self.assertEqual((rc, answer["code"]), (2, "invalid"))
+        self.assertIn("only start and cancel", answer["error"])
+        self.assertFalse(proc_gone(server), "garbage did not stop the server")
+        # The start in the garbage (no spec, and a pid that is not its client) claimed nothing.
+        self.assertEqual(len(self.cli("list")["tasks"]), 1)
+
+    def test_a_long_request_goes_through_a_file(self):
+        self.via_client("start", "--task-id", new_id(), "--serve", "1", spec=self.spec("true"))
+        server = self.wait_server()
+        tid = new_id()
+        rc, view = self.via_client("start", "--task-id", tid, "--serve", "1",
+                                   spec=self.spec("echo %s | wc -c" % ("y" * 20000)))
+        self.assertEqual((rc, view["state"]), (0, "running"), view)
+        self.assertEqual(self.server_pid(), server)
+        st = self.wait_terminal(tid)
+        data, _ = self.read_all(tid)
+        self.assertEqual((st["state"], data), ("succeeded", b"20001\n"))
+        self.assertEqual(os.listdir(os.path.join(self.base, "queue")), [])
+
+    def test_an_idle_server_exits_and_so_does_one_whose_directory_is_gone(self):
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("sup_for_idle", SUPERVISOR)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        t0 = time.monotonic()
+        mod.serve(self.base, idle=0.3)
+        self.assertLess(time.monotonic() - t0, 3.0)
+        self.assertFalse(os.path.exists(os.path.join(self.base, "server-%s.pid" % mod.SUPERVISOR_VERSION)))
+        # A started server exits when its pid file is no longer its own (checked when idle).
+        self.via_client("start", "--task-id", new_id(), "--serve", "1", spec=self.spec("true"))
+        server = self.wait_server()
+        os.unlink(os.path.join(self.base, "server-%s.pid" % mod.SUPERVISOR_VERSION))
+        self.assertTrue(wait_gone(server, mod.SERVER_CHECK + 3))
 
 
 class PureFunctionTests(unittest.TestCase):

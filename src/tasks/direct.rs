@@ -77,6 +77,13 @@ impl StatusRecord {
         self.fields.get("supervisor_in_task_dir").and_then(Value::as_bool) == Some(true)
     }
 
+    /// Whether pages whose files measured `stdout_size` and `stderr_size` hold all the output this
+    /// record says is stored (a terminal record's sizes are final).
+    pub fn holds_all_of(&self, stdout_size: u64, stderr_size: u64) -> bool {
+        self.number("stdout_size").is_some_and(|n| n <= stdout_size)
+            && self.number("stderr_size").is_some_and(|n| n <= stderr_size)
+    }
+
     fn number(&self, name: &str) -> Option<u64> {
         self.fields.get(name).and_then(Value::as_u64)
     }

@@ -12,36 +12,75 @@ use super::{SUPERVISOR_INSTALLS, TaskId, TaskState, launch::TaskSpec, page::Page
 use crate::masking::Masker;
 
 /// python3 on this host, with HOME pointing at a private temp directory.
-struct LocalPython {
+pub(super) struct LocalPython {
     home: tempfile::TempDir,
     /// Installs done through this transport (the global counter is shared by parallel tests).
     installs: AtomicUsize,
     /// Processes run through this transport.
-    execs: AtomicUsize,
+    pub(super) execs: AtomicUsize,
     /// The program of the last process run ("python3", "cat").
     last_program: std::sync::Mutex<String>,
+    /// PATH for the processes run, when a test sets one.
+    path: std::sync::Mutex<Option<String>>,
+    /// Every path read through `read_range`, in order.
+    pub(super) reads: std::sync::Mutex<Vec<String>>,
 }
 
 impl LocalPython {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self {
             home: tempfile::tempdir().unwrap(),
             installs: AtomicUsize::new(0),
             execs: AtomicUsize::new(0),
             last_program: std::sync::Mutex::default(),
+            path: std::sync::Mutex::default(),
+            reads: std::sync::Mutex::default(),
         }
     }
-    fn last_program(&self) -> String {
+    pub(super) fn last_program(&self) -> String {
         self.last_program.lock().unwrap().clone()
     }
-    fn installs(&self) -> usize {
+    pub(super) fn installs(&self) -> usize {
         self.installs.load(Ordering::SeqCst)
     }
-    fn script(&self) -> PathBuf {
+    pub(super) fn script(&self) -> PathBuf {
         self.home.path().join(".sandbox-mcp/supervisor.py")
     }
-    fn service(&self, secrets: &[&str]) -> TaskService {
+    pub(super) fn service(&self, secrets: &[&str]) -> TaskService {
         TaskService::with_script_path(self.script().to_str().unwrap(), Masker::new(secrets).unwrap())
+    }
+    /// The task server's pid file, and the pid it names (if any).
+    pub(super) fn server_pid_file(&self) -> PathBuf {
+        self.home.path().join(format!(".sandbox-mcp/server-{}.pid", super::supervisor_version()))
+    }
+    pub(super) fn server_pid(&self) -> Option<i32> {
+        let text = std::fs::read_to_string(self.server_pid_file()).ok()?;
+        text.split_whitespace().next()?.parse().ok()
+    }
+    /// Puts a `python3` first on the processes' PATH that counts its starts.
+    pub(super) fn count_python_starts(&self) {
+        let dir = self.home.path().join("bin");
+        std::fs::create_dir_all(&dir).unwrap();
+        let real = std::process::Command::new("/bin/sh").args(["-c", "command -v python3"]).output().unwrap();
+        let real = String::from_utf8(real.stdout).unwrap().trim().to_owned();
+        let count = self.home.path().join("python3-starts");
+        let wrapper = format!("#!/bin/sh\necho >> '{}'\nexec '{real}' \"$@\"\n", count.display());
+        std::fs::write(dir.join("python3"), wrapper).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.join("python3"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        *self.path.lock().unwrap() = Some(format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default()));
+    }
+    pub(super) fn python_starts(&self) -> usize {
+        std::fs::read_to_string(self.home.path().join("python3-starts")).map(|s| s.lines().count()).unwrap_or(0)
+    }
+}
+
+impl Drop for LocalPython {
+    /// The task server outlives its calls (as in a sandbox): end it with the test.
+    fn drop(&mut self) {
+        if let Some(pid) = self.server_pid() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
     }
 }
 
@@ -49,6 +88,7 @@ impl SupervisorTransport for LocalPython {
     async fn exec(
         &self,
         argv: Vec<String>,
+        env: Vec<(String, String)>,
         stdin: Option<Vec<u8>>,
         timeout: Duration,
     ) -> Result<ExecOutput, TransportError> {
@@ -56,19 +96,27 @@ impl SupervisorTransport for LocalPython {
         self.execs.fetch_add(1, Ordering::SeqCst);
         argv[0].clone_into(&mut self.last_program.lock().unwrap());
         let mut cmd = tokio::process::Command::new(&argv[0]);
-        cmd.args(&argv[1..]).env("HOME", self.home.path()).kill_on_drop(true);
+        cmd.args(&argv[1..]).env("HOME", self.home.path()).envs(env).kill_on_drop(true);
+        if let Some(path) = self.path.lock().unwrap().clone() {
+            cmd.env("PATH", path);
+        }
         cmd.stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped());
         let mut child = cmd.spawn().map_err(|e| TransportError::NotSent(e.to_string()))?;
+        let mut open_stdin = None;
         if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
             // As envd's transport: a process that ended without reading it answers for itself.
             let _ = pipe.write_all(&input).await;
+            if input.is_empty() {
+                open_stdin = Some(pipe); // as envd: an empty input leaves the pipe open
+            }
         }
         let out = tokio::time::timeout(timeout, child.wait_with_output())
             .await
             .map_err(|_| TransportError::Uncertain("timed out".into()))?
             .map_err(|e| TransportError::Uncertain(e.to_string()))?;
+        drop(open_stdin);
         Ok(ExecOutput { exit_code: out.status.code().unwrap_or(-1), stdout: out.stdout, stderr: out.stderr })
     }
 
@@ -83,6 +131,7 @@ impl SupervisorTransport for LocalPython {
 
     async fn read_range(&self, path: &str, offset: u64, len: u64) -> Result<Option<FileSlice>, TransportError> {
         use std::os::unix::fs::FileExt;
+        self.reads.lock().unwrap().push(path.to_owned());
         let file = match std::fs::File::open(path) {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -95,23 +144,23 @@ impl SupervisorTransport for LocalPython {
     }
 }
 
-fn spec(command: &str, envs: &[(&str, &str)], timeout: Option<i64>) -> TaskSpec {
+pub(super) fn spec(command: &str, envs: &[(&str, &str)], timeout: Option<i64>) -> TaskSpec {
     let envs: BTreeMap<String, String> = envs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     TaskSpec::new(command.to_owned(), None, envs, timeout).unwrap()
 }
 
 /// Starts `command` (no extra environment, the default timeout) as a new task in sandbox "sbx".
-async fn start(svc: &TaskService, t: &LocalPython, command: &str) -> TaskId {
+pub(super) async fn start(svc: &TaskService, t: &LocalPython, command: &str) -> TaskId {
     let id = TaskId::generate();
     svc.start(t, "sbx", &id, &spec(command, &[], None)).await.unwrap();
     id
 }
 
-fn page(out: i64, err: i64, limit: i64) -> PageRequest {
+pub(super) fn page(out: i64, err: i64, limit: i64) -> PageRequest {
     PageRequest::new(Some(out), Some(err), Some(limit)).unwrap()
 }
 
-async fn wait_terminal(svc: &TaskService, t: &LocalPython, id: &TaskId) -> super::view::TaskView {
+pub(super) async fn wait_terminal(svc: &TaskService, t: &LocalPython, id: &TaskId) -> super::view::TaskView {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let v = svc.status(t, "sbx", id, &page(0, 0, 65_536), 2.0).await.unwrap();
@@ -460,7 +509,13 @@ struct PythonLess {
 }
 
 impl SupervisorTransport for PythonLess {
-    async fn exec(&self, argv: Vec<String>, _: Option<Vec<u8>>, _: Duration) -> Result<ExecOutput, TransportError> {
+    async fn exec(
+        &self,
+        argv: Vec<String>,
+        _: Vec<(String, String)>,
+        _: Option<Vec<u8>>,
+        _: Duration,
+    ) -> Result<ExecOutput, TransportError> {
         let Some(version) = self.version else {
             // What envd answers when the program does not exist.
             return Err(TransportError::Uncertain(format!(

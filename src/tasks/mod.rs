@@ -5,6 +5,7 @@
 //! through any [`service::SupervisorTransport`] and installs it on first use.
 
 pub mod direct;
+pub mod fast;
 pub mod id;
 pub mod launch;
 pub mod page;
@@ -12,6 +13,8 @@ pub mod protocol;
 pub mod service;
 pub mod view;
 
+#[cfg(test)]
+mod fast_tests;
 #[cfg(test)]
 mod local_tests;
 

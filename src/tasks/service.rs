@@ -1,6 +1,8 @@
 //! Runs the supervisor inside a sandbox: one short process per tool call
 //! (`python3 -I -S -c "import supervisor ..." <subcommand>`), installing the script on
 //! first use per sandbox and again when it is missing or of another version.
+//! `start` and `cancel` go through [`super::fast`]'s bash client, which hands
+//! them to the sandbox's fork server when one is alive (no python3 start).
 //! A plain get_task (no wait) first reads the task's files directly
 //! ([`super::direct`]) and asks the supervisor only when that cannot answer.
 //! The transport (envd process + files API in production) is a trait so the
@@ -13,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::direct::{self, StatusRecord};
+use super::fast;
 use super::id::TaskId;
 use super::launch::{self, LaunchError, TaskSpec};
 use super::page::{self, PageError, PageRequest, Window};
@@ -59,9 +62,14 @@ pub trait SupervisorTransport: Send + Sync {
     /// when given, is written to the process's standard input (which is otherwise empty): the
     /// way to hand it anything secret, since a process's argv is readable by every user of the
     /// host.
+    ///
+    /// `env`: variables added to the process's environment (the sandbox's own stay), a way to
+    /// hand it something secret without a round trip for its stdin. An empty `stdin` is a pipe
+    /// left open (nothing written, not closed) until the process ends.
     fn exec(
         &self,
         argv: Vec<String>,
+        env: Vec<(String, String)>,
         stdin: Option<Vec<u8>>,
         timeout: Duration,
     ) -> impl Future<Output = Result<ExecOutput, TransportError>> + Send;
@@ -131,6 +139,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(20);
 const CANCEL_WAIT_SECONDS: u64 = 3;
 /// Bound on the install cache (sandbox ids); cleared when reached.
 const MAX_CACHED_SANDBOXES: usize = 100_000;
+/// Bound on the cache of running tasks' daemons; cleared when reached.
+const MAX_CACHED_DAEMONS: usize = 100_000;
 
 /// The host side of tasks, shared by all sessions of a gateway.
 #[derive(Debug)]
@@ -140,6 +150,9 @@ pub struct TaskService {
     installed: Mutex<HashSet<String>>,
     /// One lock per sandbox, so concurrent first calls check and install once.
     install_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// `(sandbox, task)` → the running task's daemon `(pid, start time)`, seen alive by a direct
+    /// read: the next read takes the record through `/proc/PID/cwd/status.json`.
+    daemons: Mutex<HashMap<(String, String), (u32, u64)>>,
     masker: Masker,
 }
 
@@ -155,6 +168,7 @@ impl TaskService {
             script_path: script_path.to_owned(),
             installed: Mutex::new(HashSet::new()),
             install_locks: Mutex::new(HashMap::new()),
+            daemons: Mutex::new(HashMap::new()),
             masker,
         }
     }
@@ -221,7 +235,7 @@ impl TaskService {
         if self.is_installed(sandbox_id) {
             return Ok(());
         }
-        let out = match t.exec(self.argv(&["version".to_owned()]), None, VERSION_TIMEOUT).await {
+        let out = match t.exec(self.argv(&["version".to_owned()]), Vec::new(), None, VERSION_TIMEOUT).await {
             Err(TransportError::NotSent(m) | TransportError::Uncertain(m)) if python_missing(&m) => {
                 return Err(TransportError::NoPython { found: None });
             }
@@ -246,7 +260,7 @@ impl TaskService {
     /// short process; an answer that is not understood lets the install go on (and fail as it will).
     async fn check_python<T: SupervisorTransport>(&self, t: &T) -> Result<(), TransportError> {
         let argv = ["python3", "-I", "-S", "-c", PYTHON_PROBE].map(str::to_owned).to_vec();
-        let out = match t.exec(argv, None, VERSION_TIMEOUT).await {
+        let out = match t.exec(argv, Vec::new(), None, VERSION_TIMEOUT).await {
             Ok(out) => out,
             Err(TransportError::NotSent(m) | TransportError::Uncertain(m)) if python_missing(&m) => {
                 return Err(TransportError::NoPython { found: None });
@@ -274,13 +288,11 @@ impl TaskService {
         t: &T,
         sandbox_id: &str,
         args: Vec<String>,
-        stdin: Option<Vec<u8>>,
+        input: Input,
         timeout: Duration,
     ) -> Result<Reply, TransportError> {
         self.ensure_installed(t, sandbox_id).await?;
-        let argv = self.argv(&args);
-        let out = t.exec(argv.clone(), stdin.clone(), timeout).await?;
-        let reply = protocol::parse_reply(out.exit_code, &out.stdout, &out.stderr);
+        let reply = self.exec_once(t, &args, &input, timeout).await?;
         if !matches!(reply, Reply::ScriptMissing) {
             return Ok(reply);
         }
@@ -292,8 +304,38 @@ impl TaskService {
                 self.install(t, sandbox_id).await?;
             }
         }
-        let out = t.exec(argv, stdin, timeout).await?;
+        self.exec_once(t, &args, &input, timeout).await
+    }
+
+    /// Runs the supervisor once: through the fast path's client when `input` asks for it (python3
+    /// itself when the sandbox has no bash), else python3 directly.
+    async fn exec_once<T: SupervisorTransport>(
+        &self,
+        t: &T,
+        args: &[String],
+        input: &Input,
+        timeout: Duration,
+    ) -> Result<Reply, TransportError> {
+        let out = match input {
+            Input::Stdin(stdin) => t.exec(self.argv(args), Vec::new(), stdin.clone(), timeout).await?,
+            Input::Fast { spec } => {
+                let env: Vec<_> = spec.iter().map(|s| (fast::SPEC_ENV.to_owned(), s.clone())).collect();
+                let argv = fast::client_argv(self.base_dir(), supervisor_version(), self.argv(args));
+                match t.exec(argv, env, None, timeout).await {
+                    Err(TransportError::NotSent(m) | TransportError::Uncertain(m)) if fast::shell_missing(&m) => {
+                        let stdin = spec.as_ref().map(|s| format!("{s}\n").into_bytes());
+                        t.exec(self.argv(args), Vec::new(), stdin, timeout).await?
+                    }
+                    other => other?,
+                }
+            }
+        };
         Ok(protocol::parse_reply(out.exit_code, &out.stdout, &out.stderr))
+    }
+
+    /// The supervisor's directory in the sandbox.
+    fn base_dir(&self) -> &str {
+        std::path::Path::new(&self.script_path).parent().and_then(|d| d.to_str()).unwrap_or("/")
     }
 
     /// Launches a task. The id is chosen before anything is sent, and an
@@ -310,7 +352,13 @@ impl TaskService {
             |message: String| Ok(StartedTask::uncertain(sandbox_id, task_id.as_str(), spec.timeout, message));
         // Installing happens before the launch: failures there are certain.
         self.ensure_installed(t, sandbox_id).await.map_err(|e| self.transport_error(sandbox_id, e))?;
-        let reply = match self.call(t, sandbox_id, launch.args, Some(launch.stdin), START_TIMEOUT).await {
+        // The spec goes in the client's environment (no stdin round trip); `--serve` has a start
+        // run by python3 fork the sandbox's task server for the next calls.
+        let spec_line = String::from_utf8_lossy(launch.stdin.trim_ascii_end()).into_owned();
+        let mut args = launch.args;
+        args.extend(["--serve".to_owned(), "1".to_owned()]);
+        let input = Input::Fast { spec: Some(spec_line) };
+        let reply = match self.call(t, sandbox_id, args, input, START_TIMEOUT).await {
             Ok(reply) => reply,
             Err(TransportError::SandboxGone) => return Err(TaskError::SandboxGone(sandbox_id.to_owned())),
             Err(TransportError::NotSent(m)) => {
@@ -369,8 +417,17 @@ impl TaskService {
         dir: &str,
         task_id: &TaskId,
     ) -> Result<Option<StatusRecord>, TransportError> {
-        let path = format!("{dir}/status.json");
-        let Some(file) = t.read_range(&path, 0, direct::MAX_STATUS_BYTES).await? else { return Ok(None) };
+        self.read_record_at(t, &format!("{dir}/status.json"), task_id).await
+    }
+
+    /// The record at `path` (a task's `status.json`, or its daemon's view of it).
+    async fn read_record_at<T: SupervisorTransport>(
+        &self,
+        t: &T,
+        path: &str,
+        task_id: &TaskId,
+    ) -> Result<Option<StatusRecord>, TransportError> {
+        let Some(file) = t.read_range(path, 0, direct::MAX_STATUS_BYTES).await? else { return Ok(None) };
         if file.size != file.data.len() as u64 {
             return Ok(None); // larger than the cap, or growing: let the supervisor read it
         }
@@ -407,7 +464,7 @@ impl TaskService {
         if record.has_origin() {
             return Ok(false);
         }
-        let out = t.exec(vec!["cat".to_owned(), format!("/proc/{pid}/stat")], None, CALL_TIMEOUT).await?;
+        let out = t.exec(vec!["cat".to_owned(), format!("/proc/{pid}/stat")], Vec::new(), None, CALL_TIMEOUT).await?;
         let stat = (out.exit_code == 0).then_some(out.stdout.as_slice());
         Ok(direct::supervisor_alive(stat, start_time))
     }
@@ -426,10 +483,13 @@ impl TaskService {
         Ok((out?.unwrap_or_default(), err?.unwrap_or_default()))
     }
 
-    /// get_task without python: status.json, then both pages and (while
-    /// running) the supervisor's liveness, in parallel. `Ok(None)` leaves the
-    /// answer to the supervisor (no status yet, unfamiliar record, a record
-    /// with an `origin` whose daemon is not confirmed alive).
+    /// get_task without python, in one round of parallel reads when it can: the record and both
+    /// pages side by side. A running task's record is read through its daemon's
+    /// `/proc/PID/cwd/status.json` when the daemon is known from an earlier read (the record and
+    /// the daemon's liveness in one read); a terminal record is taken with pages read beside it
+    /// only if they hold all of its stored output (else they are read again). `Ok(None)` leaves
+    /// the answer to the supervisor (no status yet, unfamiliar record, a record with an `origin`
+    /// whose daemon is not confirmed alive).
     pub(crate) async fn status_direct<T: SupervisorTransport>(
         &self,
         t: &T,
@@ -439,21 +499,42 @@ impl TaskService {
     ) -> Result<Option<TaskView>, TransportError> {
         let window = Window::for_page(page, &self.masker);
         let dir = self.task_dir(task_id);
-        let Some(mut record) = self.read_record(t, &dir, task_id).await? else { return Ok(None) };
-        // Pages are read after the record: a terminal record's output is complete.
-        let liveness = async {
-            match record.supervisor() {
-                Some((pid, start)) if record.state == TaskState::Running => {
-                    self.supervisor_alive(t, &record, pid, start).await.map(Some)
+        let known = self.known_daemon(sandbox_id, task_id);
+        let record_read = async {
+            if let Some((pid, start)) = known {
+                let path = format!("/proc/{pid}/cwd/status.json");
+                if let Ok(Some(record)) = self.read_record_at(t, &path, task_id).await
+                    && record.in_task_dir()
+                    && record.supervisor() == Some((pid, start))
+                {
+                    return Ok((Some(record), true));
                 }
-                _ => Ok(None),
             }
+            self.read_record(t, &dir, task_id).await.map(|r| (r, false))
         };
-        let (alive, pages) = tokio::join!(liveness, self.read_pages(t, &dir, &window));
+        let (read, pages) = tokio::join!(record_read, self.read_pages(t, &dir, &window));
+        let (record, daemon_confirmed) = read?;
+        let Some(mut record) = record else {
+            self.forget_daemon(sandbox_id, task_id);
+            return Ok(None);
+        };
         let (mut stdout, mut stderr) = pages?;
+        if record.state.is_terminal() && !record.holds_all_of(stdout.size, stderr.size) {
+            (stdout, stderr) = self.read_pages(t, &dir, &window).await?;
+        }
         let mut state = record.state;
         let mut error = None;
-        if alive? == Some(false) {
+        let alive = match record.supervisor() {
+            Some(_) if record.state != TaskState::Running => None,
+            Some(_) if daemon_confirmed => Some(true),
+            Some((pid, start)) => Some(self.supervisor_alive(t, &record, pid, start).await?),
+            None => None,
+        };
+        match (alive, record.supervisor()) {
+            (Some(true), Some(daemon)) if record.in_task_dir() => self.remember_daemon(sandbox_id, task_id, daemon),
+            _ => self.forget_daemon(sandbox_id, task_id),
+        }
+        if alive == Some(false) {
             if record.has_origin() {
                 // Gone, or copied from another sandbox (a snapshot or fork):
                 // only the supervisor reads the sandbox's identity.
@@ -475,6 +556,23 @@ impl TaskService {
         }
         let Some(status) = record.status(state, error, stdout.size, stderr.size) else { return Ok(None) };
         Ok(self.view(sandbox_id, page, &window, status, &stdout.data, &stderr.data).ok())
+    }
+
+    /// The daemon of a running task seen alive by an earlier direct read in this sandbox.
+    fn known_daemon(&self, sandbox_id: &str, task_id: &TaskId) -> Option<(u32, u64)> {
+        crate::sync::lock(&self.daemons).get(&(sandbox_id.to_owned(), task_id.to_string())).copied()
+    }
+
+    fn remember_daemon(&self, sandbox_id: &str, task_id: &TaskId, daemon: (u32, u64)) {
+        let mut daemons = crate::sync::lock(&self.daemons);
+        if daemons.len() >= MAX_CACHED_DAEMONS {
+            daemons.clear();
+        }
+        daemons.insert((sandbox_id.to_owned(), task_id.to_string()), daemon);
+    }
+
+    fn forget_daemon(&self, sandbox_id: &str, task_id: &TaskId) {
+        crate::sync::lock(&self.daemons).remove(&(sandbox_id.to_owned(), task_id.to_string()));
     }
 
     /// get_task through the supervisor's `status` (also waits).
@@ -500,8 +598,10 @@ impl TaskService {
             ]);
         }
         let timeout = CALL_TIMEOUT + Duration::from_secs_f64(wait_seconds);
-        let reply =
-            self.call(t, sandbox_id, args, None, timeout).await.map_err(|e| self.transport_error(sandbox_id, e))?;
+        let reply = self
+            .call(t, sandbox_id, args, Input::Stdin(None), timeout)
+            .await
+            .map_err(|e| self.transport_error(sandbox_id, e))?;
         self.view_reply(sandbox_id, task_id, page, &window, reply)
     }
 
@@ -519,8 +619,10 @@ impl TaskService {
         args.push("--wait".to_owned());
         args.push(CANCEL_WAIT_SECONDS.to_string());
         let timeout = CALL_TIMEOUT + Duration::from_secs(CANCEL_WAIT_SECONDS + 3);
-        let reply =
-            self.call(t, sandbox_id, args, None, timeout).await.map_err(|e| self.transport_error(sandbox_id, e))?;
+        let reply = self
+            .call(t, sandbox_id, args, Input::Fast { spec: None }, timeout)
+            .await
+            .map_err(|e| self.transport_error(sandbox_id, e))?;
         let mut view = self.view_reply(sandbox_id, task_id, page, &window, reply)?;
         // Never claim a cancel that was not observed.
         view.cancel_confirmed = Some(view.cancel_confirmed == Some(true) && view.state == TaskState::Cancelled);
@@ -530,7 +632,7 @@ impl TaskService {
     /// Every task in the sandbox (list_tasks).
     pub async fn list<T: SupervisorTransport>(&self, t: &T, sandbox_id: &str) -> Result<TaskListView, TaskError> {
         let reply = self
-            .call(t, sandbox_id, vec!["list".to_owned()], None, CALL_TIMEOUT)
+            .call(t, sandbox_id, vec!["list".to_owned()], Input::Stdin(None), CALL_TIMEOUT)
             .await
             .map_err(|e| self.transport_error(sandbox_id, e))?;
         let obj = self.ok_object(sandbox_id, None, reply)?;
@@ -611,6 +713,15 @@ impl TaskService {
             }
         }
     }
+}
+
+/// How one supervisor call is run.
+enum Input {
+    /// python3 directly, with this on its stdin (or an empty stdin).
+    Stdin(Option<Vec<u8>>),
+    /// Through the fast path's client ([`fast::CLIENT`]), with the spec (of a start) in its
+    /// environment.
+    Fast { spec: Option<String> },
 }
 
 fn paging_args(sub: &str, task_id: &TaskId, window: &Window) -> Vec<String> {

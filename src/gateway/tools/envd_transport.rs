@@ -48,13 +48,15 @@ impl SupervisorTransport for EnvdTransport<'_> {
     async fn exec(
         &self,
         argv: Vec<String>,
+        env: Vec<(String, String)>,
         stdin: Option<Vec<u8>>,
         timeout: Duration,
     ) -> Result<ExecOutput, TransportError> {
         let mut argv = argv.into_iter();
         let cmd = argv.next().unwrap_or_default();
+        let envs: HashMap<String, String> = env.into_iter().collect();
         let request = wire::StartRequest {
-            process: wire::ProcessConfig { cmd, args: argv.collect(), envs: HashMap::new(), cwd: None },
+            process: wire::ProcessConfig { cmd, args: argv.collect(), envs, cwd: None },
             stdin: Some(stdin.is_some()),
             ..Default::default()
         };
@@ -62,8 +64,8 @@ impl SupervisorTransport for EnvdTransport<'_> {
         let limits = OutputLimits { max_stdout: SUPERVISOR_MAX_STDOUT, max_stderr: SUPERVISOR_MAX_STDERR };
         let envd = &self.sandbox.envd;
         let out = match &stdin {
-            Some(input) => envd.run_with_input(&request, &options, limits, input).await,
-            None => envd.run(&request, &options, limits).await,
+            Some(input) if !input.is_empty() => envd.run_with_input(&request, &options, limits, input).await,
+            _ => envd.run(&request, &options, limits).await,
         }
         .map_err(|e| self.classify(&e))?;
         Ok(ExecOutput { exit_code: out.exit_code, stdout: out.stdout.to_vec(), stderr: out.stderr.to_vec() })
