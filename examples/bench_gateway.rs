@@ -11,7 +11,13 @@
 //!    the paths interleaved sample by sample; the gateway's, provider's and this client's CPU time per
 //!    call on each path; the client-side p50 with the official Python SDK v2 in both generations
 //!    (`$SANDBOX_MCP_PYTHON_V2`). `BENCH_GATEWAY_ONLY=latency` stops after this part;
-//! 2. tool calls per second with 32 concurrent MCP sessions;
+//! 2. tool calls per second with 32 concurrent sessions sharing one sandbox (target >= 1,000), through
+//!    rmcp's client (legacy sessions; it opens a connection per request) and through raw 2026-07-28
+//!    requests (a keep-alive connection each), with each run's CPU per call split by process of the
+//!    bench's tree (this client, the gateway, the provider, the sandbox's envd and, as the time envd
+//!    reaped, the `bash -l -c true` processes) and the whole machine's, from `/proc`.
+//!    `BENCH_GATEWAY_ONLY=throughput` runs only this part; `BENCH_GATEWAY_WORKERS=N` sets the
+//!    gateway's `server.worker_threads` (0 = one per core; default: the gateway's own default);
 //! 3. gateway RSS growth with 1,000 idle sessions (target <= 64 KiB per session);
 //! 4. OAuth: per-call cost of a JWT access token (RS256, keys cached) over a static token, as the
 //!    p50 difference of `tools/list` through one gateway with both (target <= 0.1 ms), and the
@@ -287,7 +293,10 @@ async fn run() -> anyhow::Result<()> {
 
     // The gateway, pointed at it (the E2B code path).
     // Room for the 1,000 idle sessions of part 3 (a tenant may hold 256 by default).
-    let gateway = start_gateway(&bin, &provider, "[limits]\nmax_sessions_per_tenant = 2000\n").await?;
+    // `BENCH_GATEWAY_WORKERS` sets `server.worker_threads` (default: the gateway's own default).
+    let workers = std::env::var("BENCH_GATEWAY_WORKERS").map_or(String::new(), |n| format!("worker_threads = {n}\n"));
+    let gateway =
+        start_gateway(&bin, &provider, &format!("{workers}[limits]\nmax_sessions_per_tenant = 2000\n")).await?;
     let url = gateway.mcp_url();
 
     // 1. Per-call overhead: `run_command "true"` through the provider client directly, through a legacy
@@ -303,73 +312,76 @@ async fn run() -> anyhow::Result<()> {
     let request = wire::StartRequest::login_shell("true");
     let options = CallOptions::user("user").with_timeout(Duration::from_secs(60));
     let limits = OutputLimits { max_stdout: 65536, max_stderr: 65536 };
-    let stateless = StatelessCaller::new(&url, &sandbox_id);
-    let legacy = LegacyCaller::open(&url, &sandbox_id).await?;
-    let mut paths =
-        CallPaths { envd: &envd, request: &request, options: &options, limits, client: &client, legacy, stateless };
-    for path in Path::ALL {
-        for _ in 0..20 {
-            paths.call(path).await?;
+    let only_throughput = std::env::var("BENCH_GATEWAY_ONLY").is_ok_and(|only| only == "throughput");
+    if !only_throughput {
+        let stateless = StatelessCaller::new(&url, &sandbox_id);
+        let legacy = LegacyCaller::open(&url, &sandbox_id).await?;
+        let mut paths =
+            CallPaths { envd: &envd, request: &request, options: &options, limits, client: &client, legacy, stateless };
+        for path in Path::ALL {
+            for _ in 0..20 {
+                paths.call(path).await?;
+            }
         }
-    }
-    let mut samples: [Vec<f64>; 4] = Default::default();
-    for round in 0..LATENCY_SAMPLES {
-        for k in 0..Path::ALL.len() {
-            let path = Path::ALL[(round + k) % Path::ALL.len()];
-            let started = Instant::now();
-            paths.call(path).await?;
-            samples[path as usize].push(started.elapsed().as_secs_f64() * 1000.0);
+        let mut samples: [Vec<f64>; 4] = Default::default();
+        for round in 0..LATENCY_SAMPLES {
+            for k in 0..Path::ALL.len() {
+                let path = Path::ALL[(round + k) % Path::ALL.len()];
+                let started = Instant::now();
+                paths.call(path).await?;
+                samples[path as usize].push(started.elapsed().as_secs_f64() * 1000.0);
+            }
         }
-    }
-    let [direct_p50, legacy_p50, stateless_p50, legacy_rmcp_p50] = samples.each_mut().map(|s| p50(s));
-    // CPU time the gateway (and the provider) spend per call, from their threads' schedstat: unlike
-    // latency, barely affected by other processes on the machine.
-    let (gateway_pid, provider_pid) = (gateway.pid(), provider.pid());
-    let bench_pid = std::process::id();
-    let mut cpu = [(0.0, 0.0); 4];
-    let mut client_cpu = [0.0; 4];
-    for path in Path::ALL {
-        let before = [gateway_pid, provider_pid, bench_pid].map(thread_cpu_ns);
-        for _ in 0..CPU_SAMPLES {
-            paths.call(path).await?;
+        let [direct_p50, legacy_p50, stateless_p50, legacy_rmcp_p50] = samples.each_mut().map(|s| p50(s));
+        // CPU time the gateway (and the provider) spend per call, from their threads' schedstat: unlike
+        // latency, barely affected by other processes on the machine.
+        let (gateway_pid, provider_pid) = (gateway.pid(), provider.pid());
+        let bench_pid = std::process::id();
+        let mut cpu = [(0.0, 0.0); 4];
+        let mut client_cpu = [0.0; 4];
+        for path in Path::ALL {
+            let before = [gateway_pid, provider_pid, bench_pid].map(thread_cpu_ns);
+            for _ in 0..CPU_SAMPLES {
+                paths.call(path).await?;
+            }
+            let per_call = |pid: u32, before| cpu_since(pid, before) as f64 / CPU_SAMPLES as f64 / 1e6;
+            cpu[path as usize] = (per_call(gateway_pid, &before[0]), per_call(provider_pid, &before[1]));
+            client_cpu[path as usize] = per_call(bench_pid, &before[2]);
         }
-        let per_call = |pid: u32, before| cpu_since(pid, before) as f64 / CPU_SAMPLES as f64 / 1e6;
-        cpu[path as usize] = (per_call(gateway_pid, &before[0]), per_call(provider_pid, &before[1]));
-        client_cpu[path as usize] = per_call(bench_pid, &before[2]);
-    }
-    let met = |overhead: f64| if overhead <= 0.5 { "met" } else { "NOT met" };
-    report!(
-        "run_command \"true\" p50 ({LATENCY_SAMPLES} interleaved samples each): direct {direct_p50:.3} ms, \
-         legacy MCP session {legacy_p50:.3} ms, MCP 2026-07-28 {stateless_p50:.3} ms (raw HTTP clients); \
-         legacy session through rmcp's client {legacy_rmcp_p50:.3} ms"
-    );
-    for (name, path_p50, path) in
-        [("legacy session", legacy_p50, Path::Legacy), ("2026-07-28 (sessionless)", stateless_p50, Path::Stateless)]
-    {
-        let overhead = path_p50 - direct_p50;
-        let (gateway_cpu, provider_cpu) = cpu[path as usize];
+        let met = |overhead: f64| if overhead <= 0.5 { "met" } else { "NOT met" };
         report!(
-            "gateway overhead, {name}: {overhead:.3} ms p50 over the direct call (target <= 0.5 ms: {}); \
-             gateway CPU {gateway_cpu:.3} ms per call (provider {provider_cpu:.3} ms)",
-            met(overhead)
+            "run_command \"true\" p50 ({LATENCY_SAMPLES} interleaved samples each): direct {direct_p50:.3} ms, \
+             legacy MCP session {legacy_p50:.3} ms, MCP 2026-07-28 {stateless_p50:.3} ms (raw HTTP clients); \
+             legacy session through rmcp's client {legacy_rmcp_p50:.3} ms"
         );
+        for (name, path_p50, path) in
+            [("legacy session", legacy_p50, Path::Legacy), ("2026-07-28 (sessionless)", stateless_p50, Path::Stateless)]
+        {
+            let overhead = path_p50 - direct_p50;
+            let (gateway_cpu, provider_cpu) = cpu[path as usize];
+            report!(
+                "gateway overhead, {name}: {overhead:.3} ms p50 over the direct call (target <= 0.5 ms: {}); \
+                 gateway CPU {gateway_cpu:.3} ms per call (provider {provider_cpu:.3} ms)",
+                met(overhead)
+            );
+        }
+        report!(
+            "legacy session through rmcp's client: {:.3} ms p50 over the direct call (the client's own tasks and \
+             channels included); gateway CPU {:.3} ms per call",
+            legacy_rmcp_p50 - direct_p50,
+            cpu[Path::LegacyRmcp as usize].0
+        );
+        report!(
+            "provider CPU per direct call: {:.3} ms; this client's CPU per call: direct {:.3} ms, legacy {:.3} ms, \
+             2026-07-28 {:.3} ms",
+            cpu[Path::Direct as usize].1,
+            client_cpu[Path::Direct as usize],
+            client_cpu[Path::Legacy as usize],
+            client_cpu[Path::Stateless as usize]
+        );
+        python_client_latency(&url, &sandbox_id);
+        drop(paths);
     }
-    report!(
-        "legacy session through rmcp's client: {:.3} ms p50 over the direct call (the client's own tasks and \
-         channels included); gateway CPU {:.3} ms per call",
-        legacy_rmcp_p50 - direct_p50,
-        cpu[Path::LegacyRmcp as usize].0
-    );
-    report!(
-        "provider CPU per direct call: {:.3} ms; this client's CPU per call: direct {:.3} ms, legacy {:.3} ms, \
-         2026-07-28 {:.3} ms",
-        cpu[Path::Direct as usize].1,
-        client_cpu[Path::Direct as usize],
-        client_cpu[Path::Legacy as usize],
-        client_cpu[Path::Stateless as usize]
-    );
-    python_client_latency(&url, &sandbox_id);
-    drop(paths);
     if std::env::var("BENCH_GATEWAY_ONLY").is_ok_and(|only| only == "latency") {
         let _ = client.cancel().await;
         let _ = direct.kill_sandbox(&sandbox_id).await;
@@ -377,45 +389,11 @@ async fn run() -> anyhow::Result<()> {
     }
 
     // 2. Throughput with 32 concurrent sessions sharing the sandbox.
-    let mut sessions = Vec::new();
-    for _ in 0..CONCURRENT_SESSIONS {
-        let session = mcp_client(&url).await?;
-        tool(&session, "connect_sandbox", json!({"sandbox_id": sandbox_id})).await?;
-        sessions.push(session);
-    }
-    let deadline = Instant::now() + Duration::from_secs(THROUGHPUT_SECS);
-    let started = Instant::now();
-    let mut workers = Vec::new();
-    for session in &sessions {
-        let peer = session.peer().clone();
-        workers.push(tokio::spawn(async move {
-            let mut calls = 0u64;
-            let mut latencies = Vec::new();
-            while Instant::now() < deadline {
-                let t = Instant::now();
-                if tool(&peer, "run_command", json!({"command": "true"})).await.is_ok() {
-                    calls += 1;
-                    latencies.push(t.elapsed().as_secs_f64() * 1000.0);
-                }
-            }
-            (calls, latencies)
-        }));
-    }
-    let mut total = 0;
-    let mut latencies = Vec::new();
-    for worker in workers {
-        let (calls, mut l) = worker.await?;
-        total += calls;
-        latencies.append(&mut l);
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    report!(
-        "throughput: {:.1} run_command calls/s with {CONCURRENT_SESSIONS} concurrent sessions ({total} calls in {elapsed:.1} s, p50 {:.2} ms)",
-        total as f64 / elapsed,
-        if latencies.is_empty() { 0.0 } else { p50(&mut latencies) }
-    );
-    for mut session in sessions {
-        let _ = session.close_with_timeout(Duration::from_secs(5)).await;
+    throughput(&url, &sandbox_id).await?;
+    if std::env::var("BENCH_GATEWAY_ONLY").is_ok_and(|only| only == "throughput") {
+        let _ = client.cancel().await;
+        let _ = direct.kill_sandbox(&sandbox_id).await;
+        return Ok(());
     }
 
     // 3. RSS with 1,000 idle sessions (raw initialize + initialized; left open).
@@ -473,6 +451,84 @@ async fn run() -> anyhow::Result<()> {
     bench_jwt_auth(&bin, &provider, tmp.path()).await?;
     bench_redis_store(&bin, &provider).await?;
     drop(provider);
+    Ok(())
+}
+
+/// Part 2: `run_command "true"` calls per second with 32 concurrent sessions sharing one sandbox, through
+/// rmcp's client (legacy sessions, the issue's figure) and through raw 2026-07-28 requests (each task its
+/// own keep-alive connection, the cheapest client), with where the CPU of the bench's process tree went.
+async fn throughput(url: &str, sandbox_id: &str) -> anyhow::Result<()> {
+    let mut sessions = Vec::new();
+    for _ in 0..CONCURRENT_SESSIONS {
+        let session = mcp_client(url).await?;
+        tool(&session, "connect_sandbox", json!({"sandbox_id": sandbox_id})).await?;
+        sessions.push(session);
+    }
+    for client in ["rmcp", "raw"] {
+        let raw: Vec<_> = (0..CONCURRENT_SESSIONS).map(|_| Arc::new(StatelessCaller::new(url, sandbox_id))).collect();
+        let tree_before = common::proc_cpu::snapshot(std::process::id());
+        let machine_before = common::proc_cpu::machine_seconds();
+        let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        let deadline = Instant::now() + Duration::from_secs(THROUGHPUT_SECS);
+        let started = Instant::now();
+        let mut workers = Vec::new();
+        for (session, raw) in sessions.iter().zip(raw) {
+            let peer = session.peer().clone();
+            workers.push(tokio::spawn(async move {
+                let mut calls = 0u64;
+                let mut latencies = Vec::new();
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    let ok = match client {
+                        "rmcp" => tool(&peer, "run_command", json!({"command": "true"})).await.is_ok(),
+                        _ => raw.call().await.is_ok(),
+                    };
+                    if ok {
+                        calls += 1;
+                        latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+                    }
+                }
+                (calls, latencies)
+            }));
+        }
+        let mut total = 0;
+        let mut latencies = Vec::new();
+        for worker in workers {
+            let (calls, mut l) = worker.await?;
+            total += calls;
+            latencies.append(&mut l);
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        let machine_after = common::proc_cpu::machine_seconds();
+        let tree = common::proc_cpu::delta(&tree_before, &common::proc_cpu::snapshot(std::process::id()));
+        report!(
+            "throughput ({client} client): {:.1} run_command calls/s with {CONCURRENT_SESSIONS} concurrent sessions \
+             ({total} calls in {elapsed:.1} s, p50 {:.2} ms; load {} -> {})",
+            total as f64 / elapsed,
+            if latencies.is_empty() { 0.0 } else { p50(&mut latencies) },
+            load_before.split_whitespace().next().unwrap_or("?"),
+            std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().next().unwrap_or("?"),
+        );
+        let per_call = |seconds: f64| seconds * 1000.0 / total.max(1) as f64;
+        let mut parts = Vec::new();
+        let mut tree_total = 0.0;
+        for (pid, comm, own, children) in &tree {
+            tree_total += own + children;
+            let name = if *pid == std::process::id() { "bench client".to_string() } else { format!("{comm}[{pid}]") };
+            parts.push(format!("{name} {:.3} (+{:.3} reaped)", per_call(*own), per_call(*children)));
+        }
+        report!(
+            "  CPU ms per call ({client} client): bench tree {:.3} = {}; whole machine {:.3} ms per call, busy {:.0} % of {} cores",
+            per_call(tree_total),
+            parts.join(", "),
+            per_call(machine_after.0 - machine_before.0),
+            100.0 * (machine_after.0 - machine_before.0) / (machine_after.1 - machine_before.1).max(1e-9),
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+        );
+    }
+    for mut session in sessions {
+        let _ = session.close_with_timeout(Duration::from_secs(5)).await;
+    }
     Ok(())
 }
 

@@ -16,6 +16,7 @@
 pub mod gate;
 pub mod gateway;
 pub mod mcp;
+pub mod proc_cpu;
 pub mod process;
 pub mod provider;
 pub mod redis_server;
