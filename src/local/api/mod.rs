@@ -1,7 +1,8 @@
 //! The E2B-compatible control plane over HTTP
 //! (`docs/provider-contract.md#control-plane`): routes, API
 //! key check, JSON bodies with size limits, `{code, message}` errors, and the
-//! switch that sends `E2b-Sandbox-Id` traffic to the data-plane proxy (`proxy`). The list
+//! switch that sends `E2b-Sandbox-Id` traffic to the data-plane proxy (`proxy`, its kept-alive
+//! agent connections `agent_pool`). The list
 //! query's parsing is `list_query`, the error answer `control_error`; template builds and
 //! `GET /templates` are `builds` and `templates`.
 
@@ -18,6 +19,7 @@ use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
 use subtle::ConstantTimeEq;
 
+pub mod agent_pool;
 mod builds;
 pub mod control_error;
 pub mod list_query;
@@ -38,6 +40,8 @@ pub struct AppState {
     pub provider: Arc<SandboxTable>,
     /// Template builds; `None` when the template store could not be opened.
     pub builds: Option<Arc<crate::local::build::Builds>>,
+    /// Kept-alive connections of the data-plane proxy to the sandboxes' agents.
+    pub agents: Arc<agent_pool::AgentConnections>,
 }
 
 impl AppState {
@@ -49,7 +53,7 @@ impl AppState {
                 None
             }
         };
-        AppState { provider, builds }
+        AppState { provider, builds, agents: Arc::default() }
     }
 }
 
@@ -107,7 +111,7 @@ pub fn router(state: Arc<AppState>) -> Router {
 async fn route_data_plane(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(id) = req.headers().get(HEADER_SANDBOX_ID) {
         let id = id.to_str().unwrap_or("").to_owned();
-        return proxy::forward(state.provider.clone(), &id, req).await;
+        return proxy::forward(state.provider.clone(), &state.agents, &id, req).await;
     }
     let host = req.headers().get(http::header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
     if let Some((port, id)) = crate::local::net::inbound::parse_host(host)
@@ -115,7 +119,7 @@ async fn route_data_plane(State(state): State<Arc<AppState>>, req: Request, next
     {
         let id = id.to_owned();
         if port == wire::ENVD_PORT {
-            return proxy::forward(state.provider.clone(), &id, req).await;
+            return proxy::forward(state.provider.clone(), &state.agents, &id, req).await;
         }
         return inbound(&state.provider, &entry, &id, port, req).await;
     }

@@ -1,7 +1,7 @@
 //! The envd data plane: every request carrying `E2b-Sandbox-Id` is checked
 //! (sandbox exists and runs, `X-Access-Token` or a file-URL signature) and
 //! reverse-proxied, streaming both ways, to that sandbox's agent over its
-//! Unix socket with HTTP/1.1.
+//! Unix socket with HTTP/1.1 (kept-alive connections: `agent_pool`).
 
 use std::sync::Arc;
 
@@ -9,10 +9,10 @@ use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use http::{HeaderMap, HeaderValue, Request, StatusCode, header};
-use hyper_util::rt::TokioIo;
 use sha2::Digest;
 use subtle::ConstantTimeEq;
 
+use super::agent_pool::{AgentConnections, AgentError};
 use super::control_error::ControlError;
 use crate::e2b::wire::{HEADER_ACCESS_TOKEN, SandboxState};
 use crate::local::control::sandbox_table::SandboxTable;
@@ -39,7 +39,12 @@ fn not_found(sandbox_id: &str, detail: &str) -> Response {
 }
 
 /// Handles one data-plane request for the agent of `sandbox_id`.
-pub async fn forward(provider: Arc<SandboxTable>, sandbox_id: &str, req: Request<Body>) -> Response {
+pub async fn forward(
+    provider: Arc<SandboxTable>,
+    agents: &Arc<AgentConnections>,
+    sandbox_id: &str,
+    req: Request<Body>,
+) -> Response {
     // A build's step sandbox is its build's, not reachable from outside.
     let Some(entry) = provider.get_public(sandbox_id) else {
         return not_found(sandbox_id, "");
@@ -78,34 +83,17 @@ pub async fn forward(provider: Arc<SandboxTable>, sandbox_id: &str, req: Request
         return ControlError::new(StatusCode::BAD_REQUEST, "request cannot be forwarded").into_response();
     };
 
-    let stream = match tokio::net::UnixStream::connect(entry.socket()).await {
-        Ok(stream) => stream,
-        Err(err) => {
+    match agents.send(&entry.socket(), outgoing).await {
+        Ok(mut response) => {
+            let headers = std::mem::take(response.headers_mut());
+            copy_end_to_end(&headers, response.headers_mut());
+            response
+        }
+        Err(err @ (AgentError::Connect(_) | AgentError::Handshake(_))) => {
             tracing::warn!(sandbox = %sandbox_id, %err, "sandbox agent unreachable");
-            return not_found(sandbox_id, " (its agent does not answer)");
+            not_found(sandbox_id, " (its agent does not answer)")
         }
-    };
-    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
-        Ok(pair) => pair,
-        Err(err) => {
-            tracing::warn!(sandbox = %sandbox_id, %err, "handshake with sandbox agent failed");
-            return not_found(sandbox_id, " (its agent does not answer)");
-        }
-    };
-    tokio::spawn(async move {
-        if let Err(err) = conn.await {
-            tracing::debug!(%err, "agent connection ended with an error");
-        }
-    });
-    match sender.send_request(outgoing).await {
-        Ok(response) => {
-            let (parts, incoming) = response.into_parts();
-            let mut out = Response::new(Body::new(incoming));
-            *out.status_mut() = parts.status;
-            copy_end_to_end(&parts.headers, out.headers_mut());
-            out
-        }
-        Err(err) => {
+        Err(AgentError::Request(err)) => {
             tracing::warn!(sandbox = %sandbox_id, %err, "forwarding to sandbox agent failed");
             let too_large = std::error::Error::source(&err)
                 .is_some_and(|s| s.downcast_ref::<http_body_util::LengthLimitError>().is_some());
