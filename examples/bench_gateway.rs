@@ -6,7 +6,7 @@
 //! 1. gateway overhead: p50 of `run_command "true"` through MCP minus p50 of the same
 //!    command (`/bin/bash -l -c true`, same user, same sandbox) through the provider client
 //!    directly, for a legacy session and for MCP 2026-07-28 (target <= 0.5 ms each), both driven by
-//!    the same raw HTTP client (one keep-alive connection; the legacy SSE answer read to its end), and
+//!    the same raw HTTP client (one keep-alive connection; the legacy answer, JSON or SSE, read to its end), and
 //!    for a legacy session through rmcp's client (whose own tasks and channels add to the figure),
 //!    the paths interleaved sample by sample; the gateway's, provider's and this client's CPU time per
 //!    call on each path; the client-side p50 with the official Python SDK v2 in both generations
@@ -121,12 +121,18 @@ impl LegacyCaller {
         Ok(response.bytes().await?)
     }
 
-    /// One request; the result of its answer (the SSE event carrying it).
+    /// One request; the result of its answer (the JSON body, or the SSE event carrying it).
     async fn request(&mut self, method: &str, params: serde_json::Value) -> anyhow::Result<serde_json::Value> {
         let id = self.next_id;
         self.next_id += 1;
         let body = self.post(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).await?;
         let text = std::str::from_utf8(&body)?;
+        // A quick answer comes as application/json (`server.legacy_json_window_ms`), a slow one as SSE.
+        if let Ok(message) = serde_json::from_str::<serde_json::Value>(text)
+            && message["id"] == id
+        {
+            return Ok(message["result"].clone());
+        }
         for data in text.lines().filter_map(|l| l.strip_prefix("data:")) {
             let message: serde_json::Value = match serde_json::from_str(data.trim()) {
                 Ok(message) => message,
