@@ -6,12 +6,14 @@
 //! and an accept and a connection task in the agent.
 //!
 //! Connections are keyed by the agent's socket path, which is the sandbox's own: a connection only
-//! ever carries requests for the sandbox it was opened to. Idle ones are dropped after
-//! [`IDLE_FOR`] (checked whenever the pool is used) and when their agent goes away.
+//! ever carries requests for the sandbox it was opened to. Idle ones are closed after [`IDLE_FOR`]
+//! (by a sweep every [`IDLE_FOR`], so that a burst leaves no connections behind in the agent, whose
+//! memory the sandbox pays) and when their agent goes away.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -49,6 +51,8 @@ pub enum AgentError {
 #[derive(Default)]
 pub struct AgentConnections {
     idle: Mutex<HashMap<PathBuf, Vec<(Sender, Instant)>>>,
+    /// Whether the sweep task runs (started by the first connection kept).
+    sweeping: AtomicBool,
 }
 
 impl AgentConnections {
@@ -141,6 +145,28 @@ impl AgentConnections {
         }
     }
 
+    /// Starts the task closing expired idle connections, once; it ends with the pool.
+    fn start_sweeping(self: &Arc<Self>) {
+        if self.sweeping.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let pool = Arc::downgrade(self);
+        runtime.spawn(async move {
+            let mut tick = tokio::time::interval(IDLE_FOR);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(pool) = pool.upgrade() else { break };
+                let now = Instant::now();
+                crate::sync::lock(&pool.idle).retain(|_, list| {
+                    list.retain(|(s, since)| !s.is_closed() && now.duration_since(*since) < IDLE_FOR);
+                    !list.is_empty()
+                });
+            }
+        });
+    }
+
     /// Idle connections held (for tests).
     pub fn idle_count(&self) -> usize {
         crate::sync::lock(&self.idle).values().map(Vec::len).sum()
@@ -155,6 +181,7 @@ struct PutBack {
 
 impl PutBack {
     fn put(self) {
+        self.pool.start_sweeping();
         self.pool.put(self.socket, self.sender);
     }
 }
