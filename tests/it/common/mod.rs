@@ -9,6 +9,7 @@
 //! - [`mcp`]: the MCP client helpers;
 //! - [`redis_server`]: a private `redis-server`;
 //! - [`stats`]: percentiles and the benches' summary lines; [`results`]: the benches' results files;
+//!   [`proc_cpu`]: a process tree's CPU time by process, from `/proc`;
 //! - [`testnet`]: a network namespace standing in for the internet and a private network.
 #![allow(dead_code, unused_imports, unused_macros)] // each test binary uses a part of this kit
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
