@@ -84,5 +84,30 @@ pub fn client_argv(base_dir: &str, version: &str, python_argv: Vec<String>) -> V
 /// Whether a failed exec says the client's shell does not exist (then the
 /// caller runs python3 directly: nothing was started).
 pub fn shell_missing(message: &str) -> bool {
-    message.contains("bash") && (message.contains("No such file") || message.contains("not found"))
+    let message = message.to_ascii_lowercase();
+    message.contains("bash") && (message.contains("no such file") || message.contains("not found"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_shell_is_recognised_in_both_envds_words() {
+        assert!(shell_missing(
+            "process.Start: invalid_argument: failed to start '/bin/bash': No such file or directory"
+        ));
+        assert!(shell_missing("fork/exec /bin/bash: no such file or directory"));
+        assert!(!shell_missing("failed to start 'python3': No such file or directory"));
+        assert!(!shell_missing("bash: connection reset"));
+    }
+
+    #[test]
+    fn the_client_waits_as_long_as_documented_and_falls_back_to_its_argv() {
+        assert!(CLIENT.contains(&format!("read -r -t {NO_ANSWER_SECONDS} rc")));
+        assert!(CLIENT.ends_with("exec \"$@\""));
+        let argv = client_argv("/b", "7", vec!["python3".into(), "-I".into()]);
+        assert_eq!(argv[..2], [SHELL, "-c"]);
+        assert_eq!(argv[3..], ["sandbox-mcp-task", "/b", "7", "python3", "-I"]);
+    }
 }
