@@ -320,6 +320,29 @@ async fn fleet(client: &E2bClient, n: usize) -> anyhow::Result<(Duration, Option
     Ok((elapsed, total_rss, kill_elapsed))
 }
 
+/// The module whose `sandbox created` line carries a create's phases (`spawned_ms`, `ready_ms`, `ms`).
+const CREATE_LOG_TARGET: &str = "sandbox_mcp::local::control::sandbox_table::create";
+
+/// Medians of the phases of the single creates of [`bench`] (the `iterations` creates after the
+/// warm-up), from the provider's JSON log: [agent cloned, agent ready, create answered] in ms.
+fn create_phases(log: &str, iterations: usize) -> [f64; 3] {
+    let mut phases = [Vec::new(), Vec::new(), Vec::new()];
+    let created = log
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|v| v["message"] == "sandbox created")
+        .skip(1)
+        .take(iterations);
+    for line in created {
+        for (samples, key) in phases.iter_mut().zip(["spawned_ms", "ready_ms", "ms"]) {
+            if let Some(value) = line[key].as_f64() {
+                samples.push(value);
+            }
+        }
+    }
+    phases.map(|mut samples| if samples.is_empty() { f64::NAN } else { p50(&mut samples) })
+}
+
 fn print_table(rows: &mut [Row]) {
     print_header();
     for row in rows.iter_mut() {
@@ -341,7 +364,13 @@ async fn run() -> anyhow::Result<()> {
             if !bin.exists() {
                 bail!("{} does not exist: run `cargo build --release` first, or pass --bin", bin.display());
             }
-            let provider = Provider::builder().bin(&bin).try_start().map_err(anyhow::Error::msg)?;
+            // Quiet, except the create's own line, whose phases are reported below.
+            let provider = Provider::builder()
+                .bin(&bin)
+                .echo(false)
+                .log_filter(&format!("warn,{CREATE_LOG_TARGET}=info"))
+                .try_start()
+                .map_err(anyhow::Error::msg)?;
             report!("provider: {} ({})", provider.url(), bin.display());
             let client = provider.client();
             provider_pid = Some(provider.pid());
@@ -353,6 +382,7 @@ async fn run() -> anyhow::Result<()> {
     client.health().await.context("provider health")?;
     let mut rows = Vec::new();
     let result = bench(&client, &args, &mut rows).await;
+    let phases = own_provider.as_ref().map(|p| create_phases(&p.log.text(), args.iterations));
     let burst_size = 2 * sandbox_mcp::local::isolation::disk::POOL_SIZE;
     let burst_result = match &result {
         Ok(()) => Some(burst(&client, burst_size).await),
@@ -371,6 +401,13 @@ async fn run() -> anyhow::Result<()> {
     }
     result?;
     print_table(&mut rows);
+    if let Some([spawned, ready, whole]) = phases {
+        report!(
+            "single create phases (provider log, p50 of {} creates): agent cloned at {spawned:.2} ms, ready at \
+             {ready:.2} ms, answered at {whole:.2} ms",
+            args.iterations
+        );
+    }
     let mut burst = burst_result.context("burst test did not run")??;
     let pooled = sandbox_mcp::local::isolation::disk::POOL_SIZE.min(burst.len());
     let mut rest = burst.split_off(pooled);

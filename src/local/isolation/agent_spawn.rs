@@ -2,9 +2,10 @@
 //! envd`) into new PID, mount, UTS and IPC namespaces, moves it into the
 //! network namespace the provider prepared for it (see `local::net`), hands it
 //! the disk and user namespace prepared for it (see `disk` and `userns`), and
-//! detaches it into its own session so it outlives the provider. (The provider
-//! moves it into its cgroups while it sets the sandbox up, before anything of
-//! the sandbox's own runs.)
+//! detaches it into its own session so it outlives the provider. On cgroup v1
+//! the child moves itself into the sandbox's cgroups before anything else;
+//! otherwise the provider moves it while it sets the sandbox up, before
+//! anything of the sandbox's own runs.
 //! Also the start-up probe that checks namespaces and overlayfs are permitted.
 //!
 //! The child of `clone` lives in a copy of a multi-threaded process, so it only
@@ -142,7 +143,9 @@ fn passed_fds(ready: RawFd, prepared: Prepared<'_>, dir: RawFd) -> [(RawFd, i32)
 /// network namespace `netns`, handing it its directory at [`SANDBOX_DIR_FD`] and what the
 /// provider prepared for it (its disk at [`DISK_FD`], its user namespace at [`USERNS_FD`]).
 /// `agent_tag` must already be in the directory's `agent.tag`. The caller puts the agent into
-/// its cgroups while it sets the sandbox up (see `SandboxTable::create`).
+/// its cgroups while it sets the sandbox up (see `SandboxTable::create`), unless `cgroup_tasks`
+/// names them: then the child moves itself, first thing, by writing `0` into each of these
+/// files (cgroup v1's `tasks`, see `cgroups::self_move_files`; best effort, the caller checks).
 pub fn spawn_agent(
     agent_binary: &Path,
     sandbox_dir: &Path,
@@ -150,8 +153,13 @@ pub fn spawn_agent(
     log_file: &Path,
     netns: BorrowedFd<'_>,
     prepared: Prepared<'_>,
+    cgroup_tasks: &[std::path::PathBuf],
 ) -> Result<SpawnedAgent, AgentSpawnError> {
     let exe = CString::new(agent_binary.as_os_str().as_bytes()).map_err(|_| AgentSpawnError::Nul)?;
+    let tasks: Vec<CString> = cgroup_tasks
+        .iter()
+        .map(|file| CString::new(file.as_os_str().as_bytes()).map_err(|_| AgentSpawnError::Nul))
+        .collect::<Result<_, _>>()?;
     let dir_fd = nix::fcntl::open(
         sandbox_dir,
         nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
@@ -185,6 +193,15 @@ pub fn spawn_agent(
         // SAFETY: plain system calls on descriptors and buffers prepared before the clone.
         unsafe {
             libc::close(sync_w_fd);
+            // Into the sandbox's cgroups while this process is still one thread (see
+            // `cgroups::self_move_files`): everything it does and starts from here on is counted.
+            for file in &tasks {
+                let fd = libc::open(file.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd >= 0 {
+                    libc::write(fd, b"0".as_ptr().cast(), 1);
+                    libc::close(fd);
+                }
+            }
             let mut byte = 0u8;
             if libc::read(sync_r_fd, (&mut byte as *mut u8).cast(), 1) != 1 || byte != b'g' {
                 libc::_exit(121);

@@ -172,6 +172,50 @@ fn enable_v2_controllers(root: &Path) {
     }
 }
 
+/// The files through which a new agent moves itself into `dirs` before it runs anything: cgroup
+/// v1's `tasks`, into which the still single-threaded child writes `0` (itself). Empty when any
+/// of `dirs` has none (cgroup v2): the provider then moves the agent with [`attach`].
+///
+/// Why: a move through `cgroup.procs`, or of another task's pid, takes the kernel's global
+/// threadgroup lock for writing, which waits for an RCU grace period unless another move happened
+/// just before (5-25 ms for a lone create, about 0.1 ms inside a burst) and meanwhile holds up
+/// every fork and exit on the machine. A task moving its own single thread takes no such lock.
+pub fn self_move_files(dirs: &[PathBuf]) -> Vec<PathBuf> {
+    let files: Vec<PathBuf> = dirs.iter().map(|dir| dir.join("tasks")).collect();
+    if files.iter().all(|file| file.is_file()) { files } else { Vec::new() }
+}
+
+/// Whether the process `pid` is in every cgroup directory of `dirs` (by its `/proc/PID/cgroup`,
+/// one line per hierarchy, each ending in the directory's name). False when it cannot be read.
+pub fn is_member(pid: i32, dirs: &[PathBuf]) -> bool {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+        return false;
+    };
+    member_of_all(&text, dirs)
+}
+
+/// [`is_member`] on the text of a `/proc/PID/cgroup`.
+fn member_of_all(text: &str, dirs: &[PathBuf]) -> bool {
+    let paths: Vec<&str> = text.lines().filter_map(|line| line.splitn(3, ':').nth(2)).collect();
+    let mut used = vec![false; paths.len()];
+    dirs.iter().all(|dir| {
+        let Some(name) = dir.file_name().and_then(|n| n.to_str()) else {
+            return false;
+        };
+        let found = paths
+            .iter()
+            .enumerate()
+            .find(|(i, path)| !used[*i] && path.rsplit('/').next() == Some(name) && path.len() > name.len());
+        match found {
+            Some((i, _)) => {
+                used[i] = true;
+                true
+            }
+            None => false,
+        }
+    })
+}
+
 /// Moves `pid` into every cgroup directory in `dirs`.
 pub fn attach(dirs: &[PathBuf], pid: i32) {
     for dir in dirs {
@@ -267,6 +311,24 @@ pub fn memory_usage(dirs: &[PathBuf]) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn membership_needs_one_hierarchy_per_directory() {
+        use std::path::PathBuf;
+        let dirs: Vec<PathBuf> = ["/sys/fs/cgroup/memory/p/sandbox-mcp/abc", "/sys/fs/cgroup/pids/sandbox-mcp/abc"]
+            .into_iter()
+            .map(PathBuf::from)
+            .collect();
+        let both = "12:pids:/sandbox-mcp/abc\n7:memory:/p/sandbox-mcp/abc\n3:cpu:/\n";
+        assert!(super::member_of_all(both, &dirs));
+        let one = "12:pids:/sandbox-mcp/abc\n7:memory:/p/sandbox-mcp\n";
+        assert!(!super::member_of_all(one, &dirs), "still in the parent of one of them");
+        let other = "12:pids:/sandbox-mcp/abcd\n7:memory:/p/sandbox-mcp/xabc\n";
+        assert!(!super::member_of_all(other, &dirs), "names must match whole");
+        let same_line_twice = "12:pids:/sandbox-mcp/abc\n";
+        assert!(!super::member_of_all(same_line_twice, &dirs), "each directory needs its own hierarchy");
+        assert!(super::member_of_all("", &[]));
+    }
+
     #[test]
     fn stat_values_are_found_by_exact_key() {
         let v1 = "cache 4096\nrss 8192\ntotal_cache 12288\n";

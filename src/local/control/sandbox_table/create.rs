@@ -151,6 +151,9 @@ impl SandboxTable {
         };
         let limits = Limits { memory_limit_mb: self.cfg.memory_limit_mb, pids_limit: self.cfg.pids_limit };
         let cgroup_dirs = self.cgroups.create(&id, limits);
+        // On cgroup v1 the agent moves itself into them before it execs (see
+        // `cgroups::self_move_files`): no global lock, no RCU grace period on the create path.
+        let self_move = cgroups::self_move_files(&cgroup_dirs);
         let spawned = crate::local::isolation::agent_spawn::spawn_agent(
             &self.cfg.agent_binary,
             &dir,
@@ -161,6 +164,7 @@ impl SandboxTable {
                 disk: disk_mount.as_ref().map(std::os::fd::AsFd::as_fd),
                 userns: Some(std::os::fd::AsFd::as_fd(&userns)),
             },
+            &self_move,
         );
         // The agent has its own copies of these descriptors now (or failed to start).
         // Every sandbox's: a snapshot reads the upper layer through it while the sandbox runs.
@@ -180,13 +184,23 @@ impl SandboxTable {
         };
         let pid = agent.pid;
         let start_time = process_start_time(pid).unwrap_or(0);
-        // Into its cgroups while it sets the sandbox up: moving a process between cgroups can wait
-        // for an RCU grace period (tens of milliseconds on a busy machine). Nothing of the
-        // sandbox's own runs before the create is answered, which waits for both.
-        let attach_dirs = cgroup_dirs.clone();
-        let attached = tokio::task::spawn_blocking(move || cgroups::attach(&attach_dirs, pid));
+        // Without a self-move (cgroup v2), into its cgroups while it sets the sandbox up: moving
+        // another process between cgroups can wait for an RCU grace period (tens of milliseconds
+        // on a busy machine). Nothing of the sandbox's own runs before the create is answered,
+        // which waits for both, and for the check that a self-move happened.
+        let attach = |dirs: Vec<std::path::PathBuf>| tokio::task::spawn_blocking(move || cgroups::attach(&dirs, pid));
+        let attached = self_move.is_empty().then(|| attach(cgroup_dirs.clone()));
         let ready = wait_ready(agent.ready).await;
-        if let Err(err) = attached.await {
+        let ready_ms = started.elapsed().as_secs_f64() * 1000.0;
+        let moved = match attached {
+            Some(attached) => attached.await,
+            None if ready.is_ok() && !cgroups::is_member(pid, &cgroup_dirs) => {
+                tracing::warn!(sandbox = %id, "the sandbox agent is not in its cgroups; moving it");
+                attach(cgroup_dirs.clone()).await
+            }
+            None => Ok(()),
+        };
+        if let Err(err) = moved {
             tracing::warn!(sandbox = %id, %err, "moving the sandbox agent into its cgroups failed");
         }
         let agent_data_fd = match ready {
@@ -271,7 +285,7 @@ impl SandboxTable {
         *crate::sync::lock(&entry.kept_disk) = kept_disk;
         self.table().insert(id.clone(), entry);
         let ms = started.elapsed().as_secs_f64() * 1000.0;
-        tracing::info!(sandbox = %id, pid, ms, spawned_ms, "sandbox created");
+        tracing::info!(sandbox = %id, pid, ms, spawned_ms, ready_ms, "sandbox created");
         Ok(rec)
     }
 }
