@@ -124,14 +124,15 @@ impl UsernsPool {
         Arc::new(UsernsPool { map, ready: Mutex::new(Vec::new()), refilling: AtomicBool::new(false) })
     }
 
-    /// A user namespace for a new sandbox: from the pool, or made now if it is empty. Triggers a
-    /// refill.
+    /// A user namespace for a new sandbox: from the pool, or made now if it is empty (which also
+    /// starts a refill). After a pooled one the caller refills ([`UsernsPool::refill`]) once its
+    /// create no longer needs the CPU.
     pub async fn take(self: &Arc<Self>) -> anyhow::Result<OwnedFd> {
         let pooled = crate::sync::lock(&self.ready).pop();
-        self.refill();
         match pooled {
             Some(userns) => Ok(userns),
             None => {
+                self.refill();
                 let map = self.map;
                 tokio::task::spawn_blocking(move || create(&map, Path::new("/proc"))).await.context("userns task")?
             }

@@ -283,13 +283,15 @@ impl NetPool {
         })
     }
 
-    /// A prepared namespace: from the pool, or made now if the pool is empty. Triggers a refill.
+    /// A prepared namespace: from the pool, or made now if the pool is empty (which also starts a
+    /// refill). After a pooled one the caller refills ([`NetPool::refill`]) once its create no
+    /// longer needs the CPU.
     pub async fn take(self: &Arc<Self>) -> std::io::Result<PreparedNetns> {
         let pooled = crate::sync::lock(&self.ready).pop();
-        self.refill();
         match pooled {
             Some(prepared) => Ok(prepared),
             None => {
+                self.refill();
                 let host = Arc::clone(&self.host);
                 tokio::task::spawn_blocking(move || netns::prepare(&host)).await.map_err(std::io::Error::other)?
             }

@@ -70,7 +70,24 @@ impl SandboxTable {
         self.busy_ids().insert(id.clone());
         let result = self.create_in_dir(params, template, lifetime_ms, policy, id.clone()).await;
         self.busy_ids().remove(&id);
+        if result.is_err() {
+            self.refill_pools();
+        }
         result
+    }
+
+    /// Tops up the disk, network and user namespace pools in the background. Called once a
+    /// create's agent is ready (or the create failed), not when it takes from them: a refill
+    /// (`mkfs.ext4` and its `fsync`, new namespaces) competes for the CPU, the disk and the
+    /// kernel's locks with the create it would run beside.
+    fn refill_pools(&self) {
+        if let Some(pool) = self.disks.clone()
+            && !pool.refilling()
+        {
+            std::thread::spawn(move || pool.refill());
+        }
+        self.net.refill();
+        self.userns.refill();
     }
 
     async fn create_in_dir(
@@ -93,15 +110,14 @@ impl SandboxTable {
             let taken = match pool.take_ready(&image) {
                 Some(taken) => taken,
                 None => {
+                    // The pool ran dry: refill it beside this create, which makes its own.
+                    self.refill_pools();
                     let (dest, pool) = (image.clone(), pool.clone());
                     tokio::task::spawn_blocking(move || pool.take(&dest))
                         .await
                         .unwrap_or_else(|e| Err(crate::local::isolation::disk::DiskError::Task(e.to_string())))
                 }
             };
-            if !pool.refilling() {
-                std::thread::spawn(move || pool.refill());
-            }
             match taken {
                 Ok(mount) => (disk_image, disk_mount) = (Some(image), mount),
                 Err(e) => {
@@ -192,6 +208,7 @@ impl SandboxTable {
         let attached = self_move.is_empty().then(|| attach(cgroup_dirs.clone()));
         let ready = wait_ready(agent.ready).await;
         let ready_ms = started.elapsed().as_secs_f64() * 1000.0;
+        self.refill_pools();
         let moved = match attached {
             Some(attached) => attached.await,
             None if ready.is_ok() && !cgroups::is_member(pid, &cgroup_dirs) => {
