@@ -70,16 +70,14 @@ impl SandboxTable {
         self.busy_ids().insert(id.clone());
         let result = self.create_in_dir(params, template, lifetime_ms, policy, id.clone()).await;
         self.busy_ids().remove(&id);
-        if result.is_err() {
-            self.refill_pools();
-        }
+        self.refill_pools();
         result
     }
 
     /// Tops up the disk, network and user namespace pools in the background. Called once a
-    /// create's agent is ready (or the create failed), not when it takes from them: a refill
-    /// (`mkfs.ext4` and its `fsync`, new namespaces) competes for the CPU, the disk and the
-    /// kernel's locks with the create it would run beside.
+    /// create is done (or before a template's start command), not when it takes from them: a
+    /// refill (`mkfs.ext4` and its `fsync`, new namespaces) competes for the CPU, the disk and
+    /// the kernel's locks with the create it would run beside.
     fn refill_pools(&self) {
         if let Some(pool) = self.disks.clone()
             && !pool.refilling()
@@ -208,7 +206,6 @@ impl SandboxTable {
         let attached = self_move.is_empty().then(|| attach(cgroup_dirs.clone()));
         let ready = wait_ready(agent.ready).await;
         let ready_ms = started.elapsed().as_secs_f64() * 1000.0;
-        self.refill_pools();
         let moved = match attached {
             Some(attached) => attached.await,
             None if ready.is_ok() && !cgroups::is_member(pid, &cgroup_dirs) => {
@@ -276,6 +273,8 @@ impl SandboxTable {
         // A stored template's start command, and its ready command waited for (egress is on: a
         // start command may download). Not yet in the table, so not listed while it waits.
         if template_start::has_commands(&run_config) {
+            // A start command may take long: the pools are not kept waiting for it.
+            self.refill_pools();
             let timeout = Duration::from_secs(self.cfg.template_ready_timeout_secs);
             let started = match agent_client_at(&dir, &id, AGENT_CALL_TIMEOUT) {
                 Ok(client) => template_start::start_and_wait(&client, &rec.template, &run_config, timeout)
