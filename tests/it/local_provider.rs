@@ -226,6 +226,46 @@ async fn bad_input_gets_contract_errors_and_provider_keeps_serving() {
     assert_eq!(status, StatusCode::NO_CONTENT);
 }
 
+/// The agent, and every command it starts, is in each of the sandbox's cgroups once the create
+/// answers. On cgroup v1 the agent moved itself there before it ran (the provider found it there
+/// and logged no fallback move); the commands follow it.
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_and_commands_are_in_the_sandbox_cgroups_when_the_create_answers() {
+    require_root!();
+    let p = Provider::start(&[]);
+    for _ in 0..3 {
+        let sbx = p.create(json!({"templateID": "base", "timeout": 60})).await;
+        let id = id_of(&sbx);
+        let rec = p.record(&id);
+        let cgs = cgroups_of(&rec);
+        if cgs.is_empty() {
+            eprintln!("SKIP-ish: this host gives sandboxes no cgroups");
+            return;
+        }
+        let pid = rec["envd_pid"].as_i64().unwrap();
+        for cg in &cgs {
+            let procs = std::fs::read_to_string(Path::new(cg).join("cgroup.procs")).unwrap();
+            assert!(procs.lines().any(|l| l.trim() == pid.to_string()), "agent {pid} not in {cg}: {procs:?}");
+        }
+        // A command's own view: one line per hierarchy, each the sandbox's.
+        let (code, out) = p.run(&sbx, "cat /proc/self/cgroup", None).await;
+        assert_eq!(code, 0, "{out}");
+        let ours = out.lines().filter(|l| l.ends_with(&format!("/{id}"))).count();
+        assert_eq!(ours, cgs.len(), "a command is in each of {cgs:?}: {out}");
+        let (status, _) = p.call(reqwest::Method::DELETE, &format!("/sandboxes/{id}"), None).await;
+        assert_eq!(status, StatusCode::NO_CONTENT);
+    }
+    let v1 = std::path::Path::new("/sys/fs/cgroup/pids/cgroup.procs").exists()
+        && !std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    if v1 {
+        assert!(
+            !p.inner.log.contains("is not in its cgroups"),
+            "on cgroup v1 the agent moves itself: {}",
+            p.inner.log.text()
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn deadline_expiry_and_kill_while_busy_leave_nothing_behind() {
     require_root!();
