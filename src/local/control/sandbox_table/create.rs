@@ -17,8 +17,11 @@ use crate::local::control::identity::process_start_time;
 use crate::local::control::record::{self, LOG_FILE, RECORD_FILE, SandboxRecord, now_ms, write_json_atomic};
 use crate::local::control::{agent_process, ids, template_start};
 use crate::local::isolation::cgroups::{self, Limits};
+use crate::local::isolation::disk::DiskPool;
 use crate::local::isolation::sandbox_init::TEMPLATE_REFUSED;
 use crate::local::isolation::spec::{SPEC_FILE, SandboxSpec, parse_ready_line};
+use crate::local::isolation::userns::UsernsPool;
+use crate::local::net::NetPool;
 use crate::local::net::policy::EgressPolicy;
 use crate::local::store::{Lineage, RunConfig};
 use crate::local::template::TemplateRoot;
@@ -70,22 +73,28 @@ impl SandboxTable {
         self.busy_ids().insert(id.clone());
         let result = self.create_in_dir(params, template, lifetime_ms, policy, id.clone()).await;
         self.busy_ids().remove(&id);
-        self.refill_pools();
+        self.refill_pools_after_answer();
         result
     }
 
-    /// Tops up the disk, network and user namespace pools in the background. Called once a
-    /// create is done (or before a template's start command), not when it takes from them: a
-    /// refill (`mkfs.ext4` and its `fsync`, new namespaces) competes for the CPU, the disk and
+    /// [`refill_pools`](Self::refill_pools) [`REFILL_DELAY`] from now, once the create's answer is
+    /// out: started as the create returns, the refills' first `clone`s and `mkfs.ext4` held its
+    /// answer back by 2-3 ms.
+    fn refill_pools_after_answer(&self) {
+        let (disks, net, userns) = (self.disks.clone(), self.net.clone(), self.userns.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(REFILL_DELAY).await;
+            refill(disks, &net, &userns);
+        });
+    }
+
+    /// Tops up the disk, network and user namespace pools in the background now. A create does
+    /// so once it is done (see [`refill_pools_after_answer`](Self::refill_pools_after_answer)),
+    /// before a template's start command, or when a pool was empty; not when it takes from them:
+    /// a refill (`mkfs.ext4` and its `fsync`, new namespaces) competes for the CPU, the disk and
     /// the kernel's locks with the create it would run beside.
     fn refill_pools(&self) {
-        if let Some(pool) = self.disks.clone()
-            && !pool.refilling()
-        {
-            std::thread::spawn(move || pool.refill());
-        }
-        self.net.refill();
-        self.userns.refill();
+        refill(self.disks.clone(), &self.net, &self.userns);
     }
 
     async fn create_in_dir(
@@ -304,6 +313,22 @@ impl SandboxTable {
         tracing::info!(sandbox = %id, pid, ms, spawned_ms, ready_ms, "sandbox created");
         Ok(rec)
     }
+}
+
+/// How long after a create returns the pools start their refill (see
+/// `SandboxTable::refill_pools_after_answer`).
+const REFILL_DELAY: Duration = Duration::from_millis(10);
+
+/// Starts the refills of the disk, network and user namespace pools (each a no-op when full or
+/// already refilling).
+fn refill(disks: Option<Arc<DiskPool>>, net: &Arc<NetPool>, userns: &Arc<UsernsPool>) {
+    if let Some(pool) = disks
+        && !pool.refilling()
+    {
+        std::thread::spawn(move || pool.refill());
+    }
+    net.refill();
+    userns.refill();
 }
 
 /// Why a new agent did not report ready.
