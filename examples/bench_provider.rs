@@ -211,7 +211,7 @@ async fn bench(client: &E2bClient, args: &Args, rows: &mut Vec<Row>) -> anyhow::
         }
         kill.push(ms(started.elapsed()));
     }
-    rows.push(Row { name: "create → ready".into(), samples: create, unit: "ms", target: Some(40.0) });
+    rows.push(Row { name: "create → ready".into(), samples: create, unit: "ms", target: Some(20.0) });
     rows.push(Row { name: "kill".into(), samples: kill, unit: "ms", target: Some(20.0) });
 
     let sandbox = client.create_sandbox(&new_sandbox()).await?;
