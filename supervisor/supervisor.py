@@ -938,28 +938,12 @@ def cmd_start(opts, raw_spec=None):
     except OSError:
         ready_r = ready_w = None
     try:
-        pid = os.fork()
+        if not fork_detached(lambda: daemon_main(tdir, tid, spec_record, cwd_run, envs, old_umask, ready_w)):
+            launch_error = "the supervisor daemon could not be forked"
     except OSError as e:
-        pid = None
         launch_error = e.strerror or str(e)
-    if pid == 0:
-        # Intermediate child: new session, fork the daemon, exit at once so the
-        # daemon is re-parented away from the launching call. Exit status 1
-        # tells the parent that no daemon exists.
-        code = 1
-        try:
-            os.setsid()
-            if os.fork() == 0:
-                daemon_main(tdir, tid, spec_record, cwd_run, envs, old_umask, ready_w)  # never returns
-            code = 0
-        finally:
-            os._exit(code)
     if ready_w is not None:
         os.close(ready_w)
-    if pid is not None:
-        _, wst = os.waitpid(pid, 0)
-        if wst != 0:
-            launch_error = "the supervisor daemon could not be forked"
     if launch_error is not None:
         # No daemon was ever created, so this process is the only possible
         # writer of status.json: record the failure (the command never ran).
@@ -991,6 +975,42 @@ def cmd_start(opts, raw_spec=None):
 
 
 # --- the daemon ---------------------------------------------------------------
+
+def fork_detached(child):
+    """Runs `child` (which never returns) in a grandchild in a new session: the
+    intermediate child exits at once, so the grandchild is re-parented away
+    from this process. True if it was forked; OSError if no fork was possible."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1  # tells the parent that no grandchild exists
+        try:
+            os.setsid()
+            if os.fork() == 0:
+                child()
+            code = 0
+        finally:
+            os._exit(code)
+    _, wst = os.waitpid(pid, 0)
+    return wst == 0
+
+
+def detach_descriptors(keep=None):
+    """Closes every inherited descriptor but 0-2 and `keep`, so the launching
+    call's pipes (and anything else the caller passed) are released, then
+    points 0-2 at /dev/null."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd != keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    if devnull > 2:
+        os.close(devnull)
+
 
 def secret_values(envs):
     """Byte values to mask: from the sandbox env and the task's envs."""
@@ -1142,21 +1162,7 @@ def daemon_main(tdir, tid, spec_record, cwd, envs, child_umask, ready_fd, on_rea
     fork server, which passes `on_ready`: called with the first record once it
     is saved, to answer the client). Never returns."""
     try:
-        # Close every inherited descriptor but 0-2 and `start`'s wait pipe so
-        # the launching call's pipes (and anything else the caller passed) are
-        # released, then point 0-2 at /dev/null.
-        for name in os.listdir("/proc/self/fd"):
-            fd = int(name)
-            if fd > 2 and fd != ready_fd:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-        if devnull > 2:
-            os.close(devnull)
+        detach_descriptors(keep=ready_fd)  # `start`'s wait pipe stays
         # The daemon lives in its task's directory, so /proc/PID/cwd/status.json
         # names the task while (and only while) this process exists and is not a
         # zombie: the gateway's liveness check through the files API alone.
@@ -1554,7 +1560,7 @@ def max_rss_kb():
 # also served by one long-lived process per sandbox and base directory, forked
 # from the first `start --serve 1` after it answered (so it costs no start of
 # its own). A client that costs nothing to start (CLIENT in src/tasks/fast.rs:
-# bash builtins only) reaches it:
+# bash builtins and one mkfifo) reaches it:
 #
 #   server-V.pid   "PID STARTTIME": written once the server reads its FIFO; the
 #                  client checks /proc/PID/stat's state and start time first.
@@ -1565,17 +1571,17 @@ def max_rss_kb():
 #                  queue/CLIENTPID.req when the line would be too long.
 #   server-V.lock  flock'd by the live server (one per version and directory).
 #
-# The client makes queue/PID.reply (a FIFO) and queue/PID.out, and holds both
+# The client makes queue/PID.reply (a FIFO) and queue/PID.out and holds both
 # open; the answer's JSON goes into PID.out, then its exit code through
-# PID.reply, only while that pid is still the client (its start time); the
-# server removes both, or (a client that gave up) its clean-up does. The
-# server holds no task state (all of it is in the task directories), so a
-# crash of it touches no running task: the
-# next client finds no live server, runs python3 itself, and that start forks a
-# new server. A start is checked and claimed by the server, whose one fork, the
-# task's daemon, answers once its first record is saved; a cancel, which may
-# wait up to 3 s, is served by a forked child. Idle for SERVER_IDLE seconds, or
-# finding its pid file gone or another's, the server exits.
+# PID.reply, only while that pid is still the client (its start time). The
+# server removes both; what a client that gave up left is removed when the
+# server is idle. The server holds no task state (all of it is in the task
+# directories), so a crash of it touches no running task: the next client finds
+# no live server, runs python3 itself, and that start forks a new server. A
+# start is checked and claimed by the server, whose one fork, the task's daemon,
+# answers once its first record is saved; a cancel, which may wait up to 3 s,
+# is served by a forked child. Idle for SERVER_IDLE seconds, or finding its pid
+# file gone or another's, the server exits.
 
 SPEC_ENV = "SANDBOX_MCP_TASK_SPEC"   # the spec line, passed in the client's env
 SERVER_IDLE = 600.0
@@ -1593,37 +1599,17 @@ def server_paths(base):
 def spawn_server(base):
     """Forks a detached fork server (a copy of this process: no new python3
     start). Returns at once; errors are ignored (the next start tries again)."""
-    try:
-        pid = os.fork()
-    except OSError:
-        return
-    if pid == 0:
-        code = 1
+    def server():
         try:
-            os.setsid()
-            if os.fork() == 0:
-                try:
-                    for name in os.listdir("/proc/self/fd"):
-                        if int(name) > 2:
-                            try:
-                                os.close(int(name))
-                            except OSError:
-                                pass
-                    devnull = os.open(os.devnull, os.O_RDWR)
-                    for fd in (0, 1, 2):
-                        os.dup2(devnull, fd)
-                    if devnull > 2:
-                        os.close(devnull)
-                    os.chdir("/")
-                    serve(base)
-                except BaseException:
-                    pass
-                os._exit(0)
-            code = 0
-        finally:
-            os._exit(code)
+            detach_descriptors()
+            os.chdir("/")
+            serve(base)
+        except BaseException:
+            pass
+        os._exit(0)
+
     try:
-        os.waitpid(pid, 0)
+        fork_detached(server)
     except OSError:
         pass
 
@@ -1667,6 +1653,7 @@ def serve(base, idle=SERVER_IDLE):
                     break
                 if read_text_file(pid_path) != my_line:
                     break  # the directory was removed, or another server took over
+                clean_queue(queue, QUEUE_STALE)
                 continue
             try:
                 pending += os.read(fifo, 65536)
@@ -1679,7 +1666,6 @@ def serve(base, idle=SERVER_IDLE):
             for line in lines:
                 handle_request(base, queue, line, (fifo, lock_fd))
             last = time.monotonic()
-            clean_queue(queue, QUEUE_STALE)
     finally:
         # Leave no live-looking pid file, then answer what arrived meanwhile:
         # a client that read the pid file just before still gets its answer.
@@ -1774,10 +1760,7 @@ def server_start(base, queue, client, argv, spec):
     fork; the daemon answers the client itself once its first record is saved,
     so the server goes back to its FIFO at once."""
     try:
-        cmd, opts = parse_args(argv)
-        if os.path.abspath(opts.get("base", base)) != base:
-            raise CliError("invalid", "the task server serves only its own directory")
-        opts["base"], opts["server"] = base, "1"
+        _, opts = parse_served(argv, base)
         tid, tdir, spec_record, cwd_run, envs, old_umask = prepare_start(opts, spec)
     except CliError as e:
         answer(queue, client, (2, {"error": e.message, "code": e.code}))
@@ -1846,16 +1829,21 @@ def answer(queue, client, result):
         os.close(fd)
 
 
+def parse_served(argv, base):
+    """`parse_args` of a request to the task server in `base`: only start and
+    cancel, only in its own directory; `server` marks the options as served."""
+    cmd, opts = parse_args(argv)
+    if cmd not in SERVER_OPS or os.path.abspath(opts.get("base", base)) != base:
+        raise CliError("invalid", "the task server serves only start and cancel, in its own directory")
+    opts["base"], opts["server"] = base, "1"
+    return cmd, opts
+
+
 def run_subcommand(argv, base=None, spec=None):
-    """(exit code, the one JSON object) of a subcommand, as `main` prints them."""
+    """(exit code, the one JSON object) of a subcommand, as `main` prints them;
+    with `base`, as the task server in that directory serves it."""
     try:
-        cmd, opts = parse_args(argv)
-        if base is not None:
-            if cmd not in SERVER_OPS or os.path.abspath(opts.get("base", base)) != base:
-                raise CliError("invalid", "the task server serves only start and cancel, "
-                                          "in its own directory")
-            opts["base"] = base
-            opts["server"] = "1"
+        cmd, opts = parse_args(argv) if base is None else parse_served(argv, base)
         if cmd == "version":
             return 0, {"version": SUPERVISOR_VERSION}
         if cmd == "start":

@@ -43,6 +43,9 @@ impl LocalPython {
     pub(super) fn installs(&self) -> usize {
         self.installs.load(Ordering::SeqCst)
     }
+    pub(super) fn home(&self) -> &std::path::Path {
+        self.home.path()
+    }
     pub(super) fn script(&self) -> PathBuf {
         self.home.path().join(".sandbox-mcp/supervisor.py")
     }
@@ -104,19 +107,14 @@ impl SupervisorTransport for LocalPython {
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped());
         let mut child = cmd.spawn().map_err(|e| TransportError::NotSent(e.to_string()))?;
-        let mut open_stdin = None;
         if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
             // As envd's transport: a process that ended without reading it answers for itself.
             let _ = pipe.write_all(&input).await;
-            if input.is_empty() {
-                open_stdin = Some(pipe); // as envd: an empty input leaves the pipe open
-            }
         }
         let out = tokio::time::timeout(timeout, child.wait_with_output())
             .await
             .map_err(|_| TransportError::Uncertain("timed out".into()))?
             .map_err(|e| TransportError::Uncertain(e.to_string()))?;
-        drop(open_stdin);
         Ok(ExecOutput { exit_code: out.status.code().unwrap_or(-1), stdout: out.stdout, stderr: out.stderr })
     }
 

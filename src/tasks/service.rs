@@ -64,8 +64,7 @@ pub trait SupervisorTransport: Send + Sync {
     /// host.
     ///
     /// `env`: variables added to the process's environment (the sandbox's own stay), a way to
-    /// hand it something secret without a round trip for its stdin. An empty `stdin` is a pipe
-    /// left open (nothing written, not closed) until the process ends.
+    /// hand it something secret without a round trip for its stdin.
     fn exec(
         &self,
         argv: Vec<String>,
@@ -407,8 +406,7 @@ impl TaskService {
 
     /// The task's directory in the sandbox (beside the supervisor script).
     fn task_dir(&self, task_id: &TaskId) -> String {
-        let base = std::path::Path::new(&self.script_path).parent().and_then(|d| d.to_str()).unwrap_or("/");
-        format!("{}/tasks/{task_id}", base.trim_end_matches('/'))
+        format!("{}/tasks/{task_id}", self.base_dir().trim_end_matches('/'))
     }
 
     async fn read_record<T: SupervisorTransport>(

@@ -64,8 +64,8 @@ impl SupervisorTransport for EnvdTransport<'_> {
         let limits = OutputLimits { max_stdout: SUPERVISOR_MAX_STDOUT, max_stderr: SUPERVISOR_MAX_STDERR };
         let envd = &self.sandbox.envd;
         let out = match &stdin {
-            Some(input) if !input.is_empty() => envd.run_with_input(&request, &options, limits, input).await,
-            _ => envd.run(&request, &options, limits).await,
+            Some(input) => envd.run_with_input(&request, &options, limits, input).await,
+            None => envd.run(&request, &options, limits).await,
         }
         .map_err(|e| self.classify(&e))?;
         Ok(ExecOutput { exit_code: out.exit_code, stdout: out.stdout.to_vec(), stderr: out.stderr.to_vec() })
