@@ -1,6 +1,7 @@
 //! What an unprivileged user of the sandbox host, and code inside a sandbox, can learn that they
 //! should not (issue 23 §2, §5): a task's secret environment values are in no host process's
-//! argv or readable environment and no readable file of the state directory, and no argv names
+//! argv or readable environment (also while a start waits on the sandbox's task server with its
+//! spec in its environment) and no readable file of the state directory, and no argv names
 //! the sandbox (scanned as `nobody`); inside a sandbox, PID 1's argv, mountinfo, `/proc/net/unix` and fd links do not name the host's
 //! state directory and `/proc/config.gz` is masked; the standalone provider limits memory and
 //! processes by default, as `serve`'s does. Needs root (skips loudly otherwise).
@@ -147,6 +148,61 @@ async fn task_secrets_are_in_no_host_argv_environ_or_readable_file() {
     let done = mcp.get_task(&sandbox_id, again, json!({})).await;
     assert_eq!((done["state"].as_str(), done["stdout"].as_str()), (Some("succeeded"), Some("again\n")), "{done}");
     drop(serve);
+}
+
+/// The task server's client holds a start's spec (base64 JSON with the task's env values) in its
+/// environment while it waits for the server: with the server stopped, that client waits, and
+/// `nobody` on the host scans every process then (the scanner also decodes base64 values).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_start_waiting_on_the_task_server_shows_host_users_no_spec() {
+    common::require_root!();
+    common::require_command!("setpriv");
+    let (env, serve, mcp) = tasks_support::Env::local("").await;
+    let sandbox_id = mcp.create_sandbox().await;
+    let marker = format!("marker{}", random_hex());
+    let first = mcp.start_task(&sandbox_id, &format!("sleep 300; true {marker}"), json!({})).await;
+    let pid_file = format!("/home/user/.sandbox-mcp/server-{}.pid", sandbox_mcp::tasks::supervisor_version());
+    let signal = |sig: &str| {
+        json!({"sandbox_id": sandbox_id, "command": format!("while ! test -s {pid_file}; do sleep 0.05; done; \
+              kill -{sig} $(cut -d' ' -f1 {pid_file})")})
+    };
+    assert_eq!(mcp.call("run_command", signal("STOP")).await.ok()["exit_code"], 0);
+
+    let secret = format!("tok-{}", random_hex());
+    let start = mcp.start_task(&sandbox_id, "echo late", json!({"envs": {"API_TOKEN": secret}}));
+    let scan = async {
+        // The client is waiting: a process whose environment holds the spec (read as root).
+        let deadline = Instant::now() + Duration::from_secs(8);
+        while !any_environ_holds(b"SANDBOX_MCP_TASK_SPEC=") {
+            assert!(Instant::now() < deadline, "no waiting task client was seen");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (marker, state_dir, needle) = (marker.clone(), env.state_dir(), secret.clone());
+        let report =
+            tokio::task::spawn_blocking(move || scan_as_nobody(&marker, &state_dir, &[&needle])).await.unwrap();
+        let still_waiting = any_environ_holds(b"SANDBOX_MCP_TASK_SPEC=");
+        assert_eq!(mcp.call("run_command", signal("CONT")).await.ok()["exit_code"], 0);
+        (report, still_waiting)
+    };
+    let (started, (report, still_waiting)) = tokio::join!(start, scan);
+    assert!(still_waiting, "the scan ran while the client waited");
+    assert_eq!(report["marker_seen"], true, "the scan saw the sandbox's processes: {report}");
+    assert!(report["seen"]["environ"].as_u64().unwrap() > 0, "{report}");
+    assert_eq!(report["hits"], json!([]), "a waiting start's spec is readable to host users: {report}");
+    // Woken, the server carried the start out.
+    let task_id = started["task_id"].as_str().unwrap();
+    mcp.wait_done(&sandbox_id, task_id, Duration::from_secs(30)).await;
+    let done = mcp.get_task(&sandbox_id, task_id, json!({})).await;
+    assert_eq!((done["state"].as_str(), done["stdout"].as_str()), (Some("succeeded"), Some("late\n")), "{done}");
+    let _ = mcp.call("cancel_task", json!({"sandbox_id": sandbox_id, "task_id": first["task_id"]})).await;
+    drop(serve);
+}
+
+/// Whether some process's environment (read as root) contains `needle`.
+fn any_environ_holds(needle: &[u8]) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|entry| {
+        std::fs::read(entry.path().join("environ")).is_ok_and(|e| e.windows(needle.len()).any(|w| w == needle))
+    })
 }
 
 #[tokio::test(flavor = "multi_thread")]
