@@ -47,7 +47,7 @@ Imports are kept minimal because the gateway runs ``status`` on every
 get_task call and interpreter start-up dominates its latency.
 """
 
-SUPERVISOR_VERSION = "7"
+SUPERVISOR_VERSION = "8"
 
 import os
 import sys
@@ -399,6 +399,18 @@ def proc_start_time(pid):
     return st[3] if st else None
 
 
+_own_start = {}  # pid -> start time (a forked child is another pid)
+
+
+def own_start_time():
+    """This process's start time, read once (a spare reads it before its task)."""
+    pid = os.getpid()
+    if pid not in _own_start:
+        _own_start.clear()
+        _own_start[pid] = proc_start_time(pid)
+    return _own_start[pid]
+
+
 def process_alive(pid, start_time):
     """True if `pid` runs, is not a zombie, and started at `start_time` (same process)."""
     st = proc_stat(pid)
@@ -516,9 +528,13 @@ def b64(data):
 
 
 def status_view(tdir, tid, record, state, error, out_off=0, err_off=0, limit=0):
-    """The JSON object printed by status/start/cancel."""
-    out_page, out_size = read_page(tdir, "stdout", out_off, limit)
-    err_page, err_size = read_page(tdir, "stderr", err_off, limit)
+    """The JSON object printed by status/start/cancel (`tdir` None: a task
+    whose command has not started, so its streams are empty and not read)."""
+    if tdir is None:
+        (out_page, out_size), (err_page, err_size) = (b"", 0), (b"", 0)
+    else:
+        out_page, out_size = read_page(tdir, "stdout", out_off, limit)
+        err_page, err_size = read_page(tdir, "stderr", err_off, limit)
     r = record
     out_total = r.get("stdout_total_bytes")
     err_total = r.get("stderr_total_bytes")
@@ -861,9 +877,11 @@ def decode_spec(raw):
     return command, cwd, envs, timeout
 
 
-def prepare_start(opts, raw_spec=None):
-    """Checks a start and claims its task directory (spec.json, empty streams).
-    Returns what the daemon needs: (tid, tdir, spec_record, cwd, envs, umask)."""
+def prepare_start(opts, raw_spec=None, files=True):
+    """Checks a start and claims its task directory, with its files (spec.json,
+    empty streams) unless `files` is false (the task server's spare writes them
+    once its first record is saved). Returns what the daemon needs: (tid,
+    tdir, spec_record, cwd, envs, umask)."""
     tid = check_task_id(opts)
     if raw_spec is None:
         if opts.get("server"):
@@ -906,6 +924,16 @@ def prepare_start(opts, raw_spec=None):
     }
     old_umask = os.umask(0o077)
     try:
+        if files:
+            write_task_files(tdir, spec_record)
+    finally:
+        os.umask(old_umask)
+    return tid, tdir, spec_record, cwd_run, envs, old_umask
+
+
+def write_task_files(tdir, spec_record):
+    """spec.json and the two empty streams of a claimed task (CliError "io")."""
+    try:
         # Atomic but not fsynced: spec.json only describes a task whose
         # status.json is missing; the record that decides outcomes is
         # status.json, whose outcomes are always fsynced.
@@ -914,9 +942,6 @@ def prepare_start(opts, raw_spec=None):
             os.close(os.open(os.path.join(tdir, name), os.O_WRONLY | os.O_CREAT, 0o600))
     except OSError as e:
         raise CliError("io", "cannot write task files: %s" % (e.strerror or e))
-    finally:
-        os.umask(old_umask)
-    return tid, tdir, spec_record, cwd_run, envs, old_umask
 
 
 def cmd_start(opts, raw_spec=None):
@@ -998,9 +1023,10 @@ def detach_descriptors(keep=None):
     """Closes every inherited descriptor but 0-2 and `keep`, so the launching
     call's pipes (and anything else the caller passed) are released, then
     points 0-2 at /dev/null."""
+    kept = (keep,)
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
-        if fd > 2 and fd != keep:
+        if fd > 2 and fd not in kept:
             try:
                 os.close(fd)
             except OSError:
@@ -1157,12 +1183,18 @@ def set_pipe_size(fd):
         pass
 
 
-def daemon_main(tdir, tid, spec_record, cwd, envs, child_umask, ready_fd, on_ready=None):
-    """Entry of the detached daemon (grandchild of `start`, or child of the
-    fork server, which passes `on_ready`: called with the first record once it
-    is saved, to answer the client). Never returns."""
+def daemon_main(tdir, tid, spec_record, cwd, envs, child_umask, ready_fd, on_ready=None,
+                detached=False, record=None):
+    """Entry of the detached daemon: the grandchild of `start`; a child of the
+    task server, which passes `on_ready` (called with the first record once it
+    is saved, to answer the client); or the server's spare, which passes
+    `detached` (its descriptors are already released) and the first `record`,
+    which the server saved (naming this process) and answers with; then the
+    spare writes the task's other files (see `prepare_start`). Never
+    returns."""
     try:
-        detach_descriptors(keep=ready_fd)  # `start`'s wait pipe stays
+        if not detached:
+            detach_descriptors(keep=ready_fd)  # `start`'s wait pipe stays
         # The daemon lives in its task's directory, so /proc/PID/cwd/status.json
         # names the task while (and only while) this process exists and is not a
         # zombie: the gateway's liveness check through the files API alone.
@@ -1173,7 +1205,13 @@ def daemon_main(tdir, tid, spec_record, cwd, envs, child_umask, ready_fd, on_rea
             os.chdir("/")
             in_task_dir = False
         os.umask(0o077)
-        daemon = Daemon(tdir, tid, spec_record, cwd, envs, child_umask, ready_fd)
+        daemon = Daemon(tdir, tid, spec_record, cwd, envs, child_umask, ready_fd, record)
+        if record is not None:
+            try:
+                write_task_files(tdir, spec_record)
+            except CliError as e:
+                daemon.fail(e.message)
+                os._exit(0)
         daemon.on_ready = on_ready
         daemon.record["supervisor_in_task_dir"] = in_task_dir
         daemon.run()
@@ -1182,8 +1220,30 @@ def daemon_main(tdir, tid, spec_record, cwd, envs, child_umask, ready_fd, on_rea
     os._exit(0)
 
 
+def first_record(tid, spec_record, supervisor_pid, supervisor_start_time, sid, in_task_dir):
+    """A task's first status.json: running, its daemon named, its command not
+    started yet (no pid)."""
+    return {
+        "task_id": tid, "state": "running", "command": spec_record["command"],
+        "cwd": spec_record["cwd"], "timeout": spec_record["timeout"],
+        "created_at": spec_record["created_at"],
+        "origin": spec_record.get("origin"),
+        "supervisor_pid": supervisor_pid,
+        "supervisor_start_time": supervisor_start_time,
+        "sid": sid,
+        "pid": None, "pgid": None, "pid_start_time": None,
+        "started_at": None, "finished_at": None,
+        "exit_code": None, "signal": None, "error": None,
+        "stdout_total_bytes": 0, "stderr_total_bytes": 0,
+        "stdout_size": 0, "stderr_size": 0,
+        "stdout_truncated": False, "stderr_truncated": False,
+        "supervisor_version": SUPERVISOR_VERSION,
+        "supervisor_in_task_dir": in_task_dir,
+    }
+
+
 class Daemon:
-    def __init__(self, tdir, tid, spec_record, cwd, envs, child_umask, ready_fd):
+    def __init__(self, tdir, tid, spec_record, cwd, envs, child_umask, ready_fd, record=None):
         self.tdir = tdir
         self.ready_fd = ready_fd  # write end of `start`'s wait pipe, or None
         self.on_ready = None      # the fork server's answer to its client, or None
@@ -1195,22 +1255,10 @@ class Daemon:
         self.status_path = os.path.join(tdir, "status.json")
         self.pid = None
         self.fds = []            # descriptors to free before recording a failure
-        self.record = {
-            "task_id": tid, "state": "running", "command": spec_record["command"],
-            "cwd": spec_record["cwd"], "timeout": spec_record["timeout"],
-            "created_at": spec_record["created_at"],
-            "origin": spec_record.get("origin"),
-            "supervisor_pid": os.getpid(),
-            "supervisor_start_time": proc_start_time(os.getpid()),
-            "sid": os.getsid(0),
-            "pid": None, "pgid": None, "pid_start_time": None,
-            "started_at": None, "finished_at": None,
-            "exit_code": None, "signal": None, "error": None,
-            "stdout_total_bytes": 0, "stderr_total_bytes": 0,
-            "stdout_size": 0, "stderr_size": 0,
-            "stdout_truncated": False, "stderr_truncated": False,
-            "supervisor_version": SUPERVISOR_VERSION,
-        }
+        self.first_saved = record is not None  # by the task server, which answered with it
+        if record is None:
+            record = first_record(tid, spec_record, os.getpid(), own_start_time(), os.getsid(0), False)
+        self.record = record
 
     def save(self, sync=True):
         write_json_atomic(self.status_path, self.record, sync)
@@ -1286,7 +1334,6 @@ class Daemon:
         set_pipe_size(err_r)
         devnull = os.open(os.devnull, os.O_RDONLY)
         self.fds.append(devnull)
-        self.record["started_at"] = time.time()
         if hasattr(os, "posix_spawn"):
             return self._posix_spawn(signal, argv, envb, cwd, devnull, out_r, out_w, err_r, err_w)
         report_r, report_w = self.pipe()  # CLOEXEC: EOF on successful exec
@@ -1377,13 +1424,21 @@ class Daemon:
         for s in (signal.SIGCHLD, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(s, noop)
 
+        # The first record, saved before the command starts, releases the
+        # waiting `start` (or answers the task server's client; a spare's was
+        # saved by the server): from here the task exists, a cancel reaches
+        # this process (its handlers are set; a spare ignores SIGUSR1 from its
+        # fork, and the marker is checked below) and a command that cannot
+        # start is recorded `failed`. Not fsynced, like
+        # the progress refreshes: a `running` record lost to a crash took its
+        # processes with it, and no record reads `unknown`, which is then the
+        # truth. Every outcome (a terminal record) is fsynced.
+        if not self.first_saved:
+            self.record["started_at"] = time.time()
+            self.save(sync=False)
         pid, out_r, err_r = self._spawn(signal)
         pgid = pid
         self.record.update(pid=pid, pgid=pgid, pid_start_time=proc_start_time(pid))
-        # Also releases the waiting `start`. Not fsynced, like the progress
-        # refreshes: a `running` record lost to a crash took its processes with
-        # it, and no record reads `unknown`, which is then the truth. Every
-        # outcome (a terminal record) is fsynced.
         self.save(sync=False)
 
         # Built after the start is recorded (compiling the pattern imports
@@ -1560,34 +1615,38 @@ def max_rss_kb():
 # also served by one long-lived process per sandbox and base directory, forked
 # from the first `start --serve 1` after it answered (so it costs no start of
 # its own). A client that costs nothing to start (CLIENT in src/tasks/fast.rs:
-# bash builtins and one mkfifo) reaches it:
+# bash builtins only) reaches it:
 #
 #   server-V.pid   "PID STARTTIME": written once the server reads its FIFO; the
 #                  client checks /proc/PID/stat's state and start time first.
 #   server-V.fifo  requests, one line each, atomic (< PIPE_BUF), written through
 #                  an O_RDWR open (never blocks, even if the server just died):
-#                  "CLIENTPID CLIENTSTART SUBCOMMAND OPTIONS... [-- SPEC]", or
-#                  "CLIENTPID CLIENTSTART @" with the words, a line each, in
-#                  queue/CLIENTPID.req when the line would be too long.
+#                  "CLIENTPID CLIENTSTART FD SUBCOMMAND OPTIONS... [-- SPEC]",
+#                  or "CLIENTPID CLIENTSTART FD @" with the words, a line each,
+#                  in queue/CLIENTPID.req when the line would be too long.
 #   server-V.lock  flock'd by the live server (one per version and directory).
 #
-# The client makes queue/PID.reply (a FIFO) and queue/PID.out and holds both
-# open; the answer's JSON goes into PID.out, then its exit code through
-# PID.reply, only while that pid is still the client (its start time). The
-# server removes both; what a client that gave up left is removed when the
-# server is idle. The server holds no task state (all of it is in the task
-# directories), so a crash of it touches no running task: the next client finds
-# no live server, runs python3 itself, and that start forks a new server. A
-# start is checked and claimed by the server, whose one fork, the task's daemon,
-# answers once its first record is saved; a cancel, which may wait up to 3 s,
-# is served by a forked child. Idle for SERVER_IDLE seconds, or finding its pid
-# file gone or another's, the server exits.
+# The client holds its reply pipe FD open read-write (a here-string's pipe,
+# reopened through /proc/self/fd: no process is started to make it) and makes
+# queue/PID.out; the answer's JSON goes into PID.out, then its exit code into
+# /proc/PID/fd/FD, only while that pid is still the client (its start time) and
+# FD a pipe. The server removes PID.out; what a client that gave up left is
+# removed when the server is idle. The server holds no task state (all of it is
+# in the task directories), so a crash of it touches no running task: the next
+# client finds no live server, runs python3 itself, and that start forks a new
+# server. A start is checked and claimed by the server and handed to its spare
+# daemon (class Spare: forked in advance, in its own session), which answers
+# once its first record is saved, before the command starts; a cancel, which
+# may wait up to 3 s, is served by a forked child. Idle for SERVER_IDLE
+# seconds, or finding its pid file gone or another's, the server exits (and
+# its spare with it).
 
 SPEC_ENV = "SANDBOX_MCP_TASK_SPEC"   # the spec line, passed in the client's env
 SERVER_IDLE = 600.0
 SERVER_CHECK = 5.0                   # how often an idle server checks its pid file
 QUEUE_STALE = 120.0                  # queue files older than this are removed
 SERVER_OPS = ("start", "cancel")
+SPARE_DELAY = 0.02                   # quiet seconds before the next spare is forked
 _spec_from_env = []                   # the spec taken (and removed) from the env
 
 
@@ -1638,6 +1697,8 @@ def serve(base, idle=SERVER_IDLE):
     old_sigchld = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     me = os.getpid()
     clean_queue(queue, 0.0)
+    spare = Spare(queue)
+    spare.ensure()  # before clients can find this server
     my_line = "%d %d\n" % (me, proc_start_time(me))
     with open(pid_path + ".tmp", "w") as f:
         f.write(my_line)
@@ -1647,7 +1708,14 @@ def serve(base, idle=SERVER_IDLE):
     try:
         while True:
             timeout = min(SERVER_CHECK, max(0.05, last + idle - time.monotonic()))
+            if spare.wanted:
+                # The next spare is forked once the FIFO is quiet (one try: a
+                # failed fork leaves starts forking their daemons).
+                timeout = SPARE_DELAY
             ready = select.select([fifo], [], [], timeout)[0]
+            if not ready and spare.wanted:
+                spare.ensure()
+                continue
             if not ready:
                 if time.monotonic() - last >= idle:
                     break
@@ -1664,7 +1732,7 @@ def serve(base, idle=SERVER_IDLE):
             if len(pending) > 8192:
                 pending = b""  # longer than any request line: garbage
             for line in lines:
-                handle_request(base, queue, line, (fifo, lock_fd))
+                handle_request(base, queue, line, (fifo, lock_fd), spare)
             last = time.monotonic()
     finally:
         # Leave no live-looking pid file, then answer what arrived meanwhile:
@@ -1680,7 +1748,8 @@ def serve(base, idle=SERVER_IDLE):
         except OSError:
             pass
         for line in pending.split(b"\n"):
-            handle_request(base, queue, line, (fifo, lock_fd))
+            handle_request(base, queue, line, (fifo, lock_fd), spare)
+        spare.close()  # its pipe's EOF ends it
         os.close(fifo)
         os.close(lock_fd)
         signal.signal(signal.SIGCHLD, old_sigchld)
@@ -1708,16 +1777,18 @@ def clean_queue(queue, older_than):
         pass
 
 
-def handle_request(base, queue, line, server_fds):
-    """Serves one request line "PID START ARGV... [-- SPEC]", or "PID START @"
-    with the request in queue/PID.req (a line per word). A start's daemon, or
-    a cancel's child, answers it."""
+def handle_request(base, queue, line, server_fds, spare):
+    """Serves one request line "PID START FD ARGV... [-- SPEC]", or "PID START
+    FD @" with the request in queue/PID.req (a line per word). PID and START
+    name the client, FD its reply pipe. A start's daemon, or a cancel's child,
+    answers it."""
     words = line.strip().decode("ascii", "replace").split(" ")
-    if len(words) < 3 or not (words[0].isdigit() and words[1].isdigit()) or len(words[0]) > 12:
+    if len(words) < 4 or not all(w.isdigit() and len(w) <= 12 for w in words[:3]):
         return
-    client = (int(words[0]), int(words[1]))
-    if words[2:] == ["@"]:
-        req_path = os.path.join(queue, words[0] + ".req")
+    client = (int(words[0]), int(words[1]), int(words[2]))
+    words = words[3:]
+    if words == ["@"]:
+        req_path = os.path.join(queue, "%d.req" % client[0])
         try:
             with open(req_path, "rb") as f:
                 raw = f.read(SPEC_MAX_BYTES + 8192)
@@ -1725,8 +1796,6 @@ def handle_request(base, queue, line, server_fds):
         except OSError:
             return
         words = raw.decode("utf-8", "replace").split("\n")
-    else:
-        words = words[2:]
     spec = None
     if "--" in words:
         cut = words.index("--")
@@ -1734,7 +1803,7 @@ def handle_request(base, queue, line, server_fds):
         words = words[:cut]
     argv = [w for w in words if w]
     if argv and argv[0] == "start":
-        server_start(base, queue, client, argv, spec)
+        server_start(base, queue, client, argv, spec, spare)
         return
     if argv and argv[0] == "cancel":
         try:
@@ -1744,7 +1813,7 @@ def handle_request(base, queue, line, server_fds):
         if pid == 0:
             code = 0
             try:
-                for fd in server_fds:
+                for fd in list(server_fds) + spare.fds():
                     os.close(fd)
                 answer(queue, client, run_subcommand(argv, base))
             except BaseException:
@@ -1755,13 +1824,122 @@ def handle_request(base, queue, line, server_fds):
     answer(queue, client, run_subcommand(argv, base, spec))
 
 
-def server_start(base, queue, client, argv, spec):
-    """A start served by the fork server: checked and claimed here, then one
-    fork; the daemon answers the client itself once its first record is saved,
-    so the server goes back to its FIFO at once."""
+class Spare:
+    """The task server's next daemon, forked ahead of the start that will use
+    it: a detached process in its own session, waiting on a pipe for one task
+    (pickled: what `prepare_start` returned, and the first record). The server saves that record,
+    naming the spare, hands the task over and answers the client itself, so a
+    start costs the server a write, not a fork, and its answer waits for no
+    other process; the spare then enters the task's directory and starts the
+    command. The next spare is forked once the FIFO has been quiet for
+    SPARE_DELAY (a fork at once would compete with the launch). Closing the
+    pipe unused (the server exits, or dies) ends it."""
+
+    def __init__(self, queue):
+        self.queue = queue
+        self.pid = None
+        self.start_time = None
+        self.job_w = None
+        self.wanted = False  # a task took the last one
+
+    def fds(self):
+        return [self.job_w] if self.job_w is not None else []
+
+    def ensure(self):
+        """Forks the spare if there is none (an error leaves none: a start
+        then forks its daemon itself)."""
+        self.wanted = False
+        if self.pid is not None:
+            return
+        try:
+            job_r, job_w = os.pipe()
+        except OSError:
+            return
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(job_r)
+            os.close(job_w)
+            return
+        if pid == 0:
+            self._wait_for_task(job_r)  # never returns
+        os.close(job_r)
+        start_time = proc_start_time(pid)
+        if start_time is None:  # already gone
+            os.close(job_w)
+            return
+        self.pid, self.start_time, self.job_w = pid, start_time, job_w
+
+    def hand(self, job):
+        """Gives `job` to the spare; False if it is gone (the caller forks a
+        daemon itself)."""
+        import pickle
+        fd, self.pid, self.job_w = self.job_w, None, None
+        self.wanted = True
+        try:
+            write_all(fd, pickle.dumps(job, pickle.HIGHEST_PROTOCOL))
+            return True
+        except OSError:  # EPIPE: the spare died before its task
+            return False
+        finally:
+            os.close(fd)
+
+    def close(self):
+        for fd in self.fds():
+            os.close(fd)
+        self.pid = self.job_w = None
+
+    def _wait_for_task(self, job_r):
+        try:
+            signal = signal_module()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            # A cancel may signal this process as soon as its record is saved,
+            # before the daemon sets its own handlers: ignored here, the
+            # daemon sees the cancel's marker file.
+            signal.signal(signal.SIGUSR1, lambda signum, frame: None)
+            os.setsid()
+            detach_descriptors(keep=job_r)  # the server's FIFO, lock and pipes
+            chunks = []
+            while True:
+                chunk = os.read(job_r, 65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            os.close(job_r)
+            if chunks:
+                import pickle
+                tid, tdir, spec_record, cwd_run, envs, old_umask, record = pickle.loads(b"".join(chunks))
+                daemon_main(tdir, tid, spec_record, cwd_run, envs, old_umask, None,
+                            detached=True, record=record)
+        except BaseException:
+            pass
+        os._exit(0)
+
+
+def server_start(base, queue, client, argv, spec, spare):
+    """A start served by the task server: checked and claimed here; with a
+    spare, its first record (naming the spare) is saved, the task handed over
+    and the client answered here; otherwise a daemon forked now answers once
+    its own first record is saved. Either way the server goes back to its FIFO
+    at once."""
     try:
         _, opts = parse_served(argv, base)
-        tid, tdir, spec_record, cwd_run, envs, old_umask = prepare_start(opts, spec)
+        claimed = prepare_start(opts, spec, files=spare.pid is None)
+        tid, tdir, spec_record, cwd_run, envs, old_umask = claimed
+        status_path = os.path.join(tdir, "status.json")
+        if spare.pid is not None:
+            record = first_record(tid, spec_record, spare.pid, spare.start_time, spare.pid, True)
+            record["started_at"] = time.time()
+            try:
+                write_json_atomic(status_path, record, sync=False)
+                handed = spare.hand(claimed + (record,))
+            except OSError:
+                handed = False  # a daemon forked below saves its own record over it
+            if handed:
+                # Its streams are empty (and made by the spare): not read.
+                answer(queue, client, (0, status_view(None, tid, record, "running", None)))
+                return
+            write_task_files(tdir, spec_record)
     except CliError as e:
         answer(queue, client, (2, {"error": e.message, "code": e.code}))
         return
@@ -1769,15 +1947,11 @@ def server_start(base, queue, client, argv, spec):
         answer(queue, client, (2, {"error": "supervisor error: %s: %s" % (type(e).__name__, e),
                             "code": "internal"}))
         return
-
-    def on_ready(record):
-        answer(queue, client, (0, status_view(tdir, tid, record, record["state"], record.get("error"))))
-
+    spare.wanted = True
     try:
         pid = os.fork()
     except OSError as e:
         # No daemon: this process is the only possible writer of status.json.
-        status_path = os.path.join(tdir, "status.json")
         record = dict(spec_record, state="failed", started_at=None, finished_at=time.time(),
                       exit_code=None, signal=None, pid=None, pgid=None,
                       error="could not launch the task supervisor: %s" % (e.strerror or e))
@@ -1795,21 +1969,24 @@ def server_start(base, queue, client, argv, spec):
             os.setsid()
         except BaseException:
             pass
+
+        def on_ready(record):
+            answer(queue, client, (0, status_view(tdir, tid, record, record["state"], record.get("error"))))
+
         daemon_main(tdir, tid, spec_record, cwd_run, envs, old_umask, None, on_ready)  # never returns
 
 
 def answer(queue, client, result):
-    """Answers the waiting client (pid, start time): the JSON into its
-    queue/PID.out (which it made and holds open), then the exit code through its
-    queue/PID.reply FIFO, which it reads. Nothing is written unless the pid is
-    still that client (start time); the server cleans up what a client that
-    gave up left."""
+    """Answers the waiting client (pid, start time, reply descriptor): the
+    JSON into its queue/PID.out (which it made and holds open), then the exit
+    code into its reply pipe, reached as /proc/PID/fd/FD. Nothing is written
+    unless the pid is still that client (start time) and the descriptor is a
+    pipe; the server cleans up what a client that gave up left."""
     rc, obj = result
-    pid, start = client
+    pid, start, reply_fd = client
     if not process_alive(pid, start):
         return
     out_path = os.path.join(queue, "%d.out" % pid)
-    reply_path = os.path.join(queue, "%d.reply" % pid)
     try:
         fd = os.open(out_path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
         try:
@@ -1817,12 +1994,12 @@ def answer(queue, client, result):
         finally:
             os.close(fd)
         os.unlink(out_path)
-        fd = os.open(reply_path, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: the client is gone
+        fd = os.open("/proc/%d/fd/%d" % (pid, reply_fd), os.O_WRONLY | os.O_NONBLOCK)
     except OSError:
         return
     try:
-        os.unlink(reply_path)
-        write_all(fd, b"%d\n" % rc)
+        if os.fstat(fd).st_mode & 0o170000 == 0o010000:  # S_ISFIFO, without importing stat
+            write_all(fd, b"%d\n" % rc)
     except OSError:
         pass
     finally:

@@ -142,7 +142,7 @@ class SupervisorTestCase(unittest.TestCase):
 
     def test_version(self):
         obj = self.cli("version", base=False)
-        self.assertEqual(obj["version"], "7")
+        self.assertEqual(obj["version"], "8")
 
     def test_default_base_is_the_script_directory(self):
         # The gateway reads task files beside the installed script, so without
@@ -710,9 +710,16 @@ class SupervisorTestCase(unittest.TestCase):
         tid, first = self.start("sleep 30")
         self.assertLess(time.monotonic() - t0, 5)
         self.assertEqual(first["state"], "running")
-        # The daemon is in another session than the caller and the task has
-        # its own group, distinct from the daemon's.
-        record = json.loads(read_text(os.path.join(self.base, "tasks", tid, "status.json")))
+        self.assertIsNotNone(first["started_at"])
+        # The first record is saved before the command starts; the next one
+        # names its process. The daemon is in another session than the caller
+        # and the task has its own group, distinct from the daemon's.
+        end = time.monotonic() + 5
+        while True:
+            record = json.loads(read_text(os.path.join(self.base, "tasks", tid, "status.json")))
+            if record["pid"] is not None or time.monotonic() > end:
+                break
+            time.sleep(0.01)
         self.assertNotEqual(os.getsid(record["supervisor_pid"]), os.getsid(0))
         self.assertNotEqual(os.getpgid(record["supervisor_pid"]), record["pgid"])
         self.assertEqual(os.getpgid(record["pid"]), record["pgid"])
@@ -1041,7 +1048,7 @@ class ForkServerTests(unittest.TestCase):
         fd = os.open(fifo, os.O_WRONLY)
         # Not a pid; a pid that is not a waiting client (this test: its start time differs);
         # a path for a request file; an over-long line.
-        os.write(fd, b"not-a-pid\n%d 1 start --task-id %s\n1 1 @\n../../x 1 @\n" % (os.getpid(), new_id().encode())
+        os.write(fd, b"not-a-pid\n%d 1 9 start --task-id %s\n1 1 9 @\n../../x 1 9 @\n" % (os.getpid(), new_id().encode())
                  + b"x" * 5000 + b"\n")
         os.close(fd)
         rc, answer = self.via_client("list")
@@ -1063,6 +1070,67 @@ class ForkServerTests(unittest.TestCase):
         data, _ = self.read_all(tid)
         self.assertEqual((st["state"], data), ("succeeded", b"20001\n"))
         self.assertEqual(os.listdir(os.path.join(self.base, "queue")), [])
+
+    def children(self, parent):
+        found = []
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    stat = read_text("/proc/%s/stat" % name)
+                except OSError:
+                    continue
+                fields = stat[stat.rindex(")") + 2:].split()
+                if int(fields[1]) == parent and fields[0] not in "ZXx":
+                    found.append(int(name))
+        return found
+
+    def wait_spare(self, server, other_than=()):
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            spares = [pid for pid in self.children(server) if pid not in other_than]
+            if spares:
+                return spares
+            time.sleep(0.02)
+        self.fail("the server forked no spare daemon")
+
+    def test_a_start_is_handed_to_the_spare_forked_before_it(self):
+        self.via_client("start", "--task-id", new_id(), "--serve", "1", spec=self.spec("true"))
+        server = self.wait_server()
+        [spare] = self.wait_spare(server)
+        self.assertNotEqual(os.getsid(spare), os.getsid(server))  # already in a session of its own
+        tid = new_id()
+        rc, view = self.via_client("start", "--task-id", tid, "--serve", "1", spec=self.spec("echo $MY_TOKEN"))
+        self.assertEqual((rc, view["state"]), (0, "running"), view)
+        record = json.loads(read_text(os.path.join(self.base, "tasks", tid, "status.json")))
+        self.assertEqual(record["supervisor_pid"], spare)
+        # The used spare is the task's daemon now; a new one waits for the next start.
+        self.assertEqual(len(self.wait_spare(server, other_than=(spare,))), 1)
+        st = self.wait_terminal(tid)
+        data, _ = self.read_all(tid)
+        self.assertEqual((st["state"], data), ("succeeded", b"***\n"))
+
+    def test_a_dead_spare_costs_a_fork_and_the_start_still_runs_once(self):
+        self.via_client("start", "--task-id", new_id(), "--serve", "1", spec=self.spec("true"))
+        server = self.wait_server()
+        [spare] = self.wait_spare(server)
+        os.kill(spare, signal.SIGKILL)
+        self.assertTrue(wait_gone(spare))
+        tid = new_id()
+        marker = os.path.join(self.work, "runs")
+        rc, view = self.via_client("start", "--task-id", tid, "--serve", "1",
+                                   spec=self.spec("echo x >> %s" % marker))
+        self.assertEqual((rc, view["state"]), (0, "running"), view)
+        self.assertEqual(self.wait_terminal(tid)["state"], "succeeded")
+        self.assertEqual(read_text(marker), "x\n")
+        self.assertEqual(self.server_pid(), server)
+        self.wait_spare(server)  # replaced
+
+    def test_the_spare_ends_with_its_server(self):
+        self.via_client("start", "--task-id", new_id(), "--serve", "1", spec=self.spec("true"))
+        server = self.wait_server()
+        [spare] = self.wait_spare(server)
+        os.kill(server, signal.SIGKILL)
+        self.assertTrue(wait_gone(spare), "the spare outlived its server")
 
     def test_an_idle_server_exits_and_so_does_one_whose_directory_is_gone(self):
         import importlib.util

@@ -1,5 +1,5 @@
 //! The task fast path: `start_task` and `cancel_task` without a python3 start.
-//! A bash client ([`CLIENT`]: builtins and one `mkfifo`) hands the
+//! A bash client ([`CLIENT`]: builtins only) hands the
 //! supervisor's argv to the sandbox's long-lived fork server (the
 //! supervisor's `serve`, forked from the first `start` after it answered) and
 //! prints the server's answer as the supervisor would. When no server of this
@@ -26,44 +26,52 @@ pub const NO_ANSWER_SECONDS: u32 = 10;
 ///
 /// - The server is used only if `server-V.pid` names a live process (not a
 ///   zombie) with the recorded start time (`/proc/PID/stat` fields 3 and 22),
-///   and the client could make its reply FIFO `queue/PID.reply` (its pid is
-///   unique among live clients) and its answer file `queue/PID.out`.
+///   and the client could make its reply pipe and its answer file
+///   `queue/PID.out` (its pid is unique among live clients).
+/// - The reply pipe costs no process: a here-string is a pipe in bash ≥ 5.1,
+///   which the client reopens read-write through `/proc/$$/fd` (so it never
+///   reads end-of-file) and the server opens for writing as
+///   `/proc/PID/fd/FD`. An older bash (a here-string in a temporary file)
+///   takes the python3 path.
 /// - The request is one line on the server's FIFO, atomic under `PIPE_BUF`:
-///   the client's pid and start time (the server checks them before it
-///   answers), the subcommand's words, and `-- SPEC` for a start; a longer
-///   request goes to `queue/PID.req` (a line per word) and the line says `@`.
+///   the client's pid, start time and reply descriptor (the server checks
+///   the first two before it answers), the subcommand's words, and `-- SPEC`
+///   for a start; a longer request goes to `queue/PID.req` (a line per word)
+///   and the line says `@`.
 /// - The server writes the JSON into `PID.out` (a regular file, which bash
-///   reads in one go; held open by the client), then the exit code into
-///   `PID.reply`; the client prints the one and exits with the other.
+///   reads in one go; held open by the client), then the exit code into the
+///   reply pipe; the client prints the one and exits with the other.
 /// - Every open is a compound command's redirection, so a failure never kills
 ///   the shell: anything failing before the request's line is written falls
 ///   back to python3 (nothing was sent); a request sent and not answered
 ///   within [`NO_ANSWER_SECONDS`] is reported with code `uncertain` (it may
 ///   have been carried out).
 pub const CLIENT: &str = r#"d=$1 v=$2; shift 2
-s="$d/server-$v" q="$d/queue/$$" sent=
+s="$d/server-$v" q="$d/queue/$$" sent= r=
 if read -r pid start 2>/dev/null <"$s.pid" && read -r -a st 2>/dev/null <"/proc/$pid/stat" &&
   [ "${st[21]}" = "$start" ] && [[ ${st[2]} != [ZXx] ]] && read -r -a me 2>/dev/null </proc/$$/stat &&
-  mkfifo -m 600 "$q.reply" 2>/dev/null && : 2>/dev/null >"$q.out"; then
-  line="$$ ${me[21]} ${*:6}${SANDBOX_MCP_TASK_SPEC+ -- $SANDBOX_MCP_TASK_SPEC}"
+  { exec {h}<<<''; } 2>/dev/null && [[ -p /proc/$$/fd/$h ]] &&
+  { exec {r}<>"/proc/$$/fd/$h" {h}<&-; } 2>/dev/null && read -r -u "$r" && : 2>/dev/null >"$q.out"; then
+  line="$$ ${me[21]} $r ${*:6}${SANDBOX_MCP_TASK_SPEC+ -- $SANDBOX_MCP_TASK_SPEC}"
   if [ ${#line} -gt 4000 ]; then
     { printf '%s\n' "${@:6}"; [ -z "${SANDBOX_MCP_TASK_SPEC+x}" ] || printf -- '--\n%s\n' "$SANDBOX_MCP_TASK_SPEC"; } 2>/dev/null >"$q.req" &&
-      line="$$ ${me[21]} @" || line=
+      line="$$ ${me[21]} $r @" || line=
   fi
   {
     [ -n "$line" ] && printf '%s\n' "$line" >&3 && sent=1
     exec 3>&-
-    if [ -n "$sent" ] && IFS= read -r -t 10 rc <&4; then
+    if [ -n "$sent" ] && IFS= read -r -t 10 -u "$r" rc; then
       IFS= read -r -d '' out <&5
       printf '%s' "$out"
       exit "$rc"
     fi
-  } 2>/dev/null 3<>"$s.fifo" 4<>"$q.reply" 5<"$q.out"
+  } 2>/dev/null 3<>"$s.fifo" 5<"$q.out"
   if [ -n "$sent" ]; then
     printf '%s\n' '{"error": "the task server did not answer within 10 s; the request may or may not have been carried out", "code": "uncertain"}'
     exit 2
   fi
 fi
+[ -z "$r" ] || exec {r}<&-
 exec "$@""#;
 
 /// The client's argv for one supervisor invocation (`python_argv`, as
@@ -104,10 +112,10 @@ mod tests {
 
     #[test]
     fn the_client_waits_as_long_as_documented_and_falls_back_to_its_argv() {
-        assert!(CLIENT.contains(&format!("read -r -t {NO_ANSWER_SECONDS} rc")));
+        assert!(CLIENT.contains(&format!("read -r -t {NO_ANSWER_SECONDS} -u \"$r\" rc")));
         assert!(CLIENT.ends_with("exec \"$@\""));
-        let argv = client_argv("/b", "7", vec!["python3".into(), "-I".into()]);
+        let argv = client_argv("/b", "8", vec!["python3".into(), "-I".into()]);
         assert_eq!(argv[..2], [SHELL, "-c"]);
-        assert_eq!(argv[3..], ["sandbox-mcp-task", "/b", "7", "python3", "-I"]);
+        assert_eq!(argv[3..], ["sandbox-mcp-task", "/b", "8", "python3", "-I"]);
     }
 }

@@ -2,8 +2,9 @@
 //! task (KILL), cleanup of the task's process group (and the documented
 //! escape of a child that called setsid), a killed supervisor (unknown; its
 //! liveness probe through the files API), a
-//! killed sandbox (clear error), and the argument rejections, including
-//! the 129th task.
+//! killed sandbox (clear error), the argument rejections, including
+//! the 129th task, and later starts answered by the task server and run by
+//! its spare daemon.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 use crate::{common, tasks_support};
@@ -176,4 +177,53 @@ async fn bad_arguments_are_refused_before_any_connection() {
     assert!(err.contains("128"), "{err}");
     mcp.call("kill_sandbox", json!({"sandbox_id": sandbox_id})).await.ok();
     mcp.close().await;
+}
+
+/// In a real sandbox (envd's user, its /proc), a start after the first is answered by the task
+/// server, with the first record naming the spare it forked in advance, before the command runs;
+/// the spare then runs the command once, and a cancel sent right after the answer reaches it.
+#[tokio::test(flavor = "multi_thread")]
+async fn later_starts_are_answered_by_the_task_server_and_run_by_its_spare() {
+    require_root!();
+    let (_env, serve, mcp) = Env::local("").await;
+    let sandbox_id = mcp.create_sandbox().await;
+    mcp.start_task(&sandbox_id, "true", json!({})).await;
+    let pid_file = format!("/home/user/.sandbox-mcp/server-{}.pid", sandbox_mcp::tasks::supervisor_version());
+    // The server's children: its spare (and the daemons of the tasks it handed out).
+    let spares = format!(
+        "for i in $(seq 100); do test -s {pid_file} && break; sleep 0.05; done; s=$(cut -d' ' -f1 {pid_file}); \
+         for i in $(seq 100); do c=$(cat /proc/$s/task/$s/children); test -n \"$c\" && break; sleep 0.05; done; echo $c"
+    );
+    let children = run(&mcp, &sandbox_id, &spares).await;
+    let spare: u64 = children["stdout"].as_str().unwrap().split_whitespace().next().unwrap().parse().unwrap();
+
+    let marker = "/tmp/spare-runs";
+    let started = mcp.start_task(&sandbox_id, &format!("echo x >> {marker}; sleep 600"), json!({})).await;
+    assert_eq!(started["state"], "running", "{started}");
+    assert!(started["started_at"].as_f64().is_some(), "{started}");
+    let task_id = started["task_id"].as_str().unwrap();
+    let record = mcp
+        .call(
+            "read_file",
+            json!({"sandbox_id": sandbox_id, "path": format!("/home/user/.sandbox-mcp/tasks/{task_id}/status.json")}),
+        )
+        .await
+        .ok();
+    let record: Value = serde_json::from_str(record["content"].as_str().unwrap()).unwrap();
+    assert_eq!(record["supervisor_pid"].as_u64(), Some(spare), "the spare took the task: {record}");
+    // Cancelled at once: the spare obeys it whether or not its command had started.
+    let c = mcp.call("cancel_task", json!({"sandbox_id": sandbox_id, "task_id": task_id})).await.ok();
+    assert_eq!((c["state"].as_str(), c["cancel_confirmed"].as_bool()), (Some("cancelled"), Some(true)), "{c}");
+    let runs = run(&mcp, &sandbox_id, &format!("cat {marker} 2>/dev/null | wc -l")).await;
+    assert!(matches!(runs["stdout"].as_str().unwrap().trim(), "0" | "1"), "{runs}");
+
+    // The next start goes to a new spare, and its command runs exactly once.
+    let second = mcp.start_task(&sandbox_id, &format!("echo y >> {marker}.2"), json!({})).await;
+    let second_id = second["task_id"].as_str().unwrap();
+    mcp.wait_done(&sandbox_id, second_id, Duration::from_secs(30)).await;
+    let done = mcp.get_task(&sandbox_id, second_id, json!({})).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    let runs = run(&mcp, &sandbox_id, &format!("cat {marker}.2")).await;
+    assert_eq!(runs["stdout"], "y\n");
+    drop(serve);
 }
