@@ -24,7 +24,14 @@
 //!    in-process validation time (key generated with the `openssl` CLI, JWKS served locally);
 //! 5. sessions in Redis (`[sessions] store`, a local `redis-server`): p50 of `run_command "true"` and
 //!    MCP session creations per second with the Redis store beside the memory store (target: <= 0.5 ms
-//!    added p50). `BENCH_ONLY=redis` runs only this part.
+//!    added p50). `BENCH_ONLY=redis` runs only this part;
+//! 6. side by side with a Python peer (`bench/peer/peer_server.py`: the official `mcp` SDK's FastMCP
+//!    and the official `e2b` SDK on the same provider and sandbox, a stand-in only, never a test
+//!    dependency): p50 of `run_command "true"` through ours and through the peer, timed call by call
+//!    interleaved by one official Python client (mcp 1.30), and their ratio (target ours / peer
+//!    <= 0.5), with each server's CPU per call and the load. Needs `$SANDBOX_MCP_BENCH_PEER_PYTHON`, a
+//!    python with mcp==1.30.0 and e2b==2.63.0 (`.venv-test/bin/python`, made by `scripts/test.sh`);
+//!    skipped without it. It runs right after part 1; `BENCH_GATEWAY_ONLY=peer` runs only this part.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 #[path = "../tests/it/common/mod.rs"]
@@ -38,7 +45,7 @@ use anyhow::{Context, bail};
 use common::mcp::{McpClient, tool, try_connect};
 use common::redis_server::Redis;
 use common::rss_kib;
-use common::stats::p50;
+use common::stats::{Summary, p50, print_header, print_row};
 use common::{Gateway, GatewayBuilder, Provider, with_free_port};
 use sandbox_mcp::e2b::{CallOptions, OutputLimits, wire};
 use serde_json::json;
@@ -278,6 +285,170 @@ asyncio.run(main(*sys.argv[1:4]))
     }
 }
 
+/// Samples of the side-by-side comparison with the peer, for each server.
+const PEER_ROUNDS: usize = 200;
+
+/// The one Python client of the side-by-side comparison (official SDK, mcp 1.30): a session with
+/// each server, warm-up calls on both, then, once told to go on stdin, `PEER_ROUNDS` rounds of one
+/// `run_command "true"` to each, in alternating order; prints the samples (ms) as JSON.
+const PEER_CLIENT: &str = r#"
+import asyncio, json, sys, time
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+def check(name, result):
+    ok = result.structuredContent.get("exit_code") == 0 if name == "ours" else \
+        result.content[0].text.startswith("exit_code: 0\n")
+    if result.isError or not ok:
+        raise SystemExit(f"{name}: run_command failed: {result}")
+
+async def main(ours_url, peer_url, sandbox_id, rounds):
+    async with streamable_http_client(ours_url) as (r1, w1, _), ClientSession(r1, w1) as ours, \
+            streamable_http_client(peer_url) as (r2, w2, _), ClientSession(r2, w2) as peer:
+        await ours.initialize()
+        await peer.initialize()
+        args = {"sandbox_id": sandbox_id, "command": "true"}
+        servers = [("ours", ours), ("peer", peer)]
+        for _ in range(20):
+            for name, session in servers:
+                check(name, await session.call_tool("run_command", args))
+        print("warm", flush=True)
+        await asyncio.to_thread(sys.stdin.readline)
+        samples = {"ours": [], "peer": []}
+        for i in range(rounds):
+            for name, session in servers if i % 2 == 0 else servers[::-1]:
+                started = time.perf_counter()
+                result = await session.call_tool("run_command", args)
+                samples[name].append((time.perf_counter() - started) * 1000)
+                check(name, result)
+        print(json.dumps(samples), flush=True)
+
+asyncio.run(main(*sys.argv[1:4], int(sys.argv[4])))
+"#;
+
+/// The peer's address in its "peer listening on http://ADDR/mcp" line.
+fn peer_listening(line: &str) -> Option<String> {
+    line.strip_prefix("peer listening on ").map(|url| url.trim().to_string())
+}
+
+/// The first figure of `/proc/loadavg` (the 1-minute load average).
+fn load_1min() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// Side by side with a peer: `run_command "true"` through our gateway and through a Python MCP
+/// server doing the same job on the same provider and sandbox (`bench/peer/peer_server.py`: the
+/// official `mcp` SDK's FastMCP and the official `e2b` SDK), timed by one official Python client,
+/// call by call interleaved (target: ours / peer <= 0.5). The peer is a stand-in for the
+/// comparison only, never a test dependency; both processes this starts are stopped on every path
+/// (their guards kill their process groups on drop).
+fn peer_comparison(provider: &Provider, gateway: &Gateway, sandbox_id: &str) -> anyhow::Result<()> {
+    let Some(python) = std::env::var_os("SANDBOX_MCP_BENCH_PEER_PYTHON") else {
+        report!(
+            "side by side with the Python peer: skipped (set SANDBOX_MCP_BENCH_PEER_PYTHON to a python with \
+             mcp==1.30.0 and e2b==2.63.0, e.g. .venv-test/bin/python made by scripts/test.sh)"
+        );
+        return Ok(());
+    };
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/peer/peer_server.py");
+    let mut command = Command::new(&python);
+    command
+        .arg(&script)
+        .arg("--provider-url")
+        .arg(provider.url())
+        .env("E2B_API_KEY", common::API_KEY)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let peer_log = common::Log::default();
+    let (peer, peer_url) = common::process::spawn_until(
+        &mut command,
+        Duration::from_secs(5),
+        &peer_log,
+        None,
+        Duration::from_secs(30),
+        peer_listening,
+    )
+    .map_err(anyhow::Error::msg)
+    .context("start the peer server")?;
+
+    let mut command = Command::new(&python);
+    command
+        .args(["-c", PEER_CLIENT, &gateway.mcp_url(), &peer_url, sandbox_id, &PEER_ROUNDS.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut client = common::ProcessGuard::spawn(&mut command, Duration::from_secs(5))?;
+    let child = client.child_mut().context("the client process")?;
+    let (mut stdin, stdout, stderr) = (
+        child.stdin.take().context("client stdin")?,
+        child.stdout.take().context("client stdout")?,
+        child.stderr.take().context("client stderr")?,
+    );
+    let client_log = common::Log::default();
+    // Its stderr read on a thread of its own, so that a chatty client cannot block on a full pipe.
+    drop(common::process::watch(stderr, client_log.clone(), None, |_| None::<()>));
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+    let mut next_line = |what: &str| -> anyhow::Result<String> {
+        match lines.next() {
+            Some(line) => Ok(line?),
+            None => bail!(
+                "the Python client ended before {what}; its stderr:\n{}\nthe peer's output:\n{}",
+                client_log.text(),
+                peer_log.text()
+            ),
+        }
+    };
+    if next_line("its warm-up")? != "warm" {
+        bail!("the Python client did not warm up; its stderr:\n{}", client_log.text());
+    }
+    // CPU time of each process's threads over the sampled calls only (warm-up excluded): each
+    // server's, and the client's and the provider's, which both paths share.
+    let pids = [gateway.pid(), peer.pid(), client.pid(), provider.pid()];
+    let before = pids.map(thread_cpu_ns);
+    let load_before = load_1min();
+    std::io::Write::write_all(&mut stdin, b"go\n")?;
+    let samples: serde_json::Value = serde_json::from_str(&next_line("its samples")?)?;
+    let [gateway_cpu, peer_cpu, client_cpu, provider_cpu] = [0, 1, 2, 3].map(|i| cpu_since(pids[i], &before[i]));
+    let load_after = load_1min();
+    drop(stdin);
+    match client.wait_timeout(Duration::from_secs(10)) {
+        Some(status) if status.success() => {}
+        status => bail!("the Python client ended with {status:?}; its stderr:\n{}", client_log.text()),
+    }
+    let series = |name: &str| -> anyhow::Result<Vec<f64>> {
+        let values = samples[name].as_array().with_context(|| format!("no {name} samples"))?;
+        values.iter().map(|v| v.as_f64().context("a sample is not a number")).collect()
+    };
+    let (mut ours, mut theirs) = (series("ours")?, series("peer")?);
+    let (ours, theirs) = (Summary::of(&mut ours), Summary::of(&mut theirs));
+    let ratio = ours.median / theirs.median;
+    print_header();
+    print_row("Python client -> ours, run_command", "ms", &ours, None);
+    print_row("Python client -> peer, run_command", "ms", &theirs, None);
+    print_row("ours / peer, p50 ratio", "x", &Summary::of(&mut [ratio]), Some(0.5));
+    let per_call = |ns: u64| ns as f64 / 1e6 / PEER_ROUNDS as f64;
+    report!(
+        "side by side with the Python peer (official mcp 1.30 client, {PEER_ROUNDS} interleaved calls each): \
+         run_command \"true\" p50 ours {:.3} ms, peer {:.3} ms: ours / peer {ratio:.3} (target <= 0.5: {}); \
+         server CPU per call: gateway {:.3} ms, peer {:.3} ms; per pair of calls (one each): the Python \
+         client {:.3} ms, the provider {:.3} ms; load {load_before} -> {load_after}",
+        ours.median,
+        theirs.median,
+        if ratio <= 0.5 { "met" } else { "NOT met" },
+        per_call(gateway_cpu),
+        per_call(peer_cpu),
+        per_call(client_cpu),
+        per_call(provider_cpu),
+    );
+    drop(client);
+    drop(peer);
+    Ok(())
+}
+
 // The client runs on one thread, like an agent's. On a two-core machine a work-stealing client spent
 // 0.47-0.51 ms of CPU per direct call (0.19-0.24 ms on one thread) and took that from the provider and
 // the gateway it measures.
@@ -318,6 +489,12 @@ async fn run() -> anyhow::Result<()> {
     let request = wire::StartRequest::login_shell("true");
     let options = CallOptions::user("user").with_timeout(Duration::from_secs(60));
     let limits = OutputLimits { max_stdout: 65536, max_stderr: 65536 };
+    if std::env::var("BENCH_GATEWAY_ONLY").is_ok_and(|only| only == "peer") {
+        let outcome = peer_comparison(&provider, &gateway, &sandbox_id);
+        let _ = client.cancel().await;
+        let _ = direct.kill_sandbox(&sandbox_id).await;
+        return outcome;
+    }
     let only_throughput = std::env::var("BENCH_GATEWAY_ONLY").is_ok_and(|only| only == "throughput");
     if !only_throughput {
         let stateless = StatelessCaller::new(&url, &sandbox_id);
@@ -392,6 +569,11 @@ async fn run() -> anyhow::Result<()> {
         let _ = client.cancel().await;
         let _ = direct.kill_sandbox(&sandbox_id).await;
         return Ok(());
+    }
+
+    // 6. Side by side with the Python peer, right after part 1 (a stand-in; skipped unless its python is named).
+    if !only_throughput && let Err(err) = peer_comparison(&provider, &gateway, &sandbox_id) {
+        report!("side by side with the Python peer failed: {err:#}");
     }
 
     // 2. Throughput with 32 concurrent sessions sharing the sandbox.
