@@ -399,18 +399,6 @@ def proc_start_time(pid):
     return st[3] if st else None
 
 
-_own_start = {}  # pid -> start time (a forked child is another pid)
-
-
-def own_start_time():
-    """This process's start time, read once (a spare reads it before its task)."""
-    pid = os.getpid()
-    if pid not in _own_start:
-        _own_start.clear()
-        _own_start[pid] = proc_start_time(pid)
-    return _own_start[pid]
-
-
 def process_alive(pid, start_time):
     """True if `pid` runs, is not a zombie, and started at `start_time` (same process)."""
     st = proc_stat(pid)
@@ -1023,10 +1011,9 @@ def detach_descriptors(keep=None):
     """Closes every inherited descriptor but 0-2 and `keep`, so the launching
     call's pipes (and anything else the caller passed) are released, then
     points 0-2 at /dev/null."""
-    kept = (keep,)
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
-        if fd > 2 and fd not in kept:
+        if fd > 2 and fd != keep:
             try:
                 os.close(fd)
             except OSError:
@@ -1257,7 +1244,8 @@ class Daemon:
         self.fds = []            # descriptors to free before recording a failure
         self.first_saved = record is not None  # by the task server, which answered with it
         if record is None:
-            record = first_record(tid, spec_record, os.getpid(), own_start_time(), os.getsid(0), False)
+            record = first_record(tid, spec_record, os.getpid(), proc_start_time(os.getpid()),
+                                  os.getsid(0), False)
         self.record = record
 
     def save(self, sync=True):
@@ -1429,10 +1417,10 @@ class Daemon:
         # saved by the server): from here the task exists, a cancel reaches
         # this process (its handlers are set; a spare ignores SIGUSR1 from its
         # fork, and the marker is checked below) and a command that cannot
-        # start is recorded `failed`. Not fsynced, like
-        # the progress refreshes: a `running` record lost to a crash took its
-        # processes with it, and no record reads `unknown`, which is then the
-        # truth. Every outcome (a terminal record) is fsynced.
+        # start is recorded `failed`. Not fsynced, like the progress refreshes:
+        # a `running` record lost to a crash took its processes with it, and
+        # no record reads `unknown`, which is then the truth. Every outcome (a
+        # terminal record) is fsynced.
         if not self.first_saved:
             self.record["started_at"] = time.time()
             self.save(sync=False)
@@ -1634,12 +1622,12 @@ def max_rss_kb():
 # removed when the server is idle. The server holds no task state (all of it is
 # in the task directories), so a crash of it touches no running task: the next
 # client finds no live server, runs python3 itself, and that start forks a new
-# server. A start is checked and claimed by the server and handed to its spare
-# daemon (class Spare: forked in advance, in its own session), which answers
-# once its first record is saved, before the command starts; a cancel, which
-# may wait up to 3 s, is served by a forked child. Idle for SERVER_IDLE
-# seconds, or finding its pid file gone or another's, the server exits (and
-# its spare with it).
+# server. A start is checked and claimed by the server, which saves its first
+# record naming its spare daemon (class Spare: forked in advance, in its own
+# session), hands the task to the spare and answers, before the command
+# starts; a cancel, which may wait up to 3 s, is served by a forked child.
+# Idle for SERVER_IDLE seconds, or finding its pid file gone or another's, the
+# server exits (and its spare with it).
 
 SPEC_ENV = "SANDBOX_MCP_TASK_SPEC"   # the spec line, passed in the client's env
 SERVER_IDLE = 600.0
@@ -1780,8 +1768,8 @@ def clean_queue(queue, older_than):
 def handle_request(base, queue, line, server_fds, spare):
     """Serves one request line "PID START FD ARGV... [-- SPEC]", or "PID START
     FD @" with the request in queue/PID.req (a line per word). PID and START
-    name the client, FD its reply pipe. A start's daemon, or a cancel's child,
-    answers it."""
+    name the client, FD its reply pipe. The server itself (a start taken by
+    its spare), a start's daemon or a cancel's child answers it."""
     words = line.strip().decode("ascii", "replace").split(" ")
     if len(words) < 4 or not all(w.isdigit() and len(w) <= 12 for w in words[:3]):
         return
@@ -1827,8 +1815,9 @@ def handle_request(base, queue, line, server_fds, spare):
 class Spare:
     """The task server's next daemon, forked ahead of the start that will use
     it: a detached process in its own session, waiting on a pipe for one task
-    (pickled: what `prepare_start` returned, and the first record). The server saves that record,
-    naming the spare, hands the task over and answers the client itself, so a
+    (pickled: what `prepare_start` returned, and the first record). The server
+    saves that record, naming the spare, hands the task over and answers the
+    client itself, so a
     start costs the server a write, not a fork, and its answer waits for no
     other process; the spare then enters the task's directory and starts the
     command. The next spare is forked once the FIFO has been quiet for
