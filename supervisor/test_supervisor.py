@@ -1109,6 +1109,23 @@ class ForkServerTests(unittest.TestCase):
         data, _ = self.read_all(tid)
         self.assertEqual((st["state"], data), ("succeeded", b"***\n"))
 
+    def test_the_task_limit_holds_through_the_server(self):
+        self.via_client("start", "--task-id", new_id(), "--serve", "1", spec=self.spec("true"))
+        server = self.wait_server()
+        self.wait_spare(server)
+        root = os.path.join(self.base, "tasks")
+        while len(os.listdir(root)) < 127:
+            os.mkdir(os.path.join(root, new_id()))
+        last = new_id()
+        rc, view = self.via_client("start", "--task-id", last, "--serve", "1", spec=self.spec("echo last"))
+        self.assertEqual((rc, view["state"]), (0, "running"), view)  # the 128th, taken by the spare
+        tid = new_id()
+        rc, refused = self.via_client("start", "--task-id", tid, "--serve", "1", spec=self.spec("echo no"))
+        self.assertEqual((rc, refused["code"]), (2, "limit"), refused)
+        self.assertFalse(os.path.exists(os.path.join(root, tid)))
+        self.assertEqual(self.server_pid(), server)
+        self.assertEqual(self.wait_terminal(last)["state"], "succeeded")
+
     def test_a_dead_spare_costs_a_fork_and_the_start_still_runs_once(self):
         self.via_client("start", "--task-id", new_id(), "--serve", "1", spec=self.spec("true"))
         server = self.wait_server()
