@@ -1817,12 +1817,11 @@ class Spare:
     it: a detached process in its own session, waiting on a pipe for one task
     (pickled: what `prepare_start` returned, and the first record). The server
     saves that record, naming the spare, hands the task over and answers the
-    client itself, so a
-    start costs the server a write, not a fork, and its answer waits for no
-    other process; the spare then enters the task's directory and starts the
-    command. The next spare is forked once the FIFO has been quiet for
-    SPARE_DELAY (a fork at once would compete with the launch). Closing the
-    pipe unused (the server exits, or dies) ends it."""
+    client itself, so a start costs the server a write, not a fork, and its
+    answer waits for no other process; the spare then enters the task's
+    directory and starts the command. The next spare is forked once the FIFO
+    has been quiet for SPARE_DELAY (a fork at once would compete with the
+    launch). Closing the pipe unused (the server exits, or dies) ends it."""
 
     def __init__(self, queue):
         self.queue = queue

@@ -1101,6 +1101,9 @@ class ForkServerTests(unittest.TestCase):
         tid = new_id()
         rc, view = self.via_client("start", "--task-id", tid, "--serve", "1", spec=self.spec("echo $MY_TOKEN"))
         self.assertEqual((rc, view["state"]), (0, "running"), view)
+        # Answered with the first record, before the command started.
+        self.assertIsNone(view["pid"], view)
+        self.assertIsNotNone(view["started_at"], view)
         record = json.loads(read_text(os.path.join(self.base, "tasks", tid, "status.json")))
         self.assertEqual(record["supervisor_pid"], spare)
         # The used spare is the task's daemon now; a new one waits for the next start.
