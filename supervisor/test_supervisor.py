@@ -982,13 +982,16 @@ class ForkServerTests(unittest.TestCase):
     def version(self):
         return self.cli("version", base=False)["version"]
 
-    def via_client(self, *args, spec=None):
+    def via_client(self, *args, spec=None, served=False):
+        """Runs the bash client as the gateway does; `served`: its python3
+        fallback is a missing program, so only the task server can answer."""
         env = dict(self.env)
         env.pop("SANDBOX_MCP_TASK_SPEC", None)
         if spec is not None:
             env["SANDBOX_MCP_TASK_SPEC"] = base64.b64encode(json.dumps(spec).encode()).decode()
         argv = ["/bin/bash"] + (["-x"] if os.environ.get("CLIENT_TRACE") else []) + ["-c", self.client, "t", self.base, self.version(),
-                sys.executable, "-I", "-S", "-c", self.program] + list(args) + ["--base", self.base]
+                "/nonexistent/python3" if served else sys.executable, "-I", "-S", "-c", self.program] \
+            + list(args) + ["--base", self.base]
         # As envd starts it: stdin and stdout are pipes, stdin left open.
         p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              env=env)
@@ -1021,7 +1024,7 @@ class ForkServerTests(unittest.TestCase):
         server = self.wait_server()
         tid = new_id()
         rc, second = self.via_client("start", "--task-id", tid, "--serve", "1",
-                                     spec=self.spec("echo two $MY_TOKEN; env | grep -c SANDBOX_MCP_ || true"))
+                                     served=True, spec=self.spec("echo two $MY_TOKEN; env | grep -c SANDBOX_MCP_ || true"))
         self.assertEqual(rc, 0, second)
         self.assertEqual(set(second), set(first))
         self.assertEqual(self.server_pid(), server)
@@ -1029,14 +1032,14 @@ class ForkServerTests(unittest.TestCase):
         data, _ = self.read_all(tid)
         self.assertEqual((st["state"], data), ("succeeded", b"two ***\n0\n"))
         # Refusals come back with their code and exit status.
-        rc, again = self.via_client("start", "--task-id", tid, "--serve", "1", spec=self.spec("true"))
+        rc, again = self.via_client("start", "--task-id", tid, "--serve", "1", served=True, spec=self.spec("true"))
         self.assertEqual((rc, again["code"]), (2, "exists"))
-        rc, bad = self.via_client("start", "--task-id", new_id(), "--serve", "1", spec={"command": 1})
+        rc, bad = self.via_client("start", "--task-id", new_id(), "--serve", "1", served=True, spec={"command": 1})
         self.assertEqual((rc, bad["code"]), (2, "invalid"))
         # A cancel through the server (in a forked child).
         tid = new_id()
-        self.via_client("start", "--task-id", tid, "--serve", "1", spec=self.spec("sleep 30"))
-        rc, view = self.via_client("cancel", "--task-id", tid, "--wait", "3")
+        self.via_client("start", "--task-id", tid, "--serve", "1", served=True, spec=self.spec("sleep 30"))
+        rc, view = self.via_client("cancel", "--task-id", tid, "--wait", "3", served=True)
         self.assertEqual((rc, view["state"], view["cancel_confirmed"]), (0, "cancelled", True))
         # Nothing is left in the queue.
         self.assertEqual(os.listdir(os.path.join(self.base, "queue")), [])
@@ -1051,7 +1054,7 @@ class ForkServerTests(unittest.TestCase):
         os.write(fd, b"not-a-pid\n%d 1 9 start --task-id %s\n1 1 9 @\n../../x 1 9 @\n" % (os.getpid(), new_id().encode())
                  + b"x" * 5000 + b"\n")
         os.close(fd)
-        rc, answer = self.via_client("list")
+        rc, answer = self.via_client("list", served=True)
         self.assertEqual((rc, answer["code"]), (2, "invalid"))
         self.assertIn("only start and cancel", answer["error"])
         self.assertFalse(proc_gone(server), "garbage did not stop the server")
@@ -1062,7 +1065,7 @@ class ForkServerTests(unittest.TestCase):
         self.via_client("start", "--task-id", new_id(), "--serve", "1", spec=self.spec("true"))
         server = self.wait_server()
         tid = new_id()
-        rc, view = self.via_client("start", "--task-id", tid, "--serve", "1",
+        rc, view = self.via_client("start", "--task-id", tid, "--serve", "1", served=True,
                                    spec=self.spec("echo %s | wc -c" % ("y" * 20000)))
         self.assertEqual((rc, view["state"]), (0, "running"), view)
         self.assertEqual(self.server_pid(), server)
@@ -1099,7 +1102,8 @@ class ForkServerTests(unittest.TestCase):
         [spare] = self.wait_spare(server)
         self.assertNotEqual(os.getsid(spare), os.getsid(server))  # already in a session of its own
         tid = new_id()
-        rc, view = self.via_client("start", "--task-id", tid, "--serve", "1", spec=self.spec("echo $MY_TOKEN"))
+        rc, view = self.via_client("start", "--task-id", tid, "--serve", "1", served=True,
+                                   spec=self.spec("echo $MY_TOKEN"))
         self.assertEqual((rc, view["state"]), (0, "running"), view)
         # Answered with the first record, before the command started.
         self.assertIsNone(view["pid"], view)
@@ -1120,10 +1124,12 @@ class ForkServerTests(unittest.TestCase):
         while len(os.listdir(root)) < 127:
             os.mkdir(os.path.join(root, new_id()))
         last = new_id()
-        rc, view = self.via_client("start", "--task-id", last, "--serve", "1", spec=self.spec("echo last"))
-        self.assertEqual((rc, view["state"]), (0, "running"), view)  # the 128th, taken by the spare
+        rc, view = self.via_client("start", "--task-id", last, "--serve", "1", served=True,
+                                   spec=self.spec("echo last"))
+        self.assertEqual((rc, view["state"]), (0, "running"), view)  # the 128th, served
         tid = new_id()
-        rc, refused = self.via_client("start", "--task-id", tid, "--serve", "1", spec=self.spec("echo no"))
+        rc, refused = self.via_client("start", "--task-id", tid, "--serve", "1", served=True,
+                                      spec=self.spec("echo no"))
         self.assertEqual((rc, refused["code"]), (2, "limit"), refused)
         self.assertFalse(os.path.exists(os.path.join(root, tid)))
         self.assertEqual(self.server_pid(), server)
@@ -1137,7 +1143,7 @@ class ForkServerTests(unittest.TestCase):
         self.assertTrue(wait_gone(spare))
         tid = new_id()
         marker = os.path.join(self.work, "runs")
-        rc, view = self.via_client("start", "--task-id", tid, "--serve", "1",
+        rc, view = self.via_client("start", "--task-id", tid, "--serve", "1", served=True,
                                    spec=self.spec("echo x >> %s" % marker))
         self.assertEqual((rc, view["state"]), (0, "running"), view)
         self.assertEqual(self.wait_terminal(tid)["state"], "succeeded")
