@@ -89,8 +89,8 @@ pub struct StartedTask {
     pub sandbox_id: String,
     /// Handle for get_task / cancel_task (keep it with sandbox_id).
     pub task_id: String,
-    /// Observed state: usually running; a short task may already be finished;
-    /// unknown when the launch's outcome is uncertain.
+    /// running once the task is recorded (its command starts right after); failed when no
+    /// supervisor could be started; unknown when the launch's outcome is uncertain.
     pub state: TaskState,
     pub exit_code: Option<i64>,
     pub started_at: Option<f64>,
