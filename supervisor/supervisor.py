@@ -2026,11 +2026,42 @@ def run_subcommand(argv, base=None, spec=None):
 
 # --- entry point --------------------------------------------------------------
 
+def scrub_initial_environ(name):
+    """Overwrites the value of `name` in this process's initial environment
+    block with `*`: removing a variable (unsetenv) leaves it there, and that
+    block is what /proc/PID/environ shows, for this process and every process
+    forked from it (the task server, its spares, daemons). Best effort: the
+    block is found through /proc/self/stat (env_start, env_end) and written
+    through /proc/self/mem."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(b")") + 2:].split()
+        start, end = int(fields[47]), int(fields[48])  # fields 50 and 51
+        fd = os.open("/proc/self/mem", os.O_RDWR)
+        try:
+            block = os.pread(fd, end - start, start)
+            key = name.encode("ascii") + b"="
+            at = (b"\0" + block).find(b"\0" + key)  # where the entry starts in `block`
+            if at >= 0:
+                value = at + len(key)
+                value_end = block.find(b"\0", value)
+                if value_end < 0:
+                    value_end = len(block)
+                os.pwrite(fd, b"*" * (value_end - value), start + value)
+        finally:
+            os.close(fd)
+    except (OSError, ValueError, IndexError):
+        pass
+
+
 def main(argv):
-    # The spec passed in the environment never reaches the task's environment.
+    # The spec passed in the environment never reaches the task's environment,
+    # nor stays readable in this process's (and its forks') /proc/PID/environ.
     spec = os.environ.pop(SPEC_ENV, None)
     if spec is not None:
         _spec_from_env[:] = [spec]
+        scrub_initial_environ(SPEC_ENV)
     rc, obj = run_subcommand(argv)
     emit(obj)
     if argv and argv[0] == "start" and "--serve" in argv:

@@ -1101,6 +1101,12 @@ class ForkServerTests(unittest.TestCase):
         server = self.wait_server()
         [spare] = self.wait_spare(server)
         self.assertNotEqual(os.getsid(spare), os.getsid(server))  # already in a session of its own
+        # Forked from the first start, which had the spec in its environment: not in theirs.
+        for pid in (server, spare):
+            with open("/proc/%d/environ" % pid, "rb") as f:
+                environ = f.read()
+            self.assertIn(b"SANDBOX_MCP_TASK_SPEC=*", environ)
+            self.assertNotIn(b"SANDBOX_MCP_TASK_SPEC=eyJ", environ)
         tid = new_id()
         rc, view = self.via_client("start", "--task-id", tid, "--serve", "1", served=True,
                                    spec=self.spec("echo $MY_TOKEN"))
