@@ -32,8 +32,10 @@ use sandbox_mcp::tasks::launch::{TaskSpec, start_launch};
 use sandbox_mcp::tasks::service::TaskService;
 use serde_json::{Value, json};
 
-/// Pause before each timed start_task: the previous task's command launch (which follows its
-/// start's answer) has settled by then.
+/// Pause before each timed start_task (a lone start, as an agent makes them): the previous
+/// task's command launch, which follows its start's answer, has settled, and the task server has
+/// forked its next spare (after `SPARE_DELAY`, 3 ms, of quiet in `supervisor.py`). The
+/// back-to-back row shows starts that may find no spare yet.
 const START_GAP: Duration = Duration::from_millis(30);
 
 async fn call(client: &Client, tool: &str, args: Value) -> anyhow::Result<Value> {

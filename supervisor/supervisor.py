@@ -1634,7 +1634,7 @@ SERVER_IDLE = 600.0
 SERVER_CHECK = 5.0                   # how often an idle server checks its pid file
 QUEUE_STALE = 120.0                  # queue files older than this are removed
 SERVER_OPS = ("start", "cancel")
-SPARE_DELAY = 0.02                   # quiet seconds before the next spare is forked
+SPARE_DELAY = 0.003                  # quiet seconds before the next spare is forked
 _spec_from_env = []                   # the spec taken (and removed) from the env
 
 
