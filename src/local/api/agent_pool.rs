@@ -6,9 +6,10 @@
 //! and an accept and a connection task in the agent.
 //!
 //! Connections are keyed by the agent's socket path, which is the sandbox's own: a connection only
-//! ever carries requests for the sandbox it was opened to. Idle ones are closed after [`IDLE_FOR`]
-//! (by a sweep every [`IDLE_FOR`], so that a burst leaves no connections behind in the agent, whose
-//! memory the sandbox pays) and when their agent goes away.
+//! ever carries requests for the sandbox it was opened to. An idle connection is never reused after
+//! [`IDLE_FOR`] and is closed by the next sweep (one every [`IDLE_FOR`], so it lives at most twice
+//! that: a burst leaves no connections behind in the agent, whose memory the sandbox pays), or
+//! when its agent goes away.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -33,8 +34,11 @@ type Sender = SendRequest<AgentBody>;
 const MAX_IDLE_PER_AGENT: usize = 32;
 /// An idle connection older than this is closed rather than reused.
 pub const IDLE_FOR: Duration = Duration::from_secs(10);
-/// Past this many agents with idle connections, a put sweeps every agent's list.
-const SWEEP_PAST_AGENTS: usize = 64;
+
+/// Whether an idle connection put back at `since` may still carry a request at `now`.
+fn fresh(sender: &Sender, since: Instant, now: Instant) -> bool {
+    !sender.is_closed() && now.duration_since(since) < IDLE_FOR
+}
 
 /// Why a request could not be forwarded.
 #[derive(Debug, thiserror::Error)]
@@ -114,7 +118,7 @@ impl AgentConnections {
                 }
                 entry?
             };
-            if sender.is_closed() || since.elapsed() >= IDLE_FOR {
+            if !fresh(&sender, since, Instant::now()) {
                 continue;
             }
             // Its last answer was read to the end: the connection is idle, or about to be once its
@@ -130,16 +134,9 @@ impl AgentConnections {
             return;
         }
         let now = Instant::now();
-        let fresh = |(s, since): &(Sender, Instant)| !s.is_closed() && now.duration_since(*since) < IDLE_FOR;
         let mut idle = crate::sync::lock(&self.idle);
-        if idle.len() > SWEEP_PAST_AGENTS {
-            idle.retain(|_, list| {
-                list.retain(fresh);
-                !list.is_empty()
-            });
-        }
         let list = idle.entry(socket).or_default();
-        list.retain(fresh);
+        list.retain(|(s, since)| fresh(s, *since, now));
         if list.len() < MAX_IDLE_PER_AGENT {
             list.push((sender, now));
         }
@@ -147,10 +144,10 @@ impl AgentConnections {
 
     /// Starts the task closing expired idle connections, once; it ends with the pool.
     fn start_sweeping(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         if self.sweeping.swap(true, Ordering::Relaxed) {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let pool = Arc::downgrade(self);
         runtime.spawn(async move {
             let mut tick = tokio::time::interval(IDLE_FOR);
@@ -160,7 +157,7 @@ impl AgentConnections {
                 let Some(pool) = pool.upgrade() else { break };
                 let now = Instant::now();
                 crate::sync::lock(&pool.idle).retain(|_, list| {
-                    list.retain(|(s, since)| !s.is_closed() && now.duration_since(*since) < IDLE_FOR);
+                    list.retain(|(s, since)| fresh(s, *since, now));
                     !list.is_empty()
                 });
             }
@@ -305,7 +302,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_connection_the_agent_closed_is_replaced_without_losing_the_request() {
+    async fn a_connection_the_agent_closed_is_not_reused() {
         let dir = tempfile::tempdir().unwrap();
         let (socket, accepted) = agent(dir.path()).await;
         let pool = Arc::new(AgentConnections::default());

@@ -185,34 +185,12 @@ pub fn self_move_files(dirs: &[PathBuf]) -> Vec<PathBuf> {
     if files.iter().all(|file| file.is_file()) { files } else { Vec::new() }
 }
 
-/// Whether the process `pid` is in every cgroup directory of `dirs` (by its `/proc/PID/cgroup`,
-/// one line per hierarchy, each ending in the directory's name). False when it cannot be read.
+/// Whether the process `pid` is in every cgroup directory of `dirs` (listed in each one's
+/// `cgroup.procs`, whose reading takes no lock that a move would). False when one cannot be read.
 pub fn is_member(pid: i32, dirs: &[PathBuf]) -> bool {
-    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
-        return false;
-    };
-    member_of_all(&text, dirs)
-}
-
-/// [`is_member`] on the text of a `/proc/PID/cgroup`.
-fn member_of_all(text: &str, dirs: &[PathBuf]) -> bool {
-    let paths: Vec<&str> = text.lines().filter_map(|line| line.splitn(3, ':').nth(2)).collect();
-    let mut used = vec![false; paths.len()];
+    let pid = pid.to_string();
     dirs.iter().all(|dir| {
-        let Some(name) = dir.file_name().and_then(|n| n.to_str()) else {
-            return false;
-        };
-        let found = paths
-            .iter()
-            .enumerate()
-            .find(|(i, path)| !used[*i] && path.rsplit('/').next() == Some(name) && path.len() > name.len());
-        match found {
-            Some((i, _)) => {
-                used[i] = true;
-                true
-            }
-            None => false,
-        }
+        std::fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|procs| procs.lines().any(|line| line == pid))
     })
 }
 
@@ -312,21 +290,33 @@ pub fn memory_usage(dirs: &[PathBuf]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn membership_needs_one_hierarchy_per_directory() {
-        use std::path::PathBuf;
-        let dirs: Vec<PathBuf> = ["/sys/fs/cgroup/memory/p/sandbox-mcp/abc", "/sys/fs/cgroup/pids/sandbox-mcp/abc"]
-            .into_iter()
-            .map(PathBuf::from)
-            .collect();
-        let both = "12:pids:/sandbox-mcp/abc\n7:memory:/p/sandbox-mcp/abc\n3:cpu:/\n";
-        assert!(super::member_of_all(both, &dirs));
-        let one = "12:pids:/sandbox-mcp/abc\n7:memory:/p/sandbox-mcp\n";
-        assert!(!super::member_of_all(one, &dirs), "still in the parent of one of them");
-        let other = "12:pids:/sandbox-mcp/abcd\n7:memory:/p/sandbox-mcp/xabc\n";
-        assert!(!super::member_of_all(other, &dirs), "names must match whole");
-        let same_line_twice = "12:pids:/sandbox-mcp/abc\n";
-        assert!(!super::member_of_all(same_line_twice, &dirs), "each directory needs its own hierarchy");
-        assert!(super::member_of_all("", &[]));
+    fn membership_is_read_from_each_directorys_procs() {
+        let root = tempfile::tempdir().unwrap();
+        let dirs: Vec<std::path::PathBuf> = ["memory", "pids"].map(|h| root.path().join(h)).to_vec();
+        for dir in &dirs {
+            std::fs::create_dir(dir).unwrap();
+        }
+        std::fs::write(dirs[0].join("cgroup.procs"), "7\n42\n").unwrap();
+        std::fs::write(dirs[1].join("cgroup.procs"), "420\n").unwrap();
+        assert!(!super::is_member(42, &dirs), "missing from one hierarchy");
+        std::fs::write(dirs[1].join("cgroup.procs"), "420\n42\n").unwrap();
+        assert!(super::is_member(42, &dirs));
+        assert!(!super::is_member(4, &dirs), "whole pids only");
+        std::fs::remove_file(dirs[1].join("cgroup.procs")).unwrap();
+        assert!(!super::is_member(42, &dirs), "unreadable counts as not a member");
+    }
+
+    #[test]
+    fn a_self_move_needs_a_tasks_file_in_every_directory() {
+        let root = tempfile::tempdir().unwrap();
+        let dirs: Vec<std::path::PathBuf> = ["memory", "pids"].map(|h| root.path().join(h)).to_vec();
+        for dir in &dirs {
+            std::fs::create_dir(dir).unwrap();
+        }
+        std::fs::write(dirs[0].join("tasks"), "").unwrap();
+        assert!(super::self_move_files(&dirs).is_empty(), "cgroup v2 (no tasks file): the provider moves it");
+        std::fs::write(dirs[1].join("tasks"), "").unwrap();
+        assert_eq!(super::self_move_files(&dirs), dirs.iter().map(|d| d.join("tasks")).collect::<Vec<_>>());
     }
 
     #[test]

@@ -117,8 +117,9 @@ impl SandboxTable {
             let taken = match pool.take_ready(&image) {
                 Some(taken) => taken,
                 None => {
-                    // The pool ran dry: refill it beside this create, which makes its own.
-                    self.refill_pools();
+                    // The pool ran dry: refill it beside this create, which makes its own (the
+                    // other pools refill themselves when a take finds them empty).
+                    refill_disks(pool.clone());
                     let (dest, pool) = (image.clone(), pool.clone());
                     tokio::task::spawn_blocking(move || pool.take(&dest))
                         .await
@@ -322,13 +323,19 @@ const REFILL_DELAY: Duration = Duration::from_millis(10);
 /// Starts the refills of the disk, network and user namespace pools (each a no-op when full or
 /// already refilling).
 fn refill(disks: Option<Arc<DiskPool>>, net: &Arc<NetPool>, userns: &Arc<UsernsPool>) {
-    if let Some(pool) = disks
-        && !pool.refilling()
-    {
-        std::thread::spawn(move || pool.refill());
+    if let Some(pool) = disks {
+        refill_disks(pool);
     }
     net.refill();
     userns.refill();
+}
+
+/// Starts the disk pool's refill on a thread of its own (`DiskPool::refill` blocks), unless one
+/// runs already.
+pub(super) fn refill_disks(pool: Arc<DiskPool>) {
+    if !pool.refilling() {
+        std::thread::spawn(move || pool.refill());
+    }
 }
 
 /// Why a new agent did not report ready.

@@ -245,7 +245,7 @@ impl SandboxTable {
             None => None,
         };
         if let Some(pool) = disks.clone() {
-            std::thread::spawn(move || pool.refill());
+            create::refill_disks(pool);
         }
         let cgroups = CgroupLayout::detect();
         tracing::info!(?cgroups, state_dir = %cfg.state_dir.display(), "local provider state");
