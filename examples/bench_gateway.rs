@@ -53,6 +53,8 @@ use serde_json::json;
 const LATENCY_SAMPLES: usize = 400;
 const CPU_SAMPLES: usize = 300;
 const CONCURRENT_SESSIONS: usize = 32;
+/// Issue 28's target for part 2, calls per second.
+const THROUGHPUT_TARGET: f64 = 1000.0;
 const THROUGHPUT_SECS: u64 = 8;
 const IDLE_SESSIONS: usize = 1000;
 
@@ -663,7 +665,7 @@ async fn throughput(url: &str, sandbox_id: &str) -> anyhow::Result<()> {
         for (session, raw) in sessions.iter().zip(raw) {
             let peer = session.peer().clone();
             workers.push(tokio::spawn(async move {
-                let mut calls = 0u64;
+                let (mut calls, mut failed) = (0u64, 0u64);
                 let mut latencies = Vec::new();
                 while Instant::now() < deadline {
                     let t = Instant::now();
@@ -674,26 +676,32 @@ async fn throughput(url: &str, sandbox_id: &str) -> anyhow::Result<()> {
                     if ok {
                         calls += 1;
                         latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+                    } else {
+                        failed += 1;
                     }
                 }
-                (calls, latencies)
+                (calls, failed, latencies)
             }));
         }
-        let mut total = 0;
+        let (mut total, mut failed) = (0, 0);
         let mut latencies = Vec::new();
         for worker in workers {
-            let (calls, mut l) = worker.await?;
+            let (calls, errors, mut l) = worker.await?;
             total += calls;
+            failed += errors;
             latencies.append(&mut l);
         }
         let elapsed = started.elapsed().as_secs_f64();
         let machine_after = common::proc_cpu::machine_seconds();
         let tree = common::proc_cpu::delta(&tree_before, &common::proc_cpu::snapshot(std::process::id()));
+        let rate = total as f64 / elapsed;
         report!(
-            "throughput ({client} client): {:.1} run_command calls/s with {CONCURRENT_SESSIONS} concurrent sessions \
-             ({total} calls in {elapsed:.1} s, p50 {:.2} ms; load {} -> {})",
-            total as f64 / elapsed,
-            if latencies.is_empty() { 0.0 } else { p50(&mut latencies) },
+            "throughput ({client} client): {rate:.1} run_command calls/s with {CONCURRENT_SESSIONS} concurrent sessions \
+             (target >= {THROUGHPUT_TARGET}: {}; {total} calls in {elapsed:.1} s, {failed} failed, p50 {}; \
+             gateway worker_threads {}; load {} -> {})",
+            if rate >= THROUGHPUT_TARGET { "met" } else { "MISSED" },
+            if latencies.is_empty() { "n/a".to_owned() } else { format!("{:.2} ms", p50(&mut latencies)) },
+            std::env::var("BENCH_GATEWAY_WORKERS").unwrap_or_else(|_| "default".to_owned()),
             load_before.split_whitespace().next().unwrap_or("?"),
             std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().next().unwrap_or("?"),
         );

@@ -213,7 +213,13 @@ pub fn spawn_until<T: Send + 'static>(
     timeout: Duration,
     find: fn(&str) -> Option<T>,
 ) -> Result<(ProcessGuard, T), String> {
-    let mut guard = ProcessGuard::spawn(command, grace).map_err(|e| format!("cannot start {command:?}: {e}"))?;
+    // Named by program and arguments only: `{command:?}` would print the environment it was given.
+    let name = std::iter::once(command.get_program())
+        .chain(command.get_args())
+        .map(|part| part.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut guard = ProcessGuard::spawn(command, grace).map_err(|e| format!("cannot start {name}: {e}"))?;
     let child = guard.child_mut().ok_or("no child")?;
     let (tx, found) = mpsc::channel();
     let pipes: [Option<Box<dyn Read + Send>>; 2] = [
@@ -237,10 +243,10 @@ pub fn spawn_until<T: Send + 'static>(
         if let Some(status) = guard.try_status() {
             // Let the reader threads copy the last lines.
             std::thread::sleep(Duration::from_millis(100));
-            return Err(format!("{command:?} exited with {status} before it was ready; its output:\n{}", log.text()));
+            return Err(format!("{name} exited with {status} before it was ready; its output:\n{}", log.text()));
         }
     }
-    Err(format!("{command:?} was not ready within {timeout:?}; its output:\n{}", log.text()))
+    Err(format!("{name} was not ready within {timeout:?}; its output:\n{}", log.text()))
 }
 
 /// VmRSS of a process in KiB (0 when it is gone).
