@@ -289,13 +289,19 @@ pub fn memory_usage(dirs: &[PathBuf]) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn membership_is_read_from_each_directorys_procs() {
+    /// Two empty cgroup-like directories in a temporary root (kept alive by the first value).
+    fn two_hierarchies() -> (tempfile::TempDir, Vec<std::path::PathBuf>) {
         let root = tempfile::tempdir().unwrap();
         let dirs: Vec<std::path::PathBuf> = ["memory", "pids"].map(|h| root.path().join(h)).to_vec();
         for dir in &dirs {
             std::fs::create_dir(dir).unwrap();
         }
+        (root, dirs)
+    }
+
+    #[test]
+    fn membership_is_read_from_each_directorys_procs() {
+        let (_root, dirs) = two_hierarchies();
         std::fs::write(dirs[0].join("cgroup.procs"), "7\n42\n").unwrap();
         std::fs::write(dirs[1].join("cgroup.procs"), "420\n").unwrap();
         assert!(!super::is_member(42, &dirs), "missing from one hierarchy");
@@ -308,11 +314,7 @@ mod tests {
 
     #[test]
     fn a_self_move_needs_a_tasks_file_in_every_directory() {
-        let root = tempfile::tempdir().unwrap();
-        let dirs: Vec<std::path::PathBuf> = ["memory", "pids"].map(|h| root.path().join(h)).to_vec();
-        for dir in &dirs {
-            std::fs::create_dir(dir).unwrap();
-        }
+        let (_root, dirs) = two_hierarchies();
         std::fs::write(dirs[0].join("tasks"), "").unwrap();
         assert!(super::self_move_files(&dirs).is_empty(), "cgroup v2 (no tasks file): the provider moves it");
         std::fs::write(dirs[1].join("tasks"), "").unwrap();
