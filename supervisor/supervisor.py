@@ -30,6 +30,7 @@ Subcommands (details in supervisor/README.md):
          [--wait-stdout-offset N] [--wait-stderr-offset N]
   cancel --task-id ID [same paging args] [--wait S (default 3)]
   list
+  channel                      (the gateway's long-lived line channel for starts)
   (all accept --base DIR, default: the directory of this script)
 
 ``start`` claims the directory with mkdir (so a resubmitted start never runs
@@ -47,7 +48,7 @@ Imports are kept minimal because the gateway runs ``status`` on every
 get_task call and interpreter start-up dominates its latency.
 """
 
-SUPERVISOR_VERSION = "8"
+SUPERVISOR_VERSION = "9"
 
 import os
 import sys
@@ -129,6 +130,7 @@ CLI_OPTIONS = {
                "wait-stdout-offset", "wait-stderr-offset", "base"),
     "cancel": ("task-id", "stdout-offset", "stderr-offset", "limit", "wait", "base"),
     "list": ("base",),
+    "channel": ("base",),
 }
 
 
@@ -935,7 +937,12 @@ def write_task_files(tdir, spec_record):
 def cmd_start(opts, raw_spec=None):
     """Claims, launches and reports a task. `raw_spec`: the base64 spec line
     (else it comes from the environment or stdin)."""
-    tid, tdir, spec_record, cwd_run, envs, old_umask = prepare_start(opts, raw_spec)
+    return launch_and_wait(*prepare_start(opts, raw_spec))
+
+
+def launch_and_wait(tid, tdir, spec_record, cwd_run, envs, old_umask):
+    """Forks a claimed task's detached daemon (what `prepare_start` returned,
+    its files written) and reports the task once its first record is saved."""
     status_path = os.path.join(tdir, "status.json")
     sys.stdout.flush()
     sys.stderr.flush()
@@ -1904,37 +1911,46 @@ class Spare:
         os._exit(0)
 
 
-def server_start(base, queue, client, argv, spec, spare):
-    """A start served by the task server: checked and claimed here; with a
-    spare, its first record (naming the spare) is saved, the task handed over
-    and the client answered here; otherwise a daemon forked now answers once
-    its own first record is saved. Either way the server goes back to its FIFO
-    at once."""
+def claim_served_start(base, argv, spec, spare):
+    """A start served by the task server or the channel: checked and claimed
+    here; with a spare, its first record (naming the spare) is saved and the
+    task handed over. Returns (result, None) when the start is answered (taken
+    by the spare, or refused), or (None, claimed) when the caller launches it
+    itself (no spare, or it died): what `prepare_start` returned, its files
+    written."""
     try:
         _, opts = parse_served(argv, base)
         claimed = prepare_start(opts, spec, files=spare.pid is None)
         tid, tdir, spec_record, cwd_run, envs, old_umask = claimed
-        status_path = os.path.join(tdir, "status.json")
         if spare.pid is not None:
             record = first_record(tid, spec_record, spare.pid, spare.start_time, spare.pid, True)
             record["started_at"] = time.time()
             try:
-                write_json_atomic(status_path, record, sync=False)
+                write_json_atomic(os.path.join(tdir, "status.json"), record, sync=False)
                 handed = spare.hand(claimed + (record,))
             except OSError:
-                handed = False  # a daemon forked below saves its own record over it
+                handed = False  # a daemon launched by the caller saves its own record over it
             if handed:
                 # Its streams are empty (and made by the spare): not read.
-                answer(queue, client, (0, status_view(None, tid, record, "running", None)))
-                return
+                return (0, status_view(None, tid, record, "running", None)), None
             write_task_files(tdir, spec_record)
+        return None, claimed
     except CliError as e:
-        answer(queue, client, (2, {"error": e.message, "code": e.code}))
-        return
+        return (2, {"error": e.message, "code": e.code}), None
     except Exception as e:
-        answer(queue, client, (2, {"error": "supervisor error: %s: %s" % (type(e).__name__, e),
-                            "code": "internal"}))
+        return (2, {"error": "supervisor error: %s: %s" % (type(e).__name__, e), "code": "internal"}), None
+
+
+def server_start(base, queue, client, argv, spec, spare):
+    """A start served by the task server (`claim_served_start`); without a
+    spare, a daemon forked now answers once its own first record is saved.
+    Either way the server goes back to its FIFO at once."""
+    result, claimed = claim_served_start(base, argv, spec, spare)
+    if result is not None:
+        answer(queue, client, result)
         return
+    tid, tdir, spec_record, cwd_run, envs, old_umask = claimed
+    status_path = os.path.join(tdir, "status.json")
     spare.wanted = True
     try:
         pid = os.fork()
@@ -2024,6 +2040,127 @@ def run_subcommand(argv, base=None, spec=None):
         return 2, {"error": "supervisor error: %s: %s" % (type(e).__name__, e), "code": "internal"}
 
 
+# --- the gateway's channel ------------------------------------------------------
+#
+# `channel [--base DIR]`: a long-lived process the gateway starts through envd's
+# process API with stdin open, and keeps: a start then costs one SendInput and
+# one line of the process's streamed stdout, with no process started per call
+# (not even the fork server's bash client). Lines, each ended by "\n":
+#
+#   stdout, first  "0 0 {"version": V, "pid": P}" once it reads its stdin
+#   stdin          "ID start OPTIONS... -- SPEC"  (ID: 1-20 digits, chosen by
+#                  the gateway; SPEC: the base64 spec line)
+#   stdout         "ID RC JSON": the exit code and the one JSON object that
+#                  `start` would print
+#
+# A start is served as the fork server serves it (`claim_served_start`, with
+# this process's own spare); without a spare, as `start` itself (a daemon
+# double-forked, answered at its first record). Anything else on stdin is
+# answered with an "invalid" refusal if it has an ID, else ignored. Like the
+# fork server, it holds no task state: if it dies, the gateway's next start
+# takes the bash client's path and no task is touched. It exits at its stdin's
+# end (its spare with it) or after CHANNEL_IDLE seconds without a request.
+
+CHANNEL_IDLE = 300.0
+CHANNEL_LINE_MAX = SPEC_MAX_BYTES + 8192
+
+
+def channel_main(argv, in_fd=0, out_fd=1, idle=CHANNEL_IDLE):
+    """Entry of `channel`: serves lines from `in_fd` until it ends."""
+    try:
+        _, opts = parse_args(argv)
+        base = os.path.dirname(tasks_root(opts))
+        queue = server_paths(base)[3]
+        ensure_private_dir(queue)
+    except CliError as e:
+        emit({"error": e.message, "code": e.code})
+        return 2
+    except OSError as e:
+        emit({"error": "cannot prepare the task directory: %s" % (e.strerror or e), "code": "io"})
+        return 2
+    channel(base, queue, in_fd, out_fd, idle)
+    return 0
+
+
+def channel(base, queue, in_fd, out_fd, idle):
+    import select
+    signal = signal_module()
+    old_sigchld = signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # spares and daemons: reaped by the kernel
+    spare = Spare(queue)
+    spare.ensure()
+    pending, discarding = b"", False
+    try:
+        write_all(out_fd, ("0 0 %s\n" % json_dumps({"version": SUPERVISOR_VERSION,
+                                                     "pid": os.getpid()})).encode("ascii"))
+        last = time.monotonic()
+        while True:
+            timeout = SPARE_DELAY if spare.wanted else max(0.05, last + idle - time.monotonic())
+            if not select.select([in_fd], [], [], timeout)[0]:
+                if spare.wanted:
+                    spare.ensure()
+                elif time.monotonic() - last >= idle:
+                    break
+                continue
+            chunk = os.read(in_fd, 65536)
+            if not chunk:
+                break
+            lines = (pending + chunk).split(b"\n")
+            pending = lines.pop()
+            if discarding and lines:
+                lines.pop(0)  # the rest of an over-long line
+                discarding = False
+            if len(pending) > CHANNEL_LINE_MAX:
+                pending, discarding = b"", True
+            for line in lines:
+                reply = channel_request(base, line, spare)
+                if reply is not None:
+                    write_all(out_fd, reply)
+            last = time.monotonic()
+    except OSError:
+        pass  # stdout gone (EPIPE): nobody reads the answers any more
+    finally:
+        spare.close()
+        signal.signal(signal.SIGCHLD, old_sigchld)
+
+
+def channel_request(base, line, spare):
+    """The answer line (bytes) to one request line of the channel, or None."""
+    words = line.strip().decode("ascii", "replace").split(" ")
+    rid = words[0]
+    if not (rid.isdigit() and len(rid) <= 20):
+        return None
+    words = words[1:]
+    spec = None
+    if "--" in words:
+        cut = words.index("--")
+        spec = words[cut + 1] if cut + 1 < len(words) else ""
+        words = words[:cut]
+    argv = [w for w in words if w]
+    if argv[:1] != ["start"]:
+        result = (2, {"error": "the channel serves only start", "code": "invalid"})
+    else:
+        result = channel_start(base, argv, spec, spare)
+    rc, obj = result
+    return ("%s %d %s\n" % (rid, rc, json_dumps(obj))).encode("ascii")
+
+
+def channel_start(base, argv, spec, spare):
+    """(exit code, JSON object) of a start through the channel."""
+    if spare.pid is None:
+        spare.ensure()
+    result, claimed = claim_served_start(base, argv, spec, spare)
+    if result is not None:
+        return result
+    signal = signal_module()
+    old = signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # fork_detached waits for its child
+    try:
+        return 0, launch_and_wait(*claimed)
+    except Exception as e:
+        return 2, {"error": "supervisor error: %s: %s" % (type(e).__name__, e), "code": "internal"}
+    finally:
+        signal.signal(signal.SIGCHLD, old)
+
+
 # --- entry point --------------------------------------------------------------
 
 def scrub_initial_environ(name):
@@ -2062,6 +2199,8 @@ def main(argv):
     if spec is not None:
         _spec_from_env[:] = [spec]
         scrub_initial_environ(SPEC_ENV)
+    if argv[:1] == ["channel"]:
+        return channel_main(argv)
     rc, obj = run_subcommand(argv)
     emit(obj)
     if argv and argv[0] == "start" and "--serve" in argv:

@@ -142,7 +142,7 @@ class SupervisorTestCase(unittest.TestCase):
 
     def test_version(self):
         obj = self.cli("version", base=False)
-        self.assertEqual(obj["version"], "8")
+        self.assertEqual(obj["version"], "9")
 
     def test_default_base_is_the_script_directory(self):
         # The gateway reads task files beside the installed script, so without
@@ -1178,6 +1178,108 @@ class ForkServerTests(unittest.TestCase):
         server = self.wait_server()
         os.unlink(os.path.join(self.base, "server-%s.pid" % mod.SUPERVISOR_VERSION))
         self.assertTrue(wait_gone(server, mod.SERVER_CHECK + 3))
+
+
+class ChannelTests(unittest.TestCase):
+    """`channel`: the gateway's line channel (stdin requests, stdout answers)."""
+
+    cli = SupervisorTestCase.cli
+    status = SupervisorTestCase.status
+    wait_terminal = SupervisorTestCase.wait_terminal
+    read_all = SupervisorTestCase.read_all
+
+    def setUp(self):
+        SupervisorTestCase.setUp(self)
+        self.proc = subprocess.Popen([sys.executable, "-I", "-S", SUPERVISOR, "channel", "--base", self.base],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        self.cleanup_pids.append(self.proc.pid)
+        self.hello = self.answer()
+
+    def tearDown(self):
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        self.proc.stdout.close()
+        self.proc.wait(timeout=10)
+        SupervisorTestCase.tearDown(self)
+
+    def answer(self):
+        line = self.proc.stdout.readline()
+        self.assertTrue(line.endswith(b"\n"), line)
+        rid, rc, obj = line.decode().split(" ", 2)
+        return int(rid), int(rc), json.loads(obj)
+
+    def send(self, data):
+        self.proc.stdin.write(data)
+
+    def request(self, rid, tid, command, envs=None):
+        spec = {"command": command, "cwd": None, "envs": envs or {}, "timeout": 30}
+        b64 = base64.b64encode(json.dumps(spec).encode()).decode()
+        self.send(b"%d start --task-id %s --serve 1 -- %s\n" % (rid, tid.encode(), b64.encode()))
+
+    def spare_pid(self):
+        """The channel's spare: its one child in its own session."""
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            with open("/proc/%d/task/%d/children" % (self.proc.pid, self.proc.pid)) as f:
+                children = [int(c) for c in f.read().split()]
+            if children:
+                return children[0]
+            time.sleep(0.01)
+        self.fail("no spare")
+
+    def test_it_greets_then_answers_starts_run_by_its_spare(self):
+        self.assertEqual(self.hello, (0, 0, {"version": SupervisorTestCase.cli(self, "version", base=False)["version"],
+                                             "pid": self.proc.pid}))
+        spare = self.spare_pid()
+        tid = new_id()
+        self.request(7, tid, "echo hi $MY_TOKEN", {"MY_TOKEN": "tok-value-9"})
+        rid, rc, obj = self.answer()
+        self.assertEqual((rid, rc, obj["task_id"], obj["state"], obj["pid"]), (7, 0, tid, "running", None))
+        with open(os.path.join(self.base, "tasks", tid, "status.json")) as f:
+            self.assertEqual(json.load(f)["supervisor_pid"], spare)
+        st = self.wait_terminal(tid)
+        data, _ = self.read_all(tid)
+        self.assertEqual((st["state"], data), ("succeeded", b"hi ***\n"))
+        # A refusal keeps its code; the next spare takes the next start.
+        self.request(8, tid, "echo again")
+        self.assertEqual(self.answer()[:2], (8, 2))
+        second = new_id()
+        self.request(9, second, "echo two")
+        rid, rc, obj = self.answer()
+        self.assertEqual((rid, rc, obj["state"]), (9, 0, "running"))
+        self.assertEqual(self.wait_terminal(second)["state"], "succeeded")
+        self.assertEqual(self.read_all(second)[0], b"two\n")
+
+    def test_other_lines_are_refused_or_ignored_and_long_ones_dropped(self):
+        self.send(b"no id here\n\n5 status --task-id x\n")
+        self.assertEqual(self.answer(), (5, 2, {"error": "the channel serves only start", "code": "invalid"}))
+        self.send(b"6 start --task-id " + b"x" * (1 << 19) + b"\n")  # over the line limit: dropped
+        tid = new_id()
+        self.request(10, tid, "true")
+        rid, rc, obj = self.answer()
+        self.assertEqual((rid, rc, obj["task_id"]), (10, 0, tid))
+        self.send(b"11 start --task-id %s --serve 1\n" % new_id().encode())
+        self.assertEqual(self.answer()[:3], (11, 2, {"error": "the task server got a start without its spec",
+                                                    "code": "invalid"}))
+
+    def test_without_a_live_spare_a_start_still_runs_once(self):
+        spare = self.spare_pid()
+        os.kill(spare, signal.SIGKILL)
+        wait_gone(spare)
+        tid = new_id()
+        self.request(1, tid, "echo once >> %s/ran" % self.work)
+        rid, rc, obj = self.answer()
+        self.assertEqual((rid, rc, obj["state"]), (1, 0, "running"), obj)
+        self.assertEqual(self.wait_terminal(tid)["state"], "succeeded")
+        self.assertEqual(read_text(os.path.join(self.work, "ran")), "once\n")
+
+    def test_it_ends_with_its_stdin_and_so_does_its_spare(self):
+        spare = self.spare_pid()
+        self.proc.stdin.close()
+        self.assertEqual(self.proc.wait(timeout=10), 0)
+        self.assertTrue(wait_gone(spare), "the spare outlived its channel")
 
 
 class PureFunctionTests(unittest.TestCase):
