@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use super::channel::{ChannelIo, SendInput};
 use super::service::{ExecOutput, FileSlice, SupervisorTransport, TaskService, TransportError};
 use super::{SUPERVISOR_INSTALLS, TaskId, TaskState, launch::TaskSpec, page::PageRequest};
 use crate::masking::Masker;
@@ -24,6 +25,9 @@ pub(super) struct LocalPython {
     path: std::sync::Mutex<Option<String>>,
     /// Every path read through `read_range`, in order.
     pub(super) reads: std::sync::Mutex<Vec<String>>,
+    /// Whether `open_channel` starts the supervisor's channel (else it is refused, as by a
+    /// transport without one).
+    channels: std::sync::atomic::AtomicBool,
 }
 
 impl LocalPython {
@@ -35,7 +39,13 @@ impl LocalPython {
             last_program: std::sync::Mutex::default(),
             path: std::sync::Mutex::default(),
             reads: std::sync::Mutex::default(),
+            channels: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+    /// Lets starts open the supervisor's channel (a local process with piped stdio).
+    pub(super) fn with_channels(self) -> Self {
+        self.channels.store(true, Ordering::SeqCst);
+        self
     }
     pub(super) fn last_program(&self) -> String {
         self.last_program.lock().unwrap().clone()
@@ -116,6 +126,39 @@ impl SupervisorTransport for LocalPython {
             .map_err(|_| TransportError::Uncertain("timed out".into()))?
             .map_err(|e| TransportError::Uncertain(e.to_string()))?;
         Ok(ExecOutput { exit_code: out.status.code().unwrap_or(-1), stdout: out.stdout, stderr: out.stderr })
+    }
+
+    async fn open_channel(&self, argv: Vec<String>) -> Result<ChannelIo, TransportError> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        if !self.channels.load(Ordering::SeqCst) {
+            return Err(TransportError::NotSent("no channels in this test".into()));
+        }
+        let mut cmd = tokio::process::Command::new(&argv[0]);
+        cmd.args(&argv[1..]).env("HOME", self.home.path());
+        if let Some(path) = self.path.lock().unwrap().clone() {
+            cmd.env("PATH", path);
+        }
+        cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
+        let mut child = cmd.spawn().map_err(|e| TransportError::NotSent(e.to_string()))?;
+        let stdin = std::sync::Arc::new(tokio::sync::Mutex::new(child.stdin.take().unwrap()));
+        let mut stdout = child.stdout.take().unwrap();
+        let (forward, output) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            let mut buf = vec![0; 65536];
+            while let Ok(n @ 1..) = stdout.read(&mut buf).await {
+                if forward.send(buf[..n].to_vec()).await.is_err() {
+                    break;
+                }
+            }
+            let _ = child.wait().await;
+        });
+        let send: SendInput = Box::new(move |data| {
+            let stdin = std::sync::Arc::clone(&stdin);
+            Box::pin(async move {
+                stdin.lock().await.write_all(&data).await.map_err(|e| TransportError::NotSent(e.to_string()))
+            })
+        });
+        Ok(ChannelIo { send, output })
     }
 
     async fn install(&self, path: &str, content: &'static [u8]) -> Result<(), TransportError> {

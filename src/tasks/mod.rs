@@ -1,9 +1,10 @@
 //! Host side of reconnectable tasks (`docs/architecture.md#reconnectable-tasks`): task ids, launch
 //! encoding and validation, the supervisor's CLI protocol, get_task's direct
-//! read path, paging with the gateway's own secret masking, and
+//! read path, the per-sandbox channel for starts, paging with the gateway's own secret masking, and
 //! [`service::TaskService`], which runs the supervisor inside a sandbox
 //! through any [`service::SupervisorTransport`] and installs it on first use.
 
+pub mod channel;
 pub mod direct;
 pub mod fast;
 pub mod id;
@@ -13,6 +14,8 @@ pub mod protocol;
 pub mod service;
 pub mod view;
 
+#[cfg(test)]
+mod channel_tests;
 #[cfg(test)]
 mod fast_tests;
 #[cfg(test)]

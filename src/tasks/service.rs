@@ -1,8 +1,10 @@
 //! Runs the supervisor inside a sandbox: one short process per tool call
 //! (`python3 -I -S -c "import supervisor ..." <subcommand>`), installing the script on
 //! first use per sandbox and again when it is missing or of another version.
-//! `start` and `cancel` go through [`super::fast`]'s bash client, which hands
-//! them to the sandbox's fork server when one is alive (no python3 start).
+//! A `start` goes through the sandbox's [`super::channel`] once it has one (no
+//! process started); otherwise, and every `cancel`, through [`super::fast`]'s
+//! bash client, which hands them to the sandbox's fork server when one is
+//! alive (no python3 start).
 //! A plain get_task (no wait) first reads the task's files directly
 //! ([`super::direct`]) and asks the supervisor only when that cannot answer.
 //! The transport (envd process + files API in production) is a trait so the
@@ -14,6 +16,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::channel::{ChannelIo, Channels};
 use super::direct::{self, StatusRecord};
 use super::fast;
 use super::id::TaskId;
@@ -75,6 +78,13 @@ pub trait SupervisorTransport: Send + Sync {
     /// Replaces `path` with `content` atomically (creating parent directories),
     /// so a concurrent reader sees the old or the new script, never a mix.
     fn install(&self, path: &str, content: &'static [u8]) -> impl Future<Output = Result<(), TransportError>> + Send;
+    /// Starts `argv` (the supervisor's `channel`) with its stdin open and hands over its stdin
+    /// and output ([`super::channel`]). A transport without one says so (`NotSent`): starts then
+    /// take the bash client's path.
+    fn open_channel(&self, argv: Vec<String>) -> impl Future<Output = Result<ChannelIo, TransportError>> + Send {
+        let _ = argv;
+        async { Err(TransportError::NotSent("this transport opens no task channel".to_owned())) }
+    }
     /// At most `len` (≥ 1) bytes of `path` from `offset`, and the file's
     /// size; `None` when the file does not exist.
     fn read_range(
@@ -152,6 +162,8 @@ pub struct TaskService {
     /// `(sandbox, task)` → the running task's daemon `(pid, start time)`, seen alive by a direct
     /// read: the next read takes the record through `/proc/PID/cwd/status.json`.
     daemons: Mutex<HashMap<(String, String), (u32, u64)>>,
+    /// Each sandbox's line channel for starts, once open.
+    channels: Channels,
     masker: Masker,
 }
 
@@ -168,6 +180,7 @@ impl TaskService {
             installed: Mutex::new(HashSet::new()),
             install_locks: Mutex::new(HashMap::new()),
             daemons: Mutex::new(HashMap::new()),
+            channels: Channels::default(),
             masker,
         }
     }
@@ -356,8 +369,19 @@ impl TaskService {
         let spec_line = String::from_utf8_lossy(launch.stdin.trim_ascii_end()).into_owned();
         let mut args = launch.args;
         args.extend(["--serve".to_owned(), "1".to_owned()]);
-        let input = Input::Fast { spec: Some(spec_line) };
-        let reply = match self.call(t, sandbox_id, args, input, START_TIMEOUT).await {
+        let reply = match self.start_through_channel(sandbox_id, &args, &spec_line).await {
+            Some(reply) => reply,
+            None => {
+                let input = Input::Fast { spec: Some(spec_line) };
+                let bash_path = self.call(t, sandbox_id, args, input, START_TIMEOUT);
+                match self.channels.claim_open(sandbox_id) {
+                    // The sandbox's channel is opened beside this start, for the next ones.
+                    Some(generation) => tokio::join!(bash_path, self.open_channel(t, sandbox_id, generation)).0,
+                    None => bash_path.await,
+                }
+            }
+        };
+        let reply = match reply {
             Ok(reply) => reply,
             Err(TransportError::SandboxGone) => return Err(TaskError::SandboxGone(sandbox_id.to_owned())),
             Err(TransportError::NotSent(m)) => {
@@ -379,6 +403,45 @@ impl TaskService {
             Reply::Refused(r) => uncertain(r.error),
             Reply::ScriptMissing => uncertain("the task supervisor could not be installed".to_owned()),
             Reply::Garbled(m) => uncertain(m),
+        }
+    }
+
+    /// A start through the sandbox's channel, if it has one: `None` when there is none or the
+    /// request certainly did not reach it (the caller takes the bash client's path).
+    async fn start_through_channel(
+        &self,
+        sandbox_id: &str,
+        args: &[String],
+        spec_line: &str,
+    ) -> Option<Result<Reply, TransportError>> {
+        let channel = self.channels.ready(sandbox_id)?;
+        if args.iter().chain([&spec_line.to_owned()]).any(|w| w.is_empty() || w.contains(char::is_whitespace)) {
+            return None; // not one word each: the line could not carry them
+        }
+        let words = format!("{} -- {spec_line}", args.join(" "));
+        match channel.call(&words, Duration::from_secs(fast::NO_ANSWER_SECONDS.into())).await {
+            Ok(out) => Some(Ok(protocol::parse_reply(out.exit_code, &out.stdout, &out.stderr))),
+            Err(TransportError::NotSent(m)) => {
+                tracing::debug!(sandbox_id, error = %m, "the task channel took no request; using the bash client");
+                self.channels.drop_channel(sandbox_id, &channel);
+                None
+            }
+            Err(err) => Some(Err(err)),
+        }
+    }
+
+    /// The pid of the sandbox's greeted channel process (tests).
+    #[cfg(test)]
+    pub(crate) fn channel_pid(&self, sandbox_id: &str) -> Option<i32> {
+        self.channels.ready(sandbox_id).and_then(|c| i32::try_from(c.pid()).ok())
+    }
+
+    /// Opens the sandbox's channel (claimed as `generation`); a failure leaves starts on the bash
+    /// client's path for a while.
+    async fn open_channel<T: SupervisorTransport>(&self, t: &T, sandbox_id: &str, generation: u64) {
+        match t.open_channel(self.argv(&["channel".to_owned()])).await {
+            Ok(io) => self.channels.attach(sandbox_id, generation, io, supervisor_version()),
+            Err(err) => self.channels.open_failed(sandbox_id, generation, &err.to_string()),
         }
     }
 

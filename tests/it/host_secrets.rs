@@ -151,8 +151,9 @@ async fn task_secrets_are_in_no_host_argv_environ_or_readable_file() {
 }
 
 /// The task server's client holds a start's spec (base64 JSON with the task's env values) in its
-/// environment while it waits for the server: with the server stopped, that client waits, and
-/// `nobody` on the host scans every process then (the scanner also decodes base64 values).
+/// environment while it waits for the server: with the sandbox's task channel killed (so the start
+/// takes the bash client) and the server stopped, that client waits, and `nobody` on the host scans
+/// every process then (the scanner also decodes base64 values).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_start_waiting_on_the_task_server_shows_host_users_no_spec() {
     common::require_root!();
@@ -166,6 +167,13 @@ async fn a_start_waiting_on_the_task_server_shows_host_users_no_spec() {
         json!({"sandbox_id": sandbox_id, "command": format!("while ! test -s {pid_file}; do sleep 0.05; done; \
               kill -{sig} $(cut -d' ' -f1 {pid_file})")})
     };
+    // The sandbox's task channel (opened beside the first start) would take the next start:
+    // killed, it leaves that start to the bash client.
+    let kill_channel = "for i in $(seq 100); do for p in /proc/[0-9]*; do \
+        tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q ' channel $' && c=${p#/proc/}; done; \
+        test -n \"$c\" && break; sleep 0.05; done; kill -9 $c && while test -e /proc/$c; do sleep 0.02; done";
+    let killed = mcp.call("run_command", json!({"sandbox_id": sandbox_id, "command": kill_channel})).await.ok();
+    assert_eq!(killed["exit_code"], 0, "{killed}");
     assert_eq!(mcp.call("run_command", signal("STOP")).await.ok()["exit_code"], 0);
 
     let secret = format!("tok-{}", random_hex());

@@ -179,47 +179,60 @@ async fn bad_arguments_are_refused_before_any_connection() {
     mcp.close().await;
 }
 
-/// In a real sandbox (envd's user, its /proc), a start after the first is answered by the task
-/// server, with the first record naming the spare it forked in advance, before the command runs;
-/// the spare then runs the command once, and a cancel sent right after the answer reaches it.
+/// The record of a task, as its daemon saved it.
+async fn task_record(mcp: &Mcp, sandbox_id: &str, task_id: &str) -> Value {
+    let path = format!("/home/user/.sandbox-mcp/tasks/{task_id}/status.json");
+    let record = mcp.call("read_file", json!({"sandbox_id": sandbox_id, "path": path})).await.ok();
+    serde_json::from_str(record["content"].as_str().unwrap()).unwrap()
+}
+
+/// In a real sandbox (envd's user, its /proc, envd's SendInput): the first start opens the
+/// sandbox's task channel, and a later start goes through it, answered before the command runs
+/// with the first record naming the channel's spare; a cancel sent right after the answer reaches
+/// it. With the channel killed, the next start is answered by the task server through the bash
+/// client, its record naming the server's spare. Each command runs exactly once.
 #[tokio::test(flavor = "multi_thread")]
-async fn later_starts_are_answered_by_the_task_server_and_run_by_its_spare() {
+async fn later_starts_go_through_the_channel_or_else_the_task_server_and_its_spare() {
     require_root!();
     let (_env, serve, mcp) = Env::local("").await;
     let sandbox_id = mcp.create_sandbox().await;
     mcp.start_task(&sandbox_id, "true", json!({})).await;
-    let pid_file = format!("/home/user/.sandbox-mcp/server-{}.pid", sandbox_mcp::tasks::supervisor_version());
-    // The server's children: its spare (and the daemons of the tasks it handed out).
-    let spares = format!(
-        "for i in $(seq 100); do test -s {pid_file} && break; sleep 0.05; done; s=$(cut -d' ' -f1 {pid_file}); \
-         for i in $(seq 100); do c=$(cat /proc/$s/task/$s/children); test -n \"$c\" && break; sleep 0.05; done; echo $c"
-    );
-    let children = run(&mcp, &sandbox_id, &spares).await;
-    let spare: u64 = children["stdout"].as_str().unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    // The channel process (`... channel` as its last argument) and its spare, forked before it
+    // greets the gateway.
+    let find_channel = "for i in $(seq 100); do for p in /proc/[0-9]*; do \
+        tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q ' channel $' && c=${p#/proc/}; done; \
+        test -n \"$c\" && s=$(cat /proc/$c/task/$c/children) && test -n \"$s\" && break; sleep 0.05; done; \
+        sleep 0.2; echo $c $s";
+    let found = run(&mcp, &sandbox_id, find_channel).await;
+    let pids: Vec<u64> = found["stdout"].as_str().unwrap().split_whitespace().filter_map(|p| p.parse().ok()).collect();
+    let [channel, channel_spare] = pids[..] else { panic!("no channel with a spare: {found}") };
 
     let marker = "/tmp/spare-runs";
     let started = mcp.start_task(&sandbox_id, &format!("echo x >> {marker}; sleep 600"), json!({})).await;
     assert_eq!(started["state"], "running", "{started}");
     assert!(started["started_at"].as_f64().is_some(), "{started}");
     let task_id = started["task_id"].as_str().unwrap();
-    let record = mcp
-        .call(
-            "read_file",
-            json!({"sandbox_id": sandbox_id, "path": format!("/home/user/.sandbox-mcp/tasks/{task_id}/status.json")}),
-        )
-        .await
-        .ok();
-    let record: Value = serde_json::from_str(record["content"].as_str().unwrap()).unwrap();
-    assert_eq!(record["supervisor_pid"].as_u64(), Some(spare), "the spare took the task: {record}");
+    let record = task_record(&mcp, &sandbox_id, task_id).await;
+    assert_eq!(record["supervisor_pid"].as_u64(), Some(channel_spare), "the channel's spare took the task: {record}");
     // Cancelled at once: the spare obeys it whether or not its command had started.
     let c = mcp.call("cancel_task", json!({"sandbox_id": sandbox_id, "task_id": task_id})).await.ok();
     assert_eq!((c["state"].as_str(), c["cancel_confirmed"].as_bool()), (Some("cancelled"), Some(true)), "{c}");
     let runs = run(&mcp, &sandbox_id, &format!("cat {marker} 2>/dev/null | wc -l")).await;
     assert!(matches!(runs["stdout"].as_str().unwrap().trim(), "0" | "1"), "{runs}");
 
-    // The next start goes to a new spare, and its command runs exactly once.
+    // The channel killed: the task server (forked by the first start) and its spare take the next.
+    let pid_file = format!("/home/user/.sandbox-mcp/server-{}.pid", sandbox_mcp::tasks::supervisor_version());
+    let server_spare = format!(
+        "kill -9 {channel}; while test -e /proc/{channel}; do sleep 0.02; done; \
+         for i in $(seq 100); do test -s {pid_file} && break; sleep 0.05; done; s=$(cut -d' ' -f1 {pid_file}); \
+         for i in $(seq 100); do c=$(cat /proc/$s/task/$s/children); test -n \"$c\" && break; sleep 0.05; done; echo $c"
+    );
+    let children = run(&mcp, &sandbox_id, &server_spare).await;
+    let spare: u64 = children["stdout"].as_str().unwrap().split_whitespace().next().unwrap().parse().unwrap();
     let second = mcp.start_task(&sandbox_id, &format!("echo y >> {marker}.2"), json!({})).await;
     let second_id = second["task_id"].as_str().unwrap();
+    let record = task_record(&mcp, &sandbox_id, second_id).await;
+    assert_eq!(record["supervisor_pid"].as_u64(), Some(spare), "the server's spare took the task: {record}");
     mcp.wait_done(&sandbox_id, second_id, Duration::from_secs(30)).await;
     let done = mcp.get_task(&sandbox_id, second_id, json!({})).await;
     assert_eq!(done["state"], "succeeded", "{done}");

@@ -1,7 +1,8 @@
 //! How the task service reaches a sandbox: [`EnvdTransport`] runs the
 //! supervisor through the sandbox's envd (process `Start`, the files API) as
 //! `user`, and sorts a provider failure by what may have reached the sandbox
-//! (not sent, uncertain, sandbox gone).
+//! (not sent, uncertain, sandbox gone). It also opens a sandbox's task channel: the supervisor's
+//! `channel` started with its stdin open, its output stream kept.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -9,8 +10,11 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::access::ResolvedSandbox;
+use crate::connect_rpc::Code;
+use crate::e2b::wire::ProcessEvent;
 use crate::e2b::{CallOptions, E2bError, OutputLimits, wire};
 use crate::gateway::state::Gateway;
+use crate::tasks::channel::{ChannelIo, SendInput};
 use crate::tasks::service::{ExecOutput, FileSlice, SupervisorTransport, TransportError};
 
 /// The sandbox user the supervisor runs as.
@@ -18,6 +22,8 @@ const TASK_USER: &str = "user";
 /// Output kept from one supervisor call (a status page is at most ~200 KB of JSON).
 const SUPERVISOR_MAX_STDOUT: usize = 4 << 20;
 const SUPERVISOR_MAX_STDERR: usize = 64 << 10;
+/// Deadline of one write to a task channel's stdin.
+const CHANNEL_SEND_TIMEOUT: Duration = Duration::from_secs(10);
 /// Deadline of one direct read of a task file.
 const READ_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -32,15 +38,20 @@ impl EnvdTransport<'_> {
     /// forgotten when the resulting task error is reported (`TaskError::SandboxGone`).
     fn classify(&self, err: &E2bError) -> TransportError {
         self.gateway.core.metrics.record_provider_error(err.op()); // ops (metrics)
-        if err.is_sandbox_gone() {
-            return TransportError::SandboxGone;
-        }
-        match err {
-            // The request never left: nothing can have run.
-            E2bError::Transport { source, .. } if source.is_connect() => TransportError::NotSent(err.to_string()),
-            E2bError::Config { .. } => TransportError::NotSent(err.to_string()),
-            _ => TransportError::Uncertain(err.to_string()),
-        }
+        sort_error(err)
+    }
+}
+
+/// A provider failure sorted by what may have reached the sandbox.
+fn sort_error(err: &E2bError) -> TransportError {
+    if err.is_sandbox_gone() {
+        return TransportError::SandboxGone;
+    }
+    match err {
+        // The request never left: nothing can have run.
+        E2bError::Transport { source, .. } if source.is_connect() => TransportError::NotSent(err.to_string()),
+        E2bError::Config { .. } => TransportError::NotSent(err.to_string()),
+        _ => TransportError::Uncertain(err.to_string()),
     }
 }
 
@@ -69,6 +80,52 @@ impl SupervisorTransport for EnvdTransport<'_> {
         }
         .map_err(|e| self.classify(&e))?;
         Ok(ExecOutput { exit_code: out.exit_code, stdout: out.stdout.to_vec(), stderr: out.stderr.to_vec() })
+    }
+
+    /// The channel runs with no deadline (it ends itself when idle); its output is forwarded
+    /// until the process ends, its stream breaks, or the channel is dropped.
+    async fn open_channel(&self, argv: Vec<String>) -> Result<ChannelIo, TransportError> {
+        let mut argv = argv.into_iter();
+        let cmd = argv.next().unwrap_or_default();
+        let request = wire::StartRequest {
+            process: wire::ProcessConfig { cmd, args: argv.collect(), envs: HashMap::new(), cwd: None },
+            stdin: Some(true),
+            ..Default::default()
+        };
+        let options = CallOptions::user(TASK_USER).with_timeout(Duration::ZERO);
+        let mut stream = self.sandbox.envd.start(&request, &options).await.map_err(|e| self.classify(&e))?;
+        let pid = stream.pid();
+        let (forward, output) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            loop {
+                let event = tokio::select! {
+                    event = stream.next_event() => event,
+                    () = forward.closed() => break,
+                };
+                match event {
+                    Ok(Some(ProcessEvent::Data(wire::DataEvent { stdout: Some(bytes), .. }))) => {
+                        if forward.send(bytes).await.is_err() {
+                            break;
+                        }
+                    }
+                    Ok(Some(ProcessEvent::Data(_) | ProcessEvent::Start(_) | ProcessEvent::Keepalive(_))) => {}
+                    Ok(Some(ProcessEvent::End(_)) | None) | Err(_) => break,
+                }
+            }
+        });
+        let envd = self.sandbox.envd.clone();
+        let send: SendInput = Box::new(move |data: Vec<u8>| {
+            let envd = envd.clone();
+            Box::pin(async move {
+                let options = CallOptions::user(TASK_USER).with_timeout(CHANNEL_SEND_TIMEOUT);
+                envd.send_stdin(pid, &data, &options).await.map_err(|e| match e.rpc_code() {
+                    // The process is gone, or its stdin closed: no line reached it whole.
+                    Some(Code::NotFound | Code::FailedPrecondition) => TransportError::NotSent(e.to_string()),
+                    _ => sort_error(&e),
+                })
+            })
+        });
+        Ok(ChannelIo { send, output })
     }
 
     async fn install(&self, path: &str, content: &'static [u8]) -> Result<(), TransportError> {
