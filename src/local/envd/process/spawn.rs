@@ -1,16 +1,17 @@
 //! Starting one sandbox process: environment, user switch (setgroups, setgid,
 //! setuid in the child), working directory, its own process group, and pipes.
-//! Uses `std::process::Command` (never `tokio::process`, whose SIGCHLD
-//! handling would fight the envd reaper); the `Child` handle is discarded
-//! and the exit status is collected by [`super::reaper`].
+//! The child is started by [`super::clone_exec`] (sharing envd's memory until
+//! it execs: no copy of envd's page tables per command; never `tokio::process`,
+//! whose SIGCHLD handling would fight the envd reaper); its exit status is
+//! collected by [`super::reaper`].
 
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+
+use super::clone_exec::{self, ExecPlan};
 
 use crate::local::envd::users::UserAccount;
 
@@ -97,78 +98,65 @@ pub fn spawn(spec: &SpawnSpec) -> Result<SpawnedChild, SpawnError> {
         return Err(SpawnError::InvalidEnv { key: key.clone(), why: "is not a valid variable name" });
     }
     let cwd = CString::new(spec.cwd.as_os_str().as_bytes()).map_err(|_| nul("cwd"))?;
-    let mut command = Command::new(&spec.cmd);
-    command
-        .args(&spec.args)
-        .env_clear()
-        .envs(spec.env.iter().map(|(k, v)| (k, v)))
-        .stdin(if spec.pipe_stdin { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    let switch_user = nix::unistd::geteuid().is_root();
-    let (uid, gid) = (spec.user.uid, spec.user.gid);
-    let groups: Vec<libc::gid_t> = spec.user.groups.clone();
-    let oom_path = c"/proc/self/oom_score_adj";
-    // SAFETY: the closure runs in the forked child before exec and only calls
-    // async-signal-safe libc functions on data prepared before the fork.
-    unsafe {
-        command.pre_exec(move || {
-            // Only stdin/stdout/stderr cross into the command (std's own exec-error pipe is
-            // already close-on-exec), whatever envd inherited or opened.
-            crate::local::fds::mark_inherited_fds_cloexec(3);
-            // Commands get a raised OOM score (raising needs no privilege; lowering it back does),
-            // so the OOM killer picks them, never envd (which also tries -1000 for itself).
-            // envd lost dumpability when it entered the sandbox's user namespace, which leaves
-            // /proc/self owned by an unmapped uid; the child is about to exec (which restores it)
-            // and must be able to write its own oom_score_adj first.
-            libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0);
-            reset_oom_score(oom_path);
-            if switch_user {
-                if libc::setgroups(groups.len(), groups.as_ptr()) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                if libc::setgid(gid) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                if libc::setuid(uid) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            // After the user switch, so the user must be able to enter the directory.
-            if libc::chdir(cwd.as_ptr()) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = command.spawn().map_err(|source| SpawnError::Start { cmd: spec.cmd.clone(), source })?;
-    let pid = child.id();
-    let stdin = child.stdin.take().map(OwnedFd::from);
-    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
-        // Cannot happen (both were requested as pipes); never leave the child behind.
-        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
-        return Err(SpawnError::Start { cmd: spec.cmd.clone(), source: std::io::Error::other("missing output pipes") });
+    let start_error = |source| SpawnError::Start { cmd: spec.cmd.clone(), source };
+    let path = spec.env.iter().find(|(k, _)| k == "PATH").map_or(DEFAULT_PATH, |(_, v)| v.as_str());
+    let plan = ExecPlan {
+        candidates: clone_exec::candidates(&spec.cmd, path).map_err(|_| nul("PATH"))?,
+        argv: std::iter::once(&spec.cmd)
+            .chain(&spec.args)
+            .map(|a| CString::new(a.as_bytes()))
+            .collect::<Result<_, _>>()
+            .map_err(|_| nul("an argument"))?,
+        envp: spec
+            .env
+            .iter()
+            .map(|(k, v)| CString::new(format!("{k}={v}")))
+            .collect::<Result<_, _>>()
+            .map_err(|_| nul("the environment"))?,
+        cwd,
+        user: nix::unistd::geteuid().is_root().then(|| (spec.user.uid, spec.user.gid, spec.user.groups.clone())),
+        oom_path: c"/proc/self/oom_score_adj",
+        oom_score: COMMAND_OOM_SCORE_ADJ,
     };
-    // Dropping `child` neither waits nor kills: the reaper owns the exit status.
-    drop(child);
-    Ok(SpawnedChild { pid, stdin, stdout: OwnedFd::from(stdout), stderr: OwnedFd::from(stderr) })
+    let (stdin_child, stdin) = if spec.pipe_stdin {
+        let (read, write) = pipe().map_err(start_error)?;
+        (read, Some(write))
+    } else {
+        (OwnedFd::from(std::fs::File::open("/dev/null").map_err(start_error)?), None)
+    };
+    let (stdout, stdout_child) = pipe().map_err(start_error)?;
+    let (stderr, stderr_child) = pipe().map_err(start_error)?;
+    let stdio = clone_exec::Stdio {
+        stdin: stdin_child.as_raw_fd(),
+        stdout: stdout_child.as_raw_fd(),
+        stderr: stderr_child.as_raw_fd(),
+    };
+    let pid = clone_exec::spawn(&plan, &stdio).map_err(start_error)?;
+    Ok(SpawnedChild { pid, stdin, stdout, stderr })
+}
+
+/// A close-on-exec pipe (read end, write end), both at descriptors ≥ 3 so that moving them to a
+/// child's 0-2 never overwrites another.
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
+    Ok((above_stdio(read)?, above_stdio(write)?))
+}
+
+fn above_stdio(fd: OwnedFd) -> std::io::Result<OwnedFd> {
+    if fd.as_raw_fd() > 2 {
+        return Ok(fd);
+    }
+    // SAFETY: F_DUPFD_CLOEXEC returns a new descriptor, then owned.
+    let moved = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+    if moved < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `moved` is a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(moved) })
 }
 
 /// `oom_score_adj` of every command envd starts.
 pub const COMMAND_OOM_SCORE_ADJ: &[u8] = b"500";
-
-/// Writes [`COMMAND_OOM_SCORE_ADJ`] to `/proc/self/oom_score_adj` (async-signal-safe; best effort).
-fn reset_oom_score(path: &std::ffi::CStr) {
-    // SAFETY: open/write/close on a constant path and a constant buffer.
-    unsafe {
-        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-        if fd >= 0 {
-            libc::write(fd, COMMAND_OOM_SCORE_ADJ.as_ptr().cast(), COMMAND_OOM_SCORE_ADJ.len());
-            libc::close(fd);
-        }
-    }
-}
 
 /// Sends `signal` to the process group of `pid` (falls back to the process alone).
 pub fn signal_group(pid: u32, signal: i32) -> std::io::Result<()> {

@@ -1,0 +1,237 @@
+//! Starting a sandbox process without copying envd's memory: `clone(CLONE_VM | CLONE_VFORK)`, as
+//! glibc's `posix_spawn` does, with the steps `posix_spawn` cannot take (the user switch, the OOM
+//! score, the dumpable flag, descriptors marked close-on-exec) done in the child before `execve`.
+//! A `fork` copies envd's page tables and the child's `execve` tears that copy down again, which
+//! cost about as much CPU as the rest of envd's work per command on these machines.
+//!
+//! The child shares envd's memory until it execs, so it only makes system calls on data prepared
+//! before the clone: no allocation, no lock, and no glibc wrapper that involves other threads (glibc's
+//! `setuid` would signal envd's threads: the credentials are changed with raw system calls). Every
+//! signal is blocked across the clone, and the child resets its handlers before unblocking them,
+//! so no handler of envd's ever runs on the child's stack.
+
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::raw::{c_char, c_int, c_void};
+
+/// The child's stack (it runs a few system calls, and `execve`).
+const CHILD_STACK: usize = 64 * 1024;
+
+/// What the child needs, prepared before the clone.
+pub struct ExecPlan {
+    /// Where to look for the program, in order: the program itself when it names a path, else
+    /// `DIR/PROGRAM` for each directory of the child's `PATH` (as `execvp` searches).
+    pub candidates: Vec<CString>,
+    pub argv: Vec<CString>,
+    pub envp: Vec<CString>,
+    pub cwd: CString,
+    /// `(uid, gid, supplementary groups)` to switch to, when envd runs as root.
+    pub user: Option<(libc::uid_t, libc::gid_t, Vec<libc::gid_t>)>,
+    /// `/proc/self/oom_score_adj` and the value written there.
+    pub oom_path: &'static CStr,
+    pub oom_score: &'static [u8],
+}
+
+/// The candidates for `program` under the colon-separated `path` (empty entries mean the
+/// current directory, as in `execvp`).
+pub fn candidates(program: &str, path: &str) -> Result<Vec<CString>, std::ffi::NulError> {
+    if program.contains('/') {
+        return Ok(vec![CString::new(program)?]);
+    }
+    path.split(':')
+        .map(|dir| CString::new(if dir.is_empty() { program.to_owned() } else { format!("{dir}/{program}") }))
+        .collect()
+}
+
+/// The child's standard descriptors.
+pub struct Stdio {
+    pub stdin: RawFd,
+    pub stdout: RawFd,
+    pub stderr: RawFd,
+}
+
+struct ChildArgs<'a> {
+    plan: &'a ExecPlan,
+    candidates: Vec<*const c_char>,
+    argv: Vec<*const c_char>,
+    envp: Vec<*const c_char>,
+    stdio: [RawFd; 3],
+    report: RawFd,
+}
+
+/// Starts the plan's program with `stdio`, in its own process group; its pid. An error is the
+/// child's (`errno` of the step that failed, the child reaped) or the clone's.
+pub fn spawn(plan: &ExecPlan, stdio: &Stdio) -> std::io::Result<u32> {
+    let nul_terminated = |strings: &[CString]| {
+        let mut pointers: Vec<*const c_char> = strings.iter().map(|s| s.as_ptr()).collect();
+        pointers.push(std::ptr::null());
+        pointers
+    };
+    let (report_r, report_w) = pipe_cloexec()?;
+    let args = ChildArgs {
+        plan,
+        candidates: nul_terminated(&plan.candidates),
+        argv: nul_terminated(&plan.argv),
+        envp: nul_terminated(&plan.envp),
+        stdio: [stdio.stdin, stdio.stdout, stdio.stderr],
+        report: report_w.as_raw_fd(),
+    };
+    let mut stack = vec![0u8; CHILD_STACK];
+    // The stack grows down from its (16-byte aligned) end.
+    let top = (stack.as_mut_ptr() as usize + CHILD_STACK) & !15;
+    // SAFETY: every signal is blocked across the clone (restored right after); the child runs
+    // `child_main` on its own stack with `args`, which outlives it (CLONE_VFORK suspends this
+    // thread until the child has exec'd or exited).
+    let pid = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        let pid = libc::clone(
+            child_main,
+            top as *mut c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            (&raw const args).cast_mut().cast(),
+        );
+        let clone_error = std::io::Error::last_os_error();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        if pid < 0 {
+            return Err(clone_error);
+        }
+        pid
+    };
+    drop(stack);
+    drop(report_w);
+    let mut errno = [0u8; 4];
+    // SAFETY: read into a local buffer; the write end is closed (ours above, the child's at its
+    // exec or exit).
+    let n = unsafe { libc::read(report_r.as_raw_fd(), errno.as_mut_ptr().cast(), errno.len()) };
+    if n == 4 {
+        let mut status = 0;
+        // SAFETY: reaps the child that failed before its exec (the caller holds the reaper's
+        // registration lock, so nobody else waits for it).
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        return Err(std::io::Error::from_raw_os_error(i32::from_ne_bytes(errno)));
+    }
+    Ok(pid as u32)
+}
+
+fn pipe_cloexec() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as c_int; 2];
+    // SAFETY: pipe2 fills the two descriptors, which are then owned.
+    unsafe {
+        if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])))
+    }
+}
+
+/// The child: async-signal-safe system calls only, then `execve`. Never returns.
+extern "C" fn child_main(arg: *mut c_void) -> c_int {
+    // SAFETY: `arg` is the parent's `ChildArgs`, alive while the parent is suspended.
+    let args = unsafe { &*(arg as *const ChildArgs<'_>) };
+    // SAFETY: system calls on prepared data; `fail` ends the child.
+    unsafe {
+        // Handlers of envd's would run on this stack, in envd's memory: back to the defaults
+        // (SIGPIPE too, which Rust ignores and an ignored disposition would survive the exec).
+        for signal in 1..=libc::SIGRTMAX() {
+            if signal == libc::SIGKILL || signal == libc::SIGSTOP {
+                continue;
+            }
+            let mut current: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(signal, std::ptr::null(), &mut current) == 0
+                && (current.sa_sigaction != libc::SIG_DFL && current.sa_sigaction != libc::SIG_IGN
+                    || signal == libc::SIGPIPE)
+            {
+                let mut default: libc::sigaction = std::mem::zeroed();
+                default.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(signal, &default, std::ptr::null_mut());
+            }
+        }
+        for (target, &source) in args.stdio.iter().enumerate() {
+            let target = target as c_int;
+            let moved =
+                if source == target { libc::fcntl(target, libc::F_SETFD, 0) } else { libc::dup2(source, target) };
+            if moved < 0 {
+                report_and_exit(args.report);
+            }
+        }
+        if libc::setpgid(0, 0) != 0 {
+            report_and_exit(args.report);
+        }
+        // Only stdin, stdout and stderr cross into the command, whatever envd inherited or opened.
+        crate::local::fds::mark_inherited_fds_cloexec(3);
+        // Commands get a raised OOM score (raising needs no privilege; lowering it back does), so
+        // the OOM killer picks them, never envd. envd lost dumpability when it entered the
+        // sandbox's user namespace, which leaves /proc/self owned by an unmapped uid; the exec
+        // restores it, and the child must be able to write its own oom_score_adj first.
+        libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0);
+        let plan = args.plan;
+        let oom = libc::open(plan.oom_path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if oom >= 0 {
+            libc::write(oom, plan.oom_score.as_ptr().cast(), plan.oom_score.len());
+            libc::close(oom);
+        }
+        if let Some((uid, gid, groups)) = &plan.user {
+            // Raw system calls: they change this process's credentials alone.
+            if libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) != 0
+                || libc::syscall(libc::SYS_setresgid, *gid, *gid, *gid) != 0
+                || libc::syscall(libc::SYS_setresuid, *uid, *uid, *uid) != 0
+            {
+                report_and_exit(args.report);
+            }
+        }
+        // After the user switch, so the user must be able to enter the directory.
+        if libc::chdir(plan.cwd.as_ptr()) != 0 {
+            report_and_exit(args.report);
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        // As execvp: the first candidate that runs; else EACCES if one was refused, else the
+        // last error.
+        let mut refused = false;
+        for &path in &args.candidates {
+            if path.is_null() {
+                break;
+            }
+            libc::execve(path, args.argv.as_ptr(), args.envp.as_ptr());
+            match *libc::__errno_location() {
+                libc::EACCES => refused = true,
+                libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::ENAMETOOLONG | libc::ESTALE => {}
+                _ => report_and_exit(args.report),
+            }
+        }
+        if refused {
+            *libc::__errno_location() = libc::EACCES;
+        }
+        report_and_exit(args.report)
+    }
+}
+
+/// Writes `errno` to the parent's report pipe and ends the child.
+///
+/// # Safety
+/// Only in the child, before its exec.
+unsafe fn report_and_exit(report: RawFd) -> ! {
+    // SAFETY: a write of a local buffer and _exit.
+    unsafe {
+        let errno = *libc::__errno_location();
+        libc::write(report, errno.to_ne_bytes().as_ptr().cast(), 4);
+        libc::_exit(127)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn candidates_follow_execvp() {
+        let names = |c: Vec<CString>| c.into_iter().map(|s| s.into_string().unwrap()).collect::<Vec<_>>();
+        assert_eq!(names(candidates("/bin/sh", "/a:/b").unwrap()), ["/bin/sh"]);
+        assert_eq!(names(candidates("./run", "/a").unwrap()), ["./run"]);
+        assert_eq!(names(candidates("sh", "/a::/b").unwrap()), ["/a/sh", "sh", "/b/sh"]);
+    }
+}
