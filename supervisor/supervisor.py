@@ -1791,12 +1791,7 @@ def handle_request(base, queue, line, server_fds, spare):
         except OSError:
             return
         words = raw.decode("utf-8", "replace").split("\n")
-    spec = None
-    if "--" in words:
-        cut = words.index("--")
-        spec = words[cut + 1] if cut + 1 < len(words) else ""
-        words = words[:cut]
-    argv = [w for w in words if w]
+    argv, spec = split_spec(words)
     if argv and argv[0] == "start":
         server_start(base, queue, client, argv, spec, spare)
         return
@@ -1817,6 +1812,16 @@ def handle_request(base, queue, line, server_fds, spare):
         if pid is not None:
             return
     answer(queue, client, run_subcommand(argv, base, spec))
+
+
+def split_spec(words):
+    """A request's words as (the subcommand's argv, the spec after "--" or None)."""
+    spec = None
+    if "--" in words:
+        cut = words.index("--")
+        spec = words[cut + 1] if cut + 1 < len(words) else ""
+        words = words[:cut]
+    return [w for w in words if w], spec
 
 
 class Spare:
@@ -2129,13 +2134,7 @@ def channel_request(base, line, spare):
     rid = words[0]
     if not (rid.isdigit() and len(rid) <= 20):
         return None
-    words = words[1:]
-    spec = None
-    if "--" in words:
-        cut = words.index("--")
-        spec = words[cut + 1] if cut + 1 < len(words) else ""
-        words = words[:cut]
-    argv = [w for w in words if w]
+    argv, spec = split_spec(words[1:])
     if argv[:1] != ["start"]:
         result = (2, {"error": "the channel serves only start", "code": "invalid"})
     else:

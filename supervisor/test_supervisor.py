@@ -949,13 +949,17 @@ def fast_client():
     return text[text.index('r#"') + 3:text.index('"#;')]
 
 
-class ForkServerTests(unittest.TestCase):
-    """The fork server (`start --serve 1`, then `serve`) and the bash client."""
+class TaskHelpers:
+    """The CLI helpers of SupervisorTestCase, for test classes of their own."""
 
     cli = SupervisorTestCase.cli
     status = SupervisorTestCase.status
     wait_terminal = SupervisorTestCase.wait_terminal
     read_all = SupervisorTestCase.read_all
+
+
+class ForkServerTests(TaskHelpers, unittest.TestCase):
+    """The fork server (`start --serve 1`, then `serve`) and the bash client."""
 
     def setUp(self):
         SupervisorTestCase.setUp(self)
@@ -1180,13 +1184,8 @@ class ForkServerTests(unittest.TestCase):
         self.assertTrue(wait_gone(server, mod.SERVER_CHECK + 3))
 
 
-class ChannelTests(unittest.TestCase):
+class ChannelTests(TaskHelpers, unittest.TestCase):
     """`channel`: the gateway's line channel (stdin requests, stdout answers)."""
-
-    cli = SupervisorTestCase.cli
-    status = SupervisorTestCase.status
-    wait_terminal = SupervisorTestCase.wait_terminal
-    read_all = SupervisorTestCase.read_all
 
     def setUp(self):
         SupervisorTestCase.setUp(self)

@@ -303,6 +303,19 @@ mod tests {
         (ChannelIo { send, output: out_rx }, out_tx, in_rx)
     }
 
+    /// Opens a channel for `sandbox` and has it greet with `version`; its output and input ends.
+    async fn opened(
+        channels: &Channels,
+        sandbox: &str,
+        version: &str,
+    ) -> (mpsc::Sender<Vec<u8>>, mpsc::UnboundedReceiver<Vec<u8>>) {
+        let generation = channels.claim_open(sandbox).unwrap();
+        let (io, out, input) = io_pair();
+        channels.attach(sandbox, generation, io, "9");
+        out.send(format!("0 0 {{\"version\":\"{version}\",\"pid\":7}}\n").into_bytes()).await.unwrap();
+        (out, input)
+    }
+
     async fn ready_within(channels: &Channels, sandbox: &str) -> Option<Arc<Channel>> {
         for _ in 0..200 {
             if let Some(channel) = channels.ready(sandbox) {
@@ -350,10 +363,7 @@ mod tests {
     #[tokio::test]
     async fn a_wrong_greeting_or_a_garbled_line_fails_the_channel_for_a_while() {
         let channels = Channels::default();
-        let generation = channels.claim_open("sb").unwrap();
-        let (io, out, _input) = io_pair();
-        channels.attach("sb", generation, io, "9");
-        out.send(b"0 0 {\"version\":\"8\",\"pid\":7}\n".to_vec()).await.unwrap();
+        let _wrong = opened(&channels, "sb", "8").await;
         for _ in 0..200 {
             if matches!(crate::sync::lock(&channels.slots).get("sb"), Some(Slot::Failed(_))) {
                 break;
@@ -363,10 +373,7 @@ mod tests {
         assert!(matches!(crate::sync::lock(&channels.slots).get("sb"), Some(Slot::Failed(_))));
         assert_eq!(channels.claim_open("sb"), None, "not retried at once");
 
-        let generation = channels.claim_open("other").unwrap();
-        let (io, out, _input) = io_pair();
-        channels.attach("other", generation, io, "9");
-        out.send(b"0 0 {\"version\":\"9\",\"pid\":7}\n".to_vec()).await.unwrap();
+        let (out, _input) = opened(&channels, "other", "9").await;
         ready_within(&channels, "other").await.expect("greeted");
         out.send(b"forged answer\n".to_vec()).await.unwrap();
         for _ in 0..200 {
@@ -381,10 +388,7 @@ mod tests {
     #[tokio::test]
     async fn a_request_that_cannot_be_sent_is_not_sent_and_a_silent_channel_is_uncertain() {
         let channels = Channels::default();
-        let generation = channels.claim_open("sb").unwrap();
-        let (io, out, input) = io_pair();
-        channels.attach("sb", generation, io, "9");
-        out.send(b"0 0 {\"version\":\"9\",\"pid\":7}\n".to_vec()).await.unwrap();
+        let (_out, input) = opened(&channels, "sb", "9").await;
         let channel = ready_within(&channels, "sb").await.expect("greeted");
         let silent = channel.call("start", Duration::from_millis(50)).await;
         assert!(matches!(silent, Err(TransportError::Uncertain(m)) if m.contains("did not answer")));

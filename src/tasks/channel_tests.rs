@@ -68,12 +68,18 @@ async fn later_starts_go_through_the_channel_with_no_process_started() {
     signal(channel, nix::sys::signal::Signal::SIGKILL);
 }
 
-#[tokio::test]
-async fn a_dead_channel_sends_starts_back_to_the_bash_path_until_a_new_one_greets() {
+/// A transport with channels, its service, and the channel the first start opened.
+async fn with_channel() -> (LocalPython, TaskService, i32) {
     let t = LocalPython::new().with_channels();
     let svc = t.service(&[]);
     start(&svc, &t, "true").await;
     let channel = channel_up(&svc).await;
+    (t, svc, channel)
+}
+
+#[tokio::test]
+async fn a_dead_channel_sends_starts_back_to_the_bash_path_until_a_new_one_greets() {
+    let (t, svc, channel) = with_channel().await;
     signal(channel, nix::sys::signal::Signal::SIGKILL);
     let deadline = Instant::now() + Duration::from_secs(5);
     while svc.channel_pid("sbx") == Some(channel) {
@@ -95,10 +101,7 @@ async fn a_dead_channel_sends_starts_back_to_the_bash_path_until_a_new_one_greet
 
 #[tokio::test]
 async fn a_silent_channel_makes_a_start_unknown_and_it_never_runs_twice() {
-    let t = LocalPython::new().with_channels();
-    let svc = t.service(&[]);
-    start(&svc, &t, "true").await;
-    let channel = channel_up(&svc).await;
+    let (t, svc, channel) = with_channel().await;
     signal(channel, nix::sys::signal::Signal::SIGSTOP);
     let id = TaskId::generate();
     let started = svc.start(&t, "sbx", &id, &spec("echo once >> ran; echo ran", &[], None)).await.unwrap();

@@ -227,6 +227,68 @@ unsafe fn report_and_exit(report: RawFd) -> ! {
 mod tests {
     use super::*;
 
+    /// Runs `argv` through [`spawn`] in `cwd` with `env`; its exit status and stdout.
+    fn run(argv: &[&str], env: &[&str], cwd: &str) -> std::io::Result<(i32, String)> {
+        let (out_r, out_w) = pipe_cloexec()?;
+        let null = std::fs::File::open("/dev/null")?;
+        let path = env.iter().find_map(|e| e.strip_prefix("PATH=")).unwrap_or("/usr/bin:/bin");
+        let plan = ExecPlan {
+            candidates: candidates(argv[0], path).unwrap(),
+            argv: argv.iter().map(|a| CString::new(*a).unwrap()).collect(),
+            envp: env.iter().map(|e| CString::new(*e).unwrap()).collect(),
+            cwd: CString::new(cwd).unwrap(),
+            user: None,
+            oom_path: c"/proc/self/oom_score_adj",
+            oom_score: b"500",
+        };
+        let stdio = Stdio { stdin: null.as_raw_fd(), stdout: out_w.as_raw_fd(), stderr: out_w.as_raw_fd() };
+        let pid = spawn(&plan, &stdio)?;
+        drop(out_w);
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut std::fs::File::from(out_r), &mut out)?;
+        let mut status = 0;
+        // SAFETY: waits for the child this test started.
+        unsafe { libc::waitpid(pid as i32, &mut status, 0) };
+        Ok((libc::WEXITSTATUS(status), out))
+    }
+
+    #[test]
+    fn a_child_gets_its_argv_env_cwd_and_only_its_three_descriptors() {
+        let script = "echo \"$0 $1 $GREETING\"; pwd; ls /proc/self/fd | wc -l; \
+            grep -E '^(SigBlk|SigIgn)' /proc/self/status; cat /proc/self/oom_score_adj; \
+            test \"$(ps -o pgid= $$ | tr -d ' ')\" = $$ && echo own-group";
+        let (code, out) =
+            run(&["sh", "-c", script, "zero", "one"], &["GREETING=hi", "PATH=/usr/bin:/bin"], "/tmp").unwrap();
+        assert_eq!(code, 0, "{out}");
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[..2], ["zero one hi", "/tmp"], "{out}");
+        // 0, 1, 2 and the directory ls reads.
+        assert_eq!(lines[2], "4", "only stdin, stdout and stderr are inherited: {out}");
+        // No signal blocked; SIGPIPE, which Rust ignores in this process, back to its default.
+        assert_eq!(lines[3], "SigBlk:\t0000000000000000", "{out}");
+        let ignored = u64::from_str_radix(lines[4].trim_start_matches("SigIgn:\t"), 16).unwrap();
+        assert_eq!(ignored & (1 << (libc::SIGPIPE - 1)), 0, "{out}");
+        assert_eq!(lines[5], "500", "{out}");
+        assert_eq!(lines.get(6), Some(&"own-group"), "{out}");
+    }
+
+    #[test]
+    fn a_program_that_cannot_start_is_an_error_of_its_own() {
+        let missing = run(&["no-such-program-here"], &["PATH=/usr/bin:/bin"], "/").unwrap_err();
+        assert_eq!(missing.raw_os_error(), Some(libc::ENOENT), "{missing}");
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("not-executable");
+        std::fs::write(&script, "#!/bin/sh\n").unwrap();
+        let refused = run(&[script.to_str().unwrap()], &[], "/").unwrap_err();
+        assert_eq!(refused.raw_os_error(), Some(libc::EACCES), "{refused}");
+        let bad_cwd = run(&["/bin/true"], &[], "/no/such/dir").unwrap_err();
+        assert_eq!(bad_cwd.raw_os_error(), Some(libc::ENOENT), "{bad_cwd}");
+        // A refused candidate earlier on PATH does not hide a runnable one later.
+        std::fs::write(dir.path().join("true"), "").unwrap();
+        let path = format!("PATH={}:/usr/bin:/bin", dir.path().display());
+        assert_eq!(run(&["true"], &[&path], "/").unwrap().0, 0);
+    }
+
     #[test]
     fn candidates_follow_execvp() {
         let names = |c: Vec<CString>| c.into_iter().map(|s| s.into_string().unwrap()).collect::<Vec<_>>();
