@@ -12,8 +12,9 @@
 //!    call on each path; the client-side p50 with the official Python SDK v2 in both generations
 //!    (`$SANDBOX_MCP_PYTHON_V2`). `BENCH_GATEWAY_ONLY=latency` stops after this part;
 //! 2. tool calls per second with 32 concurrent sessions sharing one sandbox (target >= 1,000), through
-//!    rmcp's client (legacy sessions; it opens a connection per request) and through raw 2026-07-28
-//!    requests (a keep-alive connection each), with each run's CPU per call split by process of the
+//!    rmcp's client (legacy sessions; by default it opens a connection per request), through rmcp's
+//!    client given a pooled reqwest client (keep-alive), and through raw 2026-07-28 requests (a
+//!    keep-alive connection each), with each run's CPU per call split by process of the
 //!    bench's tree (this client, the gateway, the provider, the sandbox's envd and, as the time envd
 //!    reaped, the `bash -l -c true` processes) and the whole machine's, from `/proc`.
 //!    `BENCH_GATEWAY_ONLY=throughput` runs only this part; `BENCH_GATEWAY_WORKERS=N` sets the
@@ -647,14 +648,32 @@ async fn run() -> anyhow::Result<()> {
 /// Part 2: `run_command "true"` calls per second with 32 concurrent sessions sharing one sandbox, through
 /// rmcp's client (legacy sessions, the figure) and through raw 2026-07-28 requests (each task its
 /// own keep-alive connection, the cheapest client), with where the CPU of the bench's process tree went.
+/// A legacy session through rmcp's client given a reqwest client with its default connection pool:
+/// rmcp's own default turns pooling off (`pool_max_idle_per_host(0)`, against stalls when a previous
+/// answer was not read to its end), so every call of the plain rmcp client opens a connection.
+async fn pooled_mcp_client(url: &str) -> anyhow::Result<McpClient> {
+    use rmcp::ServiceExt;
+    use rmcp::model::{ClientCapabilities, ClientConfig, Implementation, ProtocolVersion};
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    let config = StreamableHttpClientTransportConfig::with_uri(url.to_string());
+    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+    let info = ClientConfig::new(ClientCapabilities::default(), Implementation::new("bench-pooled", "0"))
+        .with_protocol_version(ProtocolVersion::V_2025_11_25);
+    Ok(info.serve(transport).await?)
+}
+
 async fn throughput(url: &str, sandbox_id: &str) -> anyhow::Result<()> {
-    let mut sessions = Vec::new();
+    let (mut sessions, mut pooled) = (Vec::new(), Vec::new());
     for _ in 0..CONCURRENT_SESSIONS {
         let session = mcp_client(url).await?;
         tool(&session, "connect_sandbox", json!({"sandbox_id": sandbox_id})).await?;
         sessions.push(session);
+        let session = pooled_mcp_client(url).await?;
+        tool(&session, "connect_sandbox", json!({"sandbox_id": sandbox_id})).await?;
+        pooled.push(session);
     }
-    for client in ["rmcp", "raw"] {
+    for client in ["rmcp", "rmcp pooled", "raw"] {
         let raw: Vec<_> = (0..CONCURRENT_SESSIONS).map(|_| Arc::new(StatelessCaller::new(url, sandbox_id))).collect();
         let tree_before = common::proc_cpu::snapshot(std::process::id());
         let machine_before = common::proc_cpu::machine_seconds();
@@ -662,7 +681,8 @@ async fn throughput(url: &str, sandbox_id: &str) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(THROUGHPUT_SECS);
         let started = Instant::now();
         let mut workers = Vec::new();
-        for (session, raw) in sessions.iter().zip(raw) {
+        let clients = if client == "rmcp pooled" { &pooled } else { &sessions };
+        for (session, raw) in clients.iter().zip(raw) {
             let peer = session.peer().clone();
             workers.push(tokio::spawn(async move {
                 let (mut calls, mut failed) = (0u64, 0u64);
@@ -670,7 +690,7 @@ async fn throughput(url: &str, sandbox_id: &str) -> anyhow::Result<()> {
                 while Instant::now() < deadline {
                     let t = Instant::now();
                     let ok = match client {
-                        "rmcp" => tool(&peer, "run_command", json!({"command": "true"})).await.is_ok(),
+                        "rmcp" | "rmcp pooled" => tool(&peer, "run_command", json!({"command": "true"})).await.is_ok(),
                         _ => raw.call().await.is_ok(),
                     };
                     if ok {
