@@ -687,29 +687,41 @@ async fn throughput(url: &str, sandbox_id: &str) -> anyhow::Result<()> {
             workers.push(tokio::spawn(async move {
                 let (mut calls, mut failed) = (0u64, 0u64);
                 let mut latencies = Vec::new();
+                let mut first_error = None;
                 while Instant::now() < deadline {
                     let t = Instant::now();
-                    let ok = match client {
-                        "rmcp" | "rmcp pooled" => tool(&peer, "run_command", json!({"command": "true"})).await.is_ok(),
-                        _ => raw.call().await.is_ok(),
+                    let outcome = match client {
+                        "rmcp" | "rmcp pooled" => {
+                            tool(&peer, "run_command", json!({"command": "true"})).await.map(|_| ())
+                        }
+                        _ => raw.call().await,
                     };
-                    if ok {
-                        calls += 1;
-                        latencies.push(t.elapsed().as_secs_f64() * 1000.0);
-                    } else {
-                        failed += 1;
+                    match outcome {
+                        Ok(()) => {
+                            calls += 1;
+                            latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+                        }
+                        Err(err) => {
+                            failed += 1;
+                            first_error.get_or_insert_with(|| format!("{err:#}"));
+                        }
                     }
                 }
-                (calls, failed, latencies)
+                (calls, failed, latencies, first_error)
             }));
         }
         let (mut total, mut failed) = (0, 0);
         let mut latencies = Vec::new();
+        let mut first_error = None;
         for worker in workers {
-            let (calls, errors, mut l) = worker.await?;
+            let (calls, errors, mut l, error) = worker.await?;
             total += calls;
             failed += errors;
             latencies.append(&mut l);
+            first_error = first_error.or(error);
+        }
+        if let Some(error) = &first_error {
+            report!("  a failed call ({client} client): {error}");
         }
         let elapsed = started.elapsed().as_secs_f64();
         let machine_after = common::proc_cpu::machine_seconds();
