@@ -43,7 +43,7 @@ const RETRY_AFTER: Duration = Duration::from_secs(60);
 /// Longest line a channel may write (an answer is one start's status, about 1 KiB).
 const MAX_LINE: usize = 1 << 20;
 
-/// Number of starts answered through a channel since the gateway started (tests and metrics).
+/// Number of starts answered through a channel since the gateway started (`/metrics`).
 pub static CHANNEL_STARTS: AtomicU64 = AtomicU64::new(0);
 
 enum Slot {

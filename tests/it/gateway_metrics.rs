@@ -75,6 +75,7 @@ async fn metrics_on_main_listener_count_calls_behind_auth() {
     assert_eq!(sample(&text, "sandbox_mcp_sandboxes_owned"), Some(1.0), "{text}");
     assert_eq!(sample(&text, "sandbox_mcp_sandboxes_retained"), Some(0.0), "{text}");
     assert_eq!(sample(&text, "sandbox_mcp_supervisor_installs_total"), Some(0.0), "{text}");
+    assert_eq!(sample(&text, "sandbox_mcp_task_channel_starts_total"), Some(0.0), "{text}");
     assert!(text.trim_end().ends_with("# EOF"), "{text}");
 
     // A task installs the supervisor and retains the sandbox.
@@ -82,6 +83,17 @@ async fn metrics_on_main_listener_count_calls_behind_auth() {
     let (_, _, text) = get(&url, Some(SCRAPE)).await;
     assert_eq!(sample(&text, "sandbox_mcp_sandboxes_retained"), Some(1.0), "{text}");
     assert!(sample(&text, "sandbox_mcp_supervisor_installs_total").unwrap() >= 1.0, "{text}");
+    // That start opened the sandbox's task channel: once it has greeted, starts go through it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        ok(&client, "start_task", json!({"command": "true"})).await;
+        let (_, _, text) = get(&url, Some(SCRAPE)).await;
+        if sample(&text, "sandbox_mcp_task_channel_starts_total").unwrap_or(0.0) >= 1.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no start went through the task channel: {text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     // The session ends: the gauges drop.
     close(client).await;

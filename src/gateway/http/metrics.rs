@@ -130,14 +130,24 @@ impl Collector for LiveStateCollector {
             let metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
             gauge.encode(metric)?;
         }
-        let installs = ConstCounter::new(crate::tasks::SUPERVISOR_INSTALLS.load(Ordering::Relaxed));
-        let metric = encoder.encode_descriptor(
-            "supervisor_installs",
-            "Task supervisor installs into sandboxes",
-            None,
-            installs.metric_type(),
-        )?;
-        installs.encode(metric)
+        let counters = [
+            (
+                "supervisor_installs",
+                "Task supervisor installs into sandboxes",
+                crate::tasks::SUPERVISOR_INSTALLS.load(Ordering::Relaxed),
+            ),
+            (
+                "task_channel_starts",
+                "start_task calls answered through a sandbox's task channel",
+                crate::tasks::channel::CHANNEL_STARTS.load(Ordering::Relaxed),
+            ),
+        ];
+        for (name, help, value) in counters {
+            let counter = ConstCounter::new(value);
+            let metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
+            counter.encode(metric)?;
+        }
+        Ok(())
     }
 }
 
