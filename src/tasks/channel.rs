@@ -66,6 +66,8 @@ pub struct Channel {
     write_lock: tokio::sync::Mutex<()>,
     pending: Mutex<HashMap<u64, oneshot::Sender<ExecOutput>>>,
     next_id: AtomicU64,
+    /// Set once its output has ended: no request is sent any more.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 /// The channels of one gateway, by sandbox id.
@@ -127,6 +129,7 @@ impl Channels {
             write_lock: tokio::sync::Mutex::new(()),
             pending: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
+            closed: std::sync::atomic::AtomicBool::new(false),
         });
         let slots = Arc::clone(&self.slots);
         let sandbox_id = sandbox_id.to_owned();
@@ -134,8 +137,11 @@ impl Channels {
         tokio::spawn(async move {
             let failed = read_answers(&slots, &sandbox_id, &channel, io.output, &version).await;
             forget(&slots, &sandbox_id, generation, failed);
-            // Callers still waiting learn that no answer will come (uncertain).
-            crate::sync::lock(&channel.pending).clear();
+            // Callers still waiting learn that no answer will come (uncertain); later ones send
+            // nothing.
+            let mut pending = crate::sync::lock(&channel.pending);
+            channel.closed.store(true, Ordering::SeqCst);
+            pending.clear();
         });
     }
 
@@ -245,7 +251,13 @@ impl Channel {
     pub async fn call(&self, words: &str, wait: Duration) -> Result<ExecOutput, TransportError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        crate::sync::lock(&self.pending).insert(id, tx);
+        {
+            let mut pending = crate::sync::lock(&self.pending);
+            if self.closed.load(Ordering::SeqCst) {
+                return Err(TransportError::NotSent("the task channel has ended".to_owned()));
+            }
+            pending.insert(id, tx);
+        }
         let sent = {
             let _one_at_a_time = self.write_lock.lock().await;
             (self.send)(format!("{id} {words}\n").into_bytes()).await
@@ -356,6 +368,8 @@ mod tests {
         input.recv().await.unwrap();
         drop(out);
         assert!(matches!(waiting.await.unwrap(), Err(TransportError::Uncertain(_))));
+        let after = channel.call("start", Duration::from_secs(5)).await;
+        assert!(matches!(after, Err(TransportError::NotSent(_))), "nothing is sent to an ended channel");
         assert!(channels.ready("sb").is_none());
         assert!(channels.claim_open("sb").is_some());
     }
