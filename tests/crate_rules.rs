@@ -17,6 +17,7 @@ const UNSAFE_ALLOWED: &[&str] = &[
     "src/local/envd/files/fsops.rs",
     "src/local/envd/files/staged.rs",
     "src/local/envd/files/xattrs.rs",
+    "src/local/envd/process/clone_exec.rs",
     "src/local/envd/process/reaper.rs",
     "src/local/envd/process/spawn.rs",
     "src/local/fds.rs",
