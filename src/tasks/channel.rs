@@ -11,28 +11,13 @@
 //! outcome is uncertain, as with the bash client.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::service::{ExecOutput, TransportError};
-
-/// What one write to a channel's stdin returns.
-pub type SendFuture = Pin<Box<dyn Future<Output = Result<(), TransportError>> + Send>>;
-
-/// Writes bytes to a channel process's stdin (envd's `SendInput`).
-pub type SendInput = Box<dyn Fn(Vec<u8>) -> SendFuture + Send + Sync>;
-
-/// A started channel process, as a transport hands it over.
-pub struct ChannelIo {
-    pub send: SendInput,
-    /// The process's stdout, chunk by chunk; closed once it has ended or its stream broke.
-    pub output: mpsc::Receiver<Vec<u8>>,
-}
+use super::transport::{ChannelIo, ExecOutput, SendInput, TransportError};
 
 /// Most channels one gateway keeps open (each holds one provider connection).
 pub const MAX_CHANNELS: usize = 256;

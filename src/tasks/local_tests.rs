@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use super::channel::{ChannelIo, SendInput};
-use super::service::{ExecOutput, FileSlice, SupervisorTransport, TaskService, TransportError};
+use super::service::TaskService;
+use super::transport::{ChannelIo, ExecOutput, FileSlice, SendInput, SupervisorTransport, TransportError};
 use super::{SUPERVISOR_INSTALLS, TaskId, TaskState, launch::TaskSpec, page::PageRequest};
 use crate::masking::Masker;
 

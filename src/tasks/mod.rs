@@ -2,7 +2,7 @@
 //! encoding and validation, the supervisor's CLI protocol, get_task's direct
 //! read path, the per-sandbox channel for starts, paging with the gateway's own secret masking, and
 //! [`service::TaskService`], which runs the supervisor inside a sandbox
-//! through any [`service::SupervisorTransport`] and installs it on first use.
+//! through any [`transport::SupervisorTransport`] and installs it on first use.
 
 pub mod channel;
 pub mod direct;
@@ -12,6 +12,7 @@ pub mod launch;
 pub mod page;
 pub mod protocol;
 pub mod service;
+pub mod transport;
 pub mod view;
 
 #[cfg(test)]

@@ -7,93 +7,25 @@
 //! alive (no python3 start).
 //! A plain get_task (no wait) first reads the task's files directly
 //! ([`super::direct`]) and asks the supervisor only when that cannot answer.
-//! The transport (envd process + files API in production) is a trait so the
-//! same logic runs against a local python3 in unit tests.
+//! The transport ([`super::transport`]: envd's process and files API in
+//! production) is a trait so the same logic runs against a local python3 in unit tests.
 
 use std::collections::{HashMap, HashSet};
-use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::channel::{ChannelIo, Channels};
+use super::channel::Channels;
 use super::direct::{self, StatusRecord};
 use super::fast;
 use super::id::TaskId;
 use super::launch::{self, LaunchError, TaskSpec};
 use super::page::{self, PageError, PageRequest, Window};
 use super::protocol::{self, Refusal, RefusalCode, Reply, SupervisorStatus, TaskList, TaskState, VersionReply};
+use super::transport::{FileSlice, SupervisorTransport, TransportError};
 use super::view::{StartedTask, TaskListView, TaskSummary, TaskView};
 use super::{SUPERVISOR_INSTALLS, SUPERVISOR_PATH, SUPERVISOR_SOURCE, supervisor_version};
 use crate::masking::Masker;
-
-/// Output of one process run in the sandbox.
-#[derive(Debug, Clone)]
-pub struct ExecOutput {
-    pub exit_code: i32,
-    pub stdout: Vec<u8>,
-    pub stderr: Vec<u8>,
-}
-
-/// How a call into the sandbox failed.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum TransportError {
-    /// The sandbox does not exist (any more) or is not running.
-    #[error("sandbox not found or no longer running")]
-    SandboxGone,
-    /// The request certainly did not reach the sandbox.
-    #[error("{0}")]
-    NotSent(String),
-    /// The request may have reached the sandbox (timeout, reset, bad answer).
-    #[error("{0}")]
-    Uncertain(String),
-    /// The sandbox has no python3 3.8+ to run the supervisor (`found`: the version it has).
-    #[error("no python3 3.8 or newer in the sandbox")]
-    NoPython { found: Option<String> },
-}
-
-/// Part of a file in the sandbox, and the file's size.
-#[derive(Debug, Clone, Default)]
-pub struct FileSlice {
-    pub data: Vec<u8>,
-    pub size: u64,
-}
-
-/// Runs processes, reads and writes files in one sandbox, as the sandbox user.
-pub trait SupervisorTransport: Send + Sync {
-    /// Runs `argv` (argv[0] is the program, found on PATH) and collects its output. `stdin`,
-    /// when given, is written to the process's standard input (which is otherwise empty): the
-    /// way to hand it anything secret, since a process's argv is readable by every user of the
-    /// host.
-    ///
-    /// `env`: variables added to the process's environment (the sandbox's own stay), a way to
-    /// hand it something secret without a round trip for its stdin.
-    fn exec(
-        &self,
-        argv: Vec<String>,
-        env: Vec<(String, String)>,
-        stdin: Option<Vec<u8>>,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<ExecOutput, TransportError>> + Send;
-    /// Replaces `path` with `content` atomically (creating parent directories),
-    /// so a concurrent reader sees the old or the new script, never a mix.
-    fn install(&self, path: &str, content: &'static [u8]) -> impl Future<Output = Result<(), TransportError>> + Send;
-    /// Starts `argv` (the supervisor's `channel`) with its stdin open and hands over its stdin
-    /// and output ([`super::channel`]). A transport without one says so (`NotSent`): starts then
-    /// take the bash client's path.
-    fn open_channel(&self, argv: Vec<String>) -> impl Future<Output = Result<ChannelIo, TransportError>> + Send {
-        let _ = argv;
-        async { Err(TransportError::NotSent("this transport opens no task channel".to_owned())) }
-    }
-    /// At most `len` (≥ 1) bytes of `path` from `offset`, and the file's
-    /// size; `None` when the file does not exist.
-    fn read_range(
-        &self,
-        path: &str,
-        offset: u64,
-        len: u64,
-    ) -> impl Future<Output = Result<Option<FileSlice>, TransportError>> + Send;
-}
 
 /// Why a task tool call failed (tool errors, each actionable).
 #[derive(Debug, Clone, thiserror::Error)]

@@ -14,8 +14,7 @@ use crate::connect_rpc::Code;
 use crate::e2b::wire::ProcessEvent;
 use crate::e2b::{CallOptions, E2bError, OutputLimits, wire};
 use crate::gateway::state::Gateway;
-use crate::tasks::channel::{ChannelIo, SendInput};
-use crate::tasks::service::{ExecOutput, FileSlice, SupervisorTransport, TransportError};
+use crate::tasks::transport::{ChannelIo, ExecOutput, FileSlice, SendInput, SupervisorTransport, TransportError};
 
 /// The sandbox user the supervisor runs as.
 const TASK_USER: &str = "user";
