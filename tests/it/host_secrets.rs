@@ -168,10 +168,12 @@ async fn a_start_waiting_on_the_task_server_shows_host_users_no_spec() {
               kill -{sig} $(cut -d' ' -f1 {pid_file})")})
     };
     // The sandbox's task channel (opened beside the first start) would take the next start:
-    // killed, it leaves that start to the bash client.
-    let kill_channel = "for i in $(seq 100); do for p in /proc/[0-9]*; do \
-        tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q ' channel $' && c=${p#/proc/}; done; \
-        test -n \"$c\" && break; sleep 0.05; done; kill -9 $c && while test -e /proc/$c; do sleep 0.02; done";
+    // killed (with its spare, a fork of it with the same command line), it leaves that start to
+    // the bash client.
+    let kill_channel = "for i in $(seq 100); do c=$(for p in /proc/[0-9]*; do \
+        tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q ' channel $' && echo ${p#/proc/}; done); \
+        test -n \"$c\" && break; sleep 0.05; done; kill -9 $c && for p in $c; do \
+        while test -e /proc/$p; do sleep 0.02; done; done";
     let killed = mcp.call("run_command", json!({"sandbox_id": sandbox_id, "command": kill_channel})).await.ok();
     assert_eq!(killed["exit_code"], 0, "{killed}");
     assert_eq!(mcp.call("run_command", signal("STOP")).await.ok()["exit_code"], 0);

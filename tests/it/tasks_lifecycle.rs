@@ -197,10 +197,11 @@ async fn later_starts_go_through_the_channel_or_else_the_task_server_and_its_spa
     let (_env, serve, mcp) = Env::local("").await;
     let sandbox_id = mcp.create_sandbox().await;
     mcp.start_task(&sandbox_id, "true", json!({})).await;
-    // The channel process (`... channel` as its last argument) and its spare, forked before it
-    // greets the gateway.
-    let find_channel = "for i in $(seq 100); do for p in /proc/[0-9]*; do \
-        tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q ' channel $' && c=${p#/proc/}; done; \
+    // The channel process (`... channel` as its last argument: the lowest such pid, since its
+    // spare is a fork of it with the same command line) and its spare, forked before it greets
+    // the gateway.
+    let find_channel = "for i in $(seq 100); do c=$(for p in /proc/[0-9]*; do \
+        tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q ' channel $' && echo ${p#/proc/}; done | sort -n | head -1); \
         test -n \"$c\" && s=$(cat /proc/$c/task/$c/children) && test -n \"$s\" && break; sleep 0.05; done; \
         sleep 0.2; echo $c $s";
     let found = run(&mcp, &sandbox_id, find_channel).await;
