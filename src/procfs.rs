@@ -1,7 +1,7 @@
 //! Reading Linux's `/proc/PID` files, written once: the parser of a `/proc/PID/stat` line (its
 //! state and start time), which the local provider's process identity and get_task's
-//! supervisor-liveness rule both use, and a process's resident set size from
-//! `/proc/PID/status`.
+//! supervisor-liveness rule both use, whether a pid is alive, and a process's resident set
+//! size from `/proc/PID/status`.
 
 /// The fields of a `/proc/PID/stat` line that tell one process from another and a live one
 /// from a dead one.
@@ -25,6 +25,14 @@ impl ProcStat {
         let start_time = fields.get(19).and_then(|f| f.parse().ok());
         Some(ProcStat { state, start_time })
     }
+}
+
+/// Whether `pid` names a live process (not gone, not a zombie) in this PID namespace.
+pub fn is_alive(pid: i32) -> bool {
+    std::fs::read(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|raw| ProcStat::parse(&raw))
+        .is_some_and(|stat| !matches!(stat.state, b'Z' | b'X'))
 }
 
 /// Resident set size of `pid` in KiB (`VmRSS`), or `None` if it cannot be read.
