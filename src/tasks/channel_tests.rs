@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::TaskState;
 use super::id::TaskId;
-use super::local_tests::{LocalPython, spec, start, wait_terminal};
+use super::local_tests::{LocalPython, a_stopped_answerer_runs_a_start_once, signal, spec, start, wait_terminal};
 use super::service::TaskService;
 
 /// Waits until sandbox "sbx" has a greeted channel; returns its process's pid.
@@ -21,10 +21,6 @@ async fn channel_up(svc: &TaskService) -> i32 {
         assert!(Instant::now() < deadline, "no task channel came up");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-}
-
-fn signal(pid: i32, sig: nix::sys::signal::Signal) {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).unwrap();
 }
 
 /// The parent pid of `pid`, from /proc/PID/stat.
@@ -102,17 +98,6 @@ async fn a_dead_channel_sends_starts_back_to_the_bash_path_until_a_new_one_greet
 #[tokio::test]
 async fn a_silent_channel_makes_a_start_unknown_and_it_never_runs_twice() {
     let (t, svc, channel) = with_channel().await;
-    signal(channel, nix::sys::signal::Signal::SIGSTOP);
-    let id = TaskId::generate();
-    let started = svc.start(&t, "sbx", &id, &spec("echo once >> ran; echo ran", &[], None)).await.unwrap();
-    assert_eq!(started.state, TaskState::Unknown, "{started:?}");
-    assert!(started.error.as_deref().is_some_and(|e| e.contains("did not answer within 10 s")), "{started:?}");
-    // Woken, the channel carries the request out once; its answer finds nobody waiting.
-    signal(channel, nix::sys::signal::Signal::SIGCONT);
-    let v = wait_terminal(&svc, &t, &id).await;
-    assert_eq!((v.state, v.stdout.as_str()), (TaskState::Succeeded, "ran\n"), "{v:?}");
-    let again = svc.start(&t, "sbx", &id, &spec("echo twice >> ran", &[], None)).await.unwrap();
-    assert!(again.error.as_deref().is_some_and(|e| e.contains("already exists")), "{again:?}");
-    assert_eq!(std::fs::read_to_string(t.home().join("ran")).unwrap(), "once\n");
+    a_stopped_answerer_runs_a_start_once(&svc, &t, channel).await;
     signal(channel, nix::sys::signal::Signal::SIGKILL);
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::TaskState;
 use super::id::TaskId;
-use super::local_tests::{LocalPython, page, spec, start, wait_terminal};
+use super::local_tests::{LocalPython, a_stopped_answerer_runs_a_start_once, page, signal, spec, start, wait_terminal};
 
 /// Waits until the fork server's pid file names a live process; returns its pid.
 async fn server_up(t: &LocalPython) -> i32 {
@@ -21,10 +21,6 @@ async fn server_up(t: &LocalPython) -> i32 {
         assert!(Instant::now() < deadline, "no task server came up");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-fn signal(pid: i32, sig: nix::sys::signal::Signal) {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).unwrap();
 }
 
 #[tokio::test]
@@ -96,20 +92,7 @@ async fn a_silent_server_makes_a_start_unknown_and_it_never_runs_twice() {
     let svc = t.service(&[]);
     start(&svc, &t, "true").await;
     let server = server_up(&t).await;
-    signal(server, nix::sys::signal::Signal::SIGSTOP);
-    let id = TaskId::generate();
-    let started = svc.start(&t, "sbx", &id, &spec("echo once >> ran; echo ran", &[], None)).await.unwrap();
-    assert_eq!(started.state, TaskState::Unknown, "{started:?}");
-    let error = started.error.clone().unwrap_or_default();
-    assert!(error.contains("did not answer within 10 s"), "{started:?}");
-    // Woken, the server carries the request out once; the answer finds no reader.
-    signal(server, nix::sys::signal::Signal::SIGCONT);
-    let v = wait_terminal(&svc, &t, &id).await;
-    assert_eq!((v.state, v.stdout.as_str()), (TaskState::Succeeded, "ran\n"), "{v:?}");
-    let again = svc.start(&t, "sbx", &id, &spec("echo twice >> ran", &[], None)).await.unwrap();
-    assert!(again.error.as_deref().is_some_and(|e| e.contains("already exists")), "{again:?}");
-    // The command ran in HOME (the default cwd) exactly once.
-    assert_eq!(std::fs::read_to_string(t.home().join("ran")).unwrap(), "once\n");
+    a_stopped_answerer_runs_a_start_once(&svc, &t, server).await;
     let queue = t.server_pid_file().with_file_name("queue");
     let left: Vec<_> = std::fs::read_dir(&queue).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(left.iter().all(|n| !n.to_string_lossy().ends_with(".req")), "the request was claimed: {left:?}");

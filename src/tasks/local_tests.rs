@@ -211,6 +211,29 @@ pub(super) async fn wait_terminal(svc: &TaskService, t: &LocalPython, id: &TaskI
     }
 }
 
+/// Sends `sig` to `pid`.
+pub(super) fn signal(pid: i32, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).unwrap();
+}
+
+/// With `answerer` (the task server, or the channel) stopped, a start reads `unknown`; woken, it
+/// carries the start out exactly once, and the same id is refused afterwards.
+pub(super) async fn a_stopped_answerer_runs_a_start_once(svc: &TaskService, t: &LocalPython, answerer: i32) {
+    signal(answerer, nix::sys::signal::Signal::SIGSTOP);
+    let id = TaskId::generate();
+    let started = svc.start(t, "sbx", &id, &spec("echo once >> ran; echo ran", &[], None)).await.unwrap();
+    assert_eq!(started.state, TaskState::Unknown, "{started:?}");
+    assert!(started.error.as_deref().is_some_and(|e| e.contains("did not answer within 10 s")), "{started:?}");
+    // Woken, it carries the request out once; its answer finds nobody waiting.
+    signal(answerer, nix::sys::signal::Signal::SIGCONT);
+    let v = wait_terminal(svc, t, &id).await;
+    assert_eq!((v.state, v.stdout.as_str()), (TaskState::Succeeded, "ran\n"), "{v:?}");
+    let again = svc.start(t, "sbx", &id, &spec("echo twice >> ran", &[], None)).await.unwrap();
+    assert!(again.error.as_deref().is_some_and(|e| e.contains("already exists")), "{again:?}");
+    // The command ran in HOME (the default cwd) exactly once.
+    assert_eq!(std::fs::read_to_string(t.home().join("ran")).unwrap(), "once\n");
+}
+
 #[tokio::test]
 async fn installs_once_then_runs_tasks_and_pages_output() {
     let t = LocalPython::new();
