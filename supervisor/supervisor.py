@@ -1671,7 +1671,6 @@ def spawn_server(base):
 def serve(base, idle=SERVER_IDLE):
     """The fork server's loop (returns when idle, or at once if another runs)."""
     import fcntl
-    import select
     signal = signal_module()
     pid_path, fifo_path, lock_path, queue = server_paths(base)
     _spec_from_env[:] = []  # the start this server was forked from had its own spec
@@ -1692,7 +1691,7 @@ def serve(base, idle=SERVER_IDLE):
     old_sigchld = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     me = os.getpid()
     clean_queue(queue, 0.0)
-    spare = Spare(queue)
+    spare = Spare()
     spare.ensure()  # before clients can find this server
     my_line = "%d %d\n" % (me, proc_start_time(me))
     with open(pid_path + ".tmp", "w") as f:
@@ -1702,14 +1701,8 @@ def serve(base, idle=SERVER_IDLE):
     last = time.monotonic()
     try:
         while True:
-            timeout = min(SERVER_CHECK, max(0.05, last + idle - time.monotonic()))
-            if spare.wanted:
-                # The next spare is forked once the FIFO is quiet (one try: a
-                # failed fork leaves starts forking their daemons).
-                timeout = SPARE_DELAY
-            ready = select.select([fifo], [], [], timeout)[0]
-            if not ready and spare.wanted:
-                spare.ensure()
+            ready = spare.wait(fifo, min(SERVER_CHECK, max(0.05, last + idle - time.monotonic())))
+            if ready is None:
                 continue
             if not ready:
                 if time.monotonic() - last >= idle:
@@ -1835,8 +1828,7 @@ class Spare:
     has been quiet for SPARE_DELAY (a fork at once would compete with the
     launch). Closing the pipe unused (the server exits, or dies) ends it."""
 
-    def __init__(self, queue):
-        self.queue = queue
+    def __init__(self):
         self.pid = None
         self.start_time = None
         self.job_w = None
@@ -1844,6 +1836,18 @@ class Spare:
 
     def fds(self):
         return [self.job_w] if self.job_w is not None else []
+
+    def wait(self, fd, timeout):
+        """Waits up to `timeout` for `fd` to be readable (True). While a spare
+        is wanted, waits only SPARE_DELAY and, if that stays quiet, forks it
+        (None: call again); False when `timeout` passed."""
+        import select
+        if select.select([fd], [], [], SPARE_DELAY if self.wanted else timeout)[0]:
+            return True
+        if self.wanted:
+            self.ensure()  # one try: a failed fork leaves starts forking their daemons
+            return None
+        return False
 
     def ensure(self):
         """Forks the spare if there is none (an error leaves none: a start
@@ -2075,23 +2079,20 @@ def channel_main(argv, in_fd=0, out_fd=1, idle=CHANNEL_IDLE):
     try:
         _, opts = parse_args(argv)
         base = os.path.dirname(tasks_root(opts))
-        queue = server_paths(base)[3]
-        ensure_private_dir(queue)
     except CliError as e:
         emit({"error": e.message, "code": e.code})
         return 2
     except OSError as e:
         emit({"error": "cannot prepare the task directory: %s" % (e.strerror or e), "code": "io"})
         return 2
-    channel(base, queue, in_fd, out_fd, idle)
+    channel(base, in_fd, out_fd, idle)
     return 0
 
 
-def channel(base, queue, in_fd, out_fd, idle):
-    import select
+def channel(base, in_fd, out_fd, idle):
     signal = signal_module()
     old_sigchld = signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # spares and daemons: reaped by the kernel
-    spare = Spare(queue)
+    spare = Spare()
     spare.ensure()
     pending, discarding = b"", False
     try:
@@ -2099,11 +2100,11 @@ def channel(base, queue, in_fd, out_fd, idle):
                                                      "pid": os.getpid()})).encode("ascii"))
         last = time.monotonic()
         while True:
-            timeout = SPARE_DELAY if spare.wanted else max(0.05, last + idle - time.monotonic())
-            if not select.select([in_fd], [], [], timeout)[0]:
-                if spare.wanted:
-                    spare.ensure()
-                elif time.monotonic() - last >= idle:
+            ready = spare.wait(in_fd, max(0.05, last + idle - time.monotonic()))
+            if ready is None:
+                continue
+            if not ready:
+                if time.monotonic() - last >= idle:
                     break
                 continue
             chunk = os.read(in_fd, 65536)

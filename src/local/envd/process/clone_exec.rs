@@ -11,8 +11,12 @@
 //! so no handler of envd's ever runs on the child's stack.
 
 use std::ffi::{CStr, CString};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::raw::{c_char, c_int, c_void};
+
+/// `oom_score_adj` of every command envd starts.
+pub const COMMAND_OOM_SCORE_ADJ: &[u8] = b"500";
+const OOM_SCORE_PATH: &CStr = c"/proc/self/oom_score_adj";
 
 /// The child's stack (it runs a few system calls, and `execve`).
 const CHILD_STACK: usize = 64 * 1024;
@@ -27,9 +31,6 @@ pub struct ExecPlan {
     pub cwd: CString,
     /// `(uid, gid, supplementary groups)` to switch to, when envd runs as root.
     pub user: Option<(libc::uid_t, libc::gid_t, Vec<libc::gid_t>)>,
-    /// `/proc/self/oom_score_adj` and the value written there.
-    pub oom_path: &'static CStr,
-    pub oom_score: &'static [u8],
 }
 
 /// The candidates for `program` under the colon-separated `path` (empty entries mean the
@@ -117,14 +118,7 @@ pub fn spawn(plan: &ExecPlan, stdio: &Stdio) -> std::io::Result<u32> {
 }
 
 fn pipe_cloexec() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as c_int; 2];
-    // SAFETY: pipe2 fills the two descriptors, which are then owned.
-    unsafe {
-        if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])))
-    }
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)
 }
 
 /// The child: async-signal-safe system calls only, then `execve`. Never returns.
@@ -168,9 +162,9 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
         // restores it, and the child must be able to write its own oom_score_adj first.
         libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0);
         let plan = args.plan;
-        let oom = libc::open(plan.oom_path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        let oom = libc::open(OOM_SCORE_PATH.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
         if oom >= 0 {
-            libc::write(oom, plan.oom_score.as_ptr().cast(), plan.oom_score.len());
+            libc::write(oom, COMMAND_OOM_SCORE_ADJ.as_ptr().cast(), COMMAND_OOM_SCORE_ADJ.len());
             libc::close(oom);
         }
         if let Some((uid, gid, groups)) = &plan.user {
@@ -238,8 +232,6 @@ mod tests {
             envp: env.iter().map(|e| CString::new(*e).unwrap()).collect(),
             cwd: CString::new(cwd).unwrap(),
             user: None,
-            oom_path: c"/proc/self/oom_score_adj",
-            oom_score: b"500",
         };
         let stdio = Stdio { stdin: null.as_raw_fd(), stdout: out_w.as_raw_fd(), stderr: out_w.as_raw_fd() };
         let pid = spawn(&plan, &stdio)?;

@@ -84,40 +84,31 @@ pub enum SpawnError {
 
 /// Starts the process. Must be called while holding the reaper's registration lock.
 pub fn spawn(spec: &SpawnSpec) -> Result<SpawnedChild, SpawnError> {
-    let nul = |what| SpawnError::NulByte { what };
-    if spec.cmd.contains('\0') {
-        return Err(nul("cmd"));
-    }
-    if spec.args.iter().any(|a| a.contains('\0')) {
-        return Err(nul("an argument"));
-    }
-    if let Some((key, _)) = spec.env.iter().find(|(k, v)| k.contains('\0') || v.contains('\0')) {
-        return Err(SpawnError::InvalidEnv { key: key.replace('\0', "\\0"), why: "contains a NUL byte" });
-    }
+    let nul = |what| move |_| SpawnError::NulByte { what };
     if let Some((key, _)) = spec.env.iter().find(|(k, _)| k.is_empty() || k.contains('=')) {
         return Err(SpawnError::InvalidEnv { key: key.clone(), why: "is not a valid variable name" });
     }
-    let cwd = CString::new(spec.cwd.as_os_str().as_bytes()).map_err(|_| nul("cwd"))?;
-    let start_error = |source| SpawnError::Start { cmd: spec.cmd.clone(), source };
+    let mut argv = vec![CString::new(spec.cmd.as_bytes()).map_err(nul("cmd"))?];
+    for arg in &spec.args {
+        argv.push(CString::new(arg.as_bytes()).map_err(nul("an argument"))?);
+    }
+    let mut envp = Vec::with_capacity(spec.env.len());
+    for (key, value) in &spec.env {
+        envp.push(
+            CString::new(format!("{key}={value}"))
+                .map_err(|_| SpawnError::InvalidEnv { key: key.replace('\0', "\\0"), why: "contains a NUL byte" })?,
+        );
+    }
     let path = spec.env.iter().find(|(k, _)| k == "PATH").map_or(DEFAULT_PATH, |(_, v)| v.as_str());
     let plan = ExecPlan {
-        candidates: clone_exec::candidates(&spec.cmd, path).map_err(|_| nul("PATH"))?,
-        argv: std::iter::once(&spec.cmd)
-            .chain(&spec.args)
-            .map(|a| CString::new(a.as_bytes()))
-            .collect::<Result<_, _>>()
-            .map_err(|_| nul("an argument"))?,
-        envp: spec
-            .env
-            .iter()
-            .map(|(k, v)| CString::new(format!("{k}={v}")))
-            .collect::<Result<_, _>>()
-            .map_err(|_| nul("the environment"))?,
-        cwd,
+        // PATH holds no NUL (checked with the environment) and the program none (checked in argv).
+        candidates: clone_exec::candidates(&spec.cmd, path).map_err(nul("PATH"))?,
+        argv,
+        envp,
+        cwd: CString::new(spec.cwd.as_os_str().as_bytes()).map_err(nul("cwd"))?,
         user: nix::unistd::geteuid().is_root().then(|| (spec.user.uid, spec.user.gid, spec.user.groups.clone())),
-        oom_path: c"/proc/self/oom_score_adj",
-        oom_score: COMMAND_OOM_SCORE_ADJ,
     };
+    let start_error = |source| SpawnError::Start { cmd: spec.cmd.clone(), source };
     let (stdin_child, stdin) = if spec.pipe_stdin {
         let (read, write) = pipe().map_err(start_error)?;
         (read, Some(write))
@@ -154,9 +145,6 @@ fn above_stdio(fd: OwnedFd) -> std::io::Result<OwnedFd> {
     // SAFETY: `moved` is a fresh descriptor nobody else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(moved) })
 }
-
-/// `oom_score_adj` of every command envd starts.
-pub const COMMAND_OOM_SCORE_ADJ: &[u8] = b"500";
 
 /// Sends `signal` to the process group of `pid` (falls back to the process alone).
 pub fn signal_group(pid: u32, signal: i32) -> std::io::Result<()> {
