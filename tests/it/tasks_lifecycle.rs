@@ -189,8 +189,9 @@ async fn task_record(mcp: &Mcp, sandbox_id: &str, task_id: &str) -> Value {
 /// In a real sandbox (envd's user, its /proc, envd's SendInput): the first start opens the
 /// sandbox's task channel, and a later start goes through it, answered before the command runs
 /// with the first record naming the channel's spare; a cancel sent right after the answer reaches
-/// it. With the channel killed, the next start is answered by the task server through the bash
-/// client, its record naming the server's spare. Each command runs exactly once.
+/// it. Code in the sandbox cannot open the channel's streams, as the sandbox user or as root. With
+/// the channel killed, the next start is answered by the task server through the bash client, its
+/// record naming the server's spare. Each command runs exactly once.
 #[tokio::test(flavor = "multi_thread")]
 async fn later_starts_go_through_the_channel_or_else_the_task_server_and_its_spare() {
     require_root!();
@@ -220,6 +221,16 @@ async fn later_starts_go_through_the_channel_or_else_the_task_server_and_its_spa
     assert_eq!((c["state"].as_str(), c["cancel_confirmed"].as_bool()), (Some("cancelled"), Some(true)), "{c}");
     let runs = run(&mcp, &sandbox_id, &format!("cat {marker} 2>/dev/null | wc -l")).await;
     assert!(matches!(runs["stdout"].as_str().unwrap().trim(), "0" | "1"), "{runs}");
+
+    // The channel's streams are envd's pipes: code in the sandbox cannot open them to forge answers
+    // or requests, neither as the sandbox user nor as root.
+    for user in ["user", "root"] {
+        let forge = json!({"sandbox_id": sandbox_id, "user": user,
+            "command": format!("printf '1 0 {{}}\\n' > /proc/{channel}/fd/1 || printf '1 start\\n' > /proc/{channel}/fd/0")});
+        let forged = mcp.call("run_command", forge).await.ok();
+        assert_ne!(forged["exit_code"], 0, "{user} wrote into the task channel: {forged}");
+        assert!(forged["stderr"].as_str().unwrap().contains("Permission denied"), "{forged}");
+    }
 
     // The channel killed: the task server (forked by the first start) and its spare take the next.
     let pid_file = format!("/home/user/.sandbox-mcp/server-{}.pid", sandbox_mcp::tasks::supervisor_version());
