@@ -347,7 +347,7 @@ impl TaskService {
         spec_line: &str,
     ) -> Option<Result<Reply, TransportError>> {
         let channel = self.channels.ready(sandbox_id)?;
-        if args.iter().chain([&spec_line.to_owned()]).any(|w| w.is_empty() || w.contains(char::is_whitespace)) {
+        if args.iter().map(String::as_str).chain([spec_line]).any(|w| w.is_empty() || w.contains(char::is_whitespace)) {
             return None; // not one word each: the line could not carry them
         }
         let words = format!("{} -- {spec_line}", args.join(" "));
