@@ -406,3 +406,116 @@ async fn prepared_disks_and_user_namespaces_are_per_sandbox_and_die_with_the_pro
     process.wait_timeout(secs(30)).expect("the provider exits on SIGTERM");
     assert!(wait_until(secs(10), || loop_devices_under(&p.state).is_empty()), "{:?}", loop_devices_under(&p.state));
 }
+
+/// Watches the newest pids of its sandbox for `SECONDS` (argv[1]) and, for every process still
+/// named `envd` (a command between envd's clone and its exec, sharing envd's memory and holding a
+/// copy of envd's descriptors), tries its memory map, its descriptors and its environment. Prints how often it saw
+/// such a process as uid 1000 and as uid 0, and how often it got through.
+const PRE_EXEC_WATCHER: &str = r#"
+import os, sys, time
+end = time.time() + float(sys.argv[1])
+seen = {"1000": 0, "0": 0}
+exposed = []
+def status(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return f.read()
+    except OSError:
+        return ""
+while time.time() < end:
+    with open("/proc/loadavg") as f:
+        last = int(f.read().split()[-1])
+    for pid in range(last - 2, last + 6):
+        text = status(pid)
+        if not text.startswith("Name:\tenvd"):
+            continue
+        uid = next(l.split()[1] for l in text.splitlines() if l.startswith("Uid:"))
+        seen[uid] = seen.get(uid, 0) + 1
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                if "sandbox-mcp" in f.read():
+                    exposed.append(f"maps of {pid}")
+        except OSError:
+            pass
+        # Root may list the descriptors' numbers while the process is its own and dumpable (for
+        # the write of its OOM score); what they are and what they hold stay out of reach.
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            fds = []
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if status(pid).startswith("Name:\tenvd"):
+                exposed.append(f"descriptor {fd} of {pid}: {target}")
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read()
+            if environ and status(pid).startswith("Name:\tenvd"):
+                exposed.append(f"environment of {pid}")
+        except OSError:
+            pass
+print(f"seen_user {seen['1000']} seen_root {seen['0']} exposed {len(exposed)} {exposed[:3]}")
+"#;
+
+/// envd starts a command by sharing its memory with the new process until the exec
+/// (`clone(CLONE_VM | CLONE_VFORK)`), and that process holds a copy of envd's descriptors (host
+/// ones among them) until the exec closes them. Code in the sandbox watching for such processes,
+/// as the user and as root, sees them, but never reads their memory map or environment nor
+/// follows their descriptors; and envd's own `/proc` entries stay owned by no user of the sandbox.
+#[tokio::test(flavor = "multi_thread")]
+async fn commands_before_their_exec_expose_nothing_of_envd() {
+    require_root!();
+    let p = Provider::start(&[]);
+    let sbx = p.create(json!({"templateID": "base"})).await;
+    let (code, out) = p
+        .run(&sbx, &format!("cat > /tmp/watch.py <<'EOF'\n{PRE_EXEC_WATCHER}EOF\nchmod 644 /tmp/watch.py"), None)
+        .await;
+    assert_eq!(code, 0, "{out}");
+    for (watcher, commands) in [("user", &["user"][..]), ("root", &["root", "user"][..])] {
+        let report = format!("/tmp/watch-{watcher}.out");
+        let (code, out) =
+            p.run(&sbx, &format!("setsid python3 /tmp/watch.py 6 > {report} 2>&1 < /dev/null &"), Some(watcher)).await;
+        assert_eq!(code, 0, "{out}");
+        // Commands started while the watcher runs, four at a time.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(6);
+        let starts = futures_util::future::join_all((0..4).map(|i| {
+            let (p, sbx) = (&p, &sbx);
+            let user = commands[i % commands.len()];
+            async move {
+                let mut n = 0;
+                while std::time::Instant::now() < until {
+                    assert_eq!(p.run(sbx, "true", Some(user)).await.0, 0);
+                    n += 1;
+                }
+                n
+            }
+        }))
+        .await;
+        let mut line = String::new();
+        for _ in 0..100 {
+            line = p.run(&sbx, &format!("cat {report} 2>/dev/null"), None).await.1;
+            if line.starts_with("seen_user") {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        let figures: Vec<&str> = line.split_whitespace().collect();
+        let figure = |name: &str| -> u64 {
+            let at = figures.iter().position(|f| *f == name).unwrap_or_else(|| panic!("no {name}: {line}"));
+            figures[at + 1].parse().unwrap()
+        };
+        assert_eq!(figure("exposed"), 0, "{watcher} reached envd through a starting command: {line}");
+        // The watcher did see commands between clone and exec (else the test proved nothing).
+        for user in commands {
+            let seen = figure(if *user == "user" { "seen_user" } else { "seen_root" });
+            assert!(seen > 0, "{watcher} never saw a {user} command before its exec in {starts:?} starts: {line}");
+        }
+    }
+    // envd's memory stays non-dumpable after it started commands as root and as the user: its
+    // `/proc` entries belong to the host's root, which the sandbox sees as the overflow uid.
+    let (code, out) = p.run(&sbx, "stat -c %u /proc/1/status /proc/1/mem", Some("root")).await;
+    assert_eq!((code, out.split_whitespace().collect::<Vec<_>>()), (0, vec!["65534", "65534"]), "{out}");
+}

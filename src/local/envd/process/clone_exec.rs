@@ -8,7 +8,9 @@
 //! before the clone: no allocation, no lock, and no glibc wrapper that involves other threads (glibc's
 //! `setuid` would signal envd's threads: the credentials are changed with raw system calls). Every
 //! signal is blocked across the clone, and the child resets its handlers before unblocking them,
-//! so no handler of envd's ever runs on the child's stack.
+//! so no handler of envd's ever runs on the child's stack. Until its exec the child is
+//! non-dumpable (it is only for the write of its OOM score), so code in the sandbox cannot read or
+//! trace envd's memory or descriptors through the child's `/proc` entries.
 
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -167,6 +169,10 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
             libc::write(oom, COMMAND_OOM_SCORE_ADJ.as_ptr().cast(), COMMAND_OOM_SCORE_ADJ.len());
             libc::close(oom);
         }
+        // Dumpability belongs to the memory, which is envd's until the exec: back to
+        // non-dumpable, so neither envd nor this process can be read or traced through `/proc`
+        // by code in the sandbox before the exec (which makes the command dumpable as usual).
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
         if let Some((uid, gid, groups)) = &plan.user {
             // Raw system calls: they change this process's credentials alone.
             if libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) != 0
