@@ -579,7 +579,8 @@ async fn run() -> anyhow::Result<()> {
         report!("side by side with the Python peer failed: {err:#}");
     }
 
-    // 2. Throughput with 32 concurrent sessions sharing the sandbox.
+    // 2. Throughput with 32 concurrent sessions sharing the sandbox, after the floor of a call's CPU.
+    start_floor(&envd, &options, limits).await?;
     throughput(&url, &sandbox_id).await?;
     if std::env::var("BENCH_GATEWAY_ONLY").is_ok_and(|only| only == "throughput") {
         let _ = client.cancel().await;
@@ -642,6 +643,84 @@ async fn run() -> anyhow::Result<()> {
     bench_jwt_auth(&bin, &provider, tmp.path()).await?;
     bench_redis_store(&bin, &provider).await?;
     drop(provider);
+    Ok(())
+}
+
+/// Starts per program in [`start_floor`].
+const FLOOR_STARTS: usize = 300;
+
+/// A 129-byte static x86-64 Linux program that only exits with 0: an ELF header, one loadable
+/// segment, and `mov eax, 60; xor edi, edi; syscall`. Started in the sandbox, it is the cost of a
+/// process start with no dynamic loader and no C library.
+fn exit0_program() -> Vec<u8> {
+    const BASE: u64 = 0x40_0000;
+    const HEADERS: u64 = 64 + 56;
+    let code: &[u8] = &[0xb8, 0x3c, 0, 0, 0, 0x31, 0xff, 0x0f, 0x05];
+    let size = HEADERS + code.len() as u64;
+    let mut elf = Vec::new();
+    elf.extend_from_slice(&[0x7f, b'E', b'L', b'F', 2, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    elf.extend_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+    elf.extend_from_slice(&0x3eu16.to_le_bytes()); // x86-64
+    elf.extend_from_slice(&1u32.to_le_bytes());
+    elf.extend_from_slice(&(BASE + HEADERS).to_le_bytes()); // entry: the code after the headers
+    elf.extend_from_slice(&64u64.to_le_bytes()); // program headers right after this header
+    elf.extend_from_slice(&0u64.to_le_bytes()); // no section headers
+    elf.extend_from_slice(&0u32.to_le_bytes());
+    for half in [64u16, 56, 1, 64, 0, 0] {
+        elf.extend_from_slice(&half.to_le_bytes()); // ehsize, phentsize, phnum, shentsize, shnum, shstrndx
+    }
+    elf.extend_from_slice(&1u32.to_le_bytes()); // PT_LOAD
+    elf.extend_from_slice(&5u32.to_le_bytes()); // read + execute
+    for word in [0, BASE, BASE, size, size, 0x1000] {
+        elf.extend_from_slice(&word.to_le_bytes()); // offset, vaddr, paddr, filesz, memsz, align
+    }
+    elf.extend_from_slice(code);
+    elf
+}
+
+/// The floor under part 2: the CPU one start of `bash -l -c true` costs inside the sandbox by
+/// itself (started by a bash loop, `FLOOR_STARTS` times, as measured by bash's `times`), beside
+/// `/bin/true` and [`exit0_program`], whose difference is what the dynamic loader and the C library
+/// cost at every start on this machine. `cores / floor` caps part 2's calls per second even for a
+/// server that cost nothing.
+async fn start_floor(
+    envd: &sandbox_mcp::e2b::EnvdClient,
+    options: &CallOptions,
+    limits: OutputLimits,
+) -> anyhow::Result<()> {
+    envd.write_file("/tmp/bench-exit0", exit0_program().into(), options).await?;
+    let mut per_start = Vec::new();
+    for program in ["bash -l -c true", "/bin/true", "/tmp/bench-exit0"] {
+        let script =
+            format!("chmod +x /tmp/bench-exit0 && for ((i = 0; i < {FLOOR_STARTS}; i++)); do {program}; done && times");
+        let out = envd.run(&wire::StartRequest::login_shell(script), options, limits).await?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        // `times`: the shell's own user and system time, then its children's ("0m0.123s 0m0.045s").
+        let children = text.lines().last().context("no output from times")?;
+        let seconds: f64 = children
+            .split_whitespace()
+            .map(|t| {
+                let (m, s) = t.trim_end_matches('s').split_once('m').context("a times figure")?;
+                Ok::<f64, anyhow::Error>(m.parse::<f64>()? * 60.0 + s.parse::<f64>()?)
+            })
+            .sum::<anyhow::Result<f64>>()
+            .with_context(|| format!("parsing times: {text}"))?;
+        if out.exit_code != 0 {
+            bail!("the floor loop of {program} failed: {text} {}", String::from_utf8_lossy(&out.stderr));
+        }
+        per_start.push(seconds * 1000.0 / FLOOR_STARTS as f64);
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    report!(
+        "floor: CPU per start inside the sandbox ({FLOOR_STARTS} starts each, from a bash loop): `bash -l -c true` \
+         {:.3} ms, /bin/true {:.3} ms, a static program that only exits {:.3} ms (the dynamic loader and C library's \
+         start-up: {:.3} ms per start); {cores} cores / `bash -l -c true` caps part 2 at {:.0} calls/s",
+        per_start[0],
+        per_start[1],
+        per_start[2],
+        per_start[1] - per_start[2],
+        cores as f64 * 1000.0 / per_start[0],
+    );
     Ok(())
 }
 
