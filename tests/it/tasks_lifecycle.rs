@@ -179,6 +179,58 @@ async fn bad_arguments_are_refused_before_any_connection() {
     mcp.close().await;
 }
 
+/// A task channel the gateway gives up on does not linger in the sandbox: one whose supervisor
+/// greets with another version is dropped and its stdin closed, so it and its spare exit at once
+/// rather than after their idle time (5 minutes).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_channel_the_gateway_gives_up_on_exits_with_its_spare() {
+    require_root!();
+    let (_env, serve, mcp) = Env::local("").await;
+    let sandbox_id = mcp.create_sandbox().await;
+    mcp.start_task(&sandbox_id, "true", json!({})).await;
+    // The installed supervisor made to greet with another version (and to leave a mark when its
+    // channel starts), then the channel it already runs killed: the next start opens another.
+    let script = sandbox_mcp::tasks::SUPERVISOR_PATH;
+    let forge = format!(
+        "python3 - <<'EOF'\n\
+         path = {script:?}\n\
+         text = open(path).read()\n\
+         greeting = '{{\"version\": SUPERVISOR_VERSION,'\n\
+         assert greeting in text and '    spare = Spare()\\n    spare.ensure()' in text\n\
+         text = text.replace(greeting, '{{\"version\": \"forged\",')\n\
+         text = text.replace('    spare = Spare()\\n    spare.ensure()', \"    open('/tmp/forged-channel', 'a').write('started\\\\n')\\n    spare = Spare()\\n    spare.ensure()\")\n\
+         open(path, 'w').write(text)\n\
+         EOF"
+    );
+    let forged = run(&mcp, &sandbox_id, &forge).await;
+    assert_eq!(forged["exit_code"], 0, "{forged}");
+    let channels = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q ' channel $' && echo ${p#/proc/}; done";
+    let killed = run(
+        &mcp,
+        &sandbox_id,
+        &format!(
+            "for i in $(seq 100); do c=$({channels}); test -n \"$c\" && break; sleep 0.05; done; kill -9 $c; \
+             while test -n \"$({channels})\"; do sleep 0.05; done; echo killed $c"
+        ),
+    )
+    .await;
+    assert!(killed["stdout"].as_str().unwrap().split_whitespace().count() >= 2, "no channel was running: {killed}");
+    let second = mcp.start_task(&sandbox_id, "true", json!({})).await;
+    assert!(second["task_id"].is_string(), "{second}");
+    // The forged channel started, was dropped for its greeting, and ended with its spare.
+    let gone = run(
+        &mcp,
+        &sandbox_id,
+        &format!(
+            "for i in $(seq 200); do test -s /tmp/forged-channel && test -z \"$({channels})\" && break; sleep 0.05; done; \
+             cat /tmp/forged-channel; echo left: $({channels})"
+        ),
+    )
+    .await;
+    assert_eq!(gone["stdout"], "started\nleft:\n", "the dropped channel lingers: {gone}");
+    drop(serve);
+}
+
 /// The record of a task, as its daemon saved it.
 async fn task_record(mcp: &Mcp, sandbox_id: &str, task_id: &str) -> Value {
     let path = format!("/home/user/.sandbox-mcp/tasks/{task_id}/status.json");

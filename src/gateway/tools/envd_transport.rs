@@ -82,7 +82,8 @@ impl SupervisorTransport for EnvdTransport<'_> {
     }
 
     /// The channel runs with no deadline (it ends itself when idle); its output is forwarded
-    /// until the process ends, its stream breaks, or the channel is dropped.
+    /// until the process ends, its stream breaks, or the channel is dropped, and in the last two
+    /// cases its stdin is closed (`CloseStdin`), which ends it.
     async fn open_channel(&self, argv: Vec<String>) -> Result<ChannelIo, TransportError> {
         let mut argv = argv.into_iter();
         let cmd = argv.next().unwrap_or_default();
@@ -95,20 +96,30 @@ impl SupervisorTransport for EnvdTransport<'_> {
         let mut stream = self.sandbox.envd.start(&request, &options).await.map_err(|e| self.classify(&e))?;
         let pid = stream.pid();
         let (forward, output) = tokio::sync::mpsc::channel(64);
+        let closer = self.sandbox.envd.clone();
         tokio::spawn(async move {
-            loop {
+            let ended = loop {
                 let event = tokio::select! {
                     event = stream.next_event() => event,
-                    () = forward.closed() => break,
+                    () = forward.closed() => break false,
                 };
                 match event {
                     Ok(Some(ProcessEvent::Data(wire::DataEvent { stdout: Some(bytes), .. }))) => {
                         if forward.send(bytes).await.is_err() {
-                            break;
+                            break false;
                         }
                     }
                     Ok(Some(ProcessEvent::Data(_) | ProcessEvent::Start(_) | ProcessEvent::Keepalive(_))) => {}
-                    Ok(Some(ProcessEvent::End(_)) | None) | Err(_) => break,
+                    Ok(Some(ProcessEvent::End(_)) | None) => break true,
+                    Err(_) => break false,
+                }
+            };
+            if !ended {
+                // Given up on (it misbehaved) or out of reach (its stream broke) while it may live:
+                // its stdin's end makes it exit now, with its spare, rather than when idle.
+                let options = CallOptions::user(TASK_USER).with_timeout(CHANNEL_SEND_TIMEOUT);
+                if let Err(err) = closer.close_stdin(pid, &options).await {
+                    tracing::debug!(pid, error = %err, "could not close a dropped task channel's stdin");
                 }
             }
         });
