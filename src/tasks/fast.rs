@@ -44,10 +44,11 @@ pub const NO_ANSWER_SECONDS: u32 = 10;
 /// - Every open is a compound command's redirection, so a failure never kills
 ///   the shell: anything failing before the request's line is written falls
 ///   back to python3 (nothing was sent); a request sent and not answered
-///   within [`NO_ANSWER_SECONDS`] is reported with code `uncertain` (it may
-///   have been carried out).
+///   within [`NO_ANSWER_SECONDS`], or whose server ended without answering
+///   (checked every quarter of a second), is reported with code `uncertain`
+///   (it may have been carried out).
 pub const CLIENT: &str = r#"d=$1 v=$2; shift 2
-s="$d/server-$v" q="$d/queue/$$" sent= r=
+s="$d/server-$v" q="$d/queue/$$" sent= r= rc= gone=
 if read -r pid start 2>/dev/null <"$s.pid" && read -r -a st 2>/dev/null <"/proc/$pid/stat" &&
   [ "${st[21]}" = "$start" ] && [[ ${st[2]} != [ZXx] ]] && read -r -a me 2>/dev/null </proc/$$/stat &&
   { exec {h}<<<''; } 2>/dev/null && [[ -p /proc/$$/fd/$h ]] &&
@@ -60,13 +61,22 @@ if read -r pid start 2>/dev/null <"$s.pid" && read -r -a st 2>/dev/null <"/proc/
   {
     [ -n "$line" ] && printf '%s\n' "$line" >&3 && sent=1
     exec 3>&-
-    if [ -n "$sent" ] && IFS= read -r -t 10 -u "$r" rc; then
+    for ((w = 0; sent && w < 40; w++)); do
+      IFS= read -r -t 0.25 -u "$r" rc && break
+      rc=
+      read -r -a st 2>/dev/null <"/proc/$pid/stat" && [ "${st[21]}" = "$start" ] && [[ ${st[2]} != [ZXx] ]] ||
+        { IFS= read -r -t 0.05 -u "$r" rc || gone=1; break; }
+    done
+    if [ -n "$rc" ]; then
       IFS= read -r -d '' out <&5
       printf '%s' "$out"
       exit "$rc"
     fi
   } 2>/dev/null 3<>"$s.fifo" 5<"$q.out"
-  if [ -n "$sent" ]; then
+  if [ -n "$gone" ]; then
+    printf '%s\n' '{"error": "the task server ended before it answered; the request may or may not have been carried out", "code": "uncertain"}'
+    exit 2
+  elif [ -n "$sent" ]; then
     printf '%s\n' '{"error": "the task server did not answer within 10 s; the request may or may not have been carried out", "code": "uncertain"}'
     exit 2
   fi
@@ -112,7 +122,9 @@ mod tests {
 
     #[test]
     fn the_client_waits_as_long_as_documented_and_falls_back_to_its_argv() {
-        assert!(CLIENT.contains(&format!("read -r -t {NO_ANSWER_SECONDS} -u \"$r\" rc")));
+        // Quarter-second reads, as many as make NO_ANSWER_SECONDS.
+        assert!(CLIENT.contains(&format!("sent && w < {}; w++", NO_ANSWER_SECONDS * 4)));
+        assert!(CLIENT.contains("IFS= read -r -t 0.25 -u \"$r\" rc && break"));
         assert!(CLIENT.ends_with("exec \"$@\""));
         let argv = client_argv("/b", "8", vec!["python3".into(), "-I".into()]);
         assert_eq!(argv[..2], [SHELL, "-c"]);

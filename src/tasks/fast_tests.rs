@@ -137,3 +137,28 @@ async fn a_running_tasks_known_daemon_answers_get_task_in_one_round_of_reads() {
     let done = svc.status(&t, "sbx", &id, &page(0, 0, 100), 0.0).await.unwrap();
     assert_eq!((done.state, done.stdout.as_str()), (TaskState::Cancelled, "started\n"));
 }
+
+#[tokio::test]
+async fn a_server_that_ends_without_answering_makes_a_start_unknown_at_once() {
+    let t = LocalPython::new();
+    let svc = t.service(&[]);
+    start(&svc, &t, "true").await;
+    let server = server_up(&t).await;
+    // Stopped, the server takes no request; killed once the client waits, it never answers.
+    signal(server, nix::sys::signal::Signal::SIGSTOP);
+    let id = TaskId::generate();
+    let task = spec("echo ran > ran-after-death", &[], None);
+    let waiting = svc.start(&t, "sbx", &id, &task);
+    let kill = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        signal(server, nix::sys::signal::Signal::SIGKILL);
+        Instant::now()
+    };
+    let (started, killed_at) = tokio::join!(waiting, kill);
+    let started = started.unwrap();
+    let waited = killed_at.elapsed();
+    assert_eq!(started.state, TaskState::Unknown, "{started:?}");
+    assert!(started.error.as_deref().is_some_and(|e| e.contains("ended before it answered")), "{started:?}");
+    assert!(waited < Duration::from_secs(3), "the client waited {waited:?} after the server's death");
+    assert!(!t.home().join("ran-after-death").exists(), "nobody took the request");
+}
