@@ -45,6 +45,9 @@ const MIN_CLEANUP_BUDGET: Duration = Duration::from_secs(1);
 const HANDOVER_DRAIN: Duration = Duration::from_secs(2);
 /// Bound on closing the remaining connections after cleanup.
 const CONNECTION_CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Least time given to ending the task channels at shutdown, even past the grace (one envd call each,
+/// all at once).
+const MIN_CHANNELS_BUDGET: Duration = Duration::from_millis(200);
 
 /// Refuses a non-loopback listener without auth unless explicitly allowed.
 pub fn check_auth_policy(config: &Config) -> anyhow::Result<()> {
@@ -343,6 +346,11 @@ pub async fn serve_on(
     // end as "closed" instead (with Redis, be cleaned up instead of handed over).
     let cleanup_budget = deadline.saturating_duration_since(tokio::time::Instant::now()).max(MIN_CLEANUP_BUDGET);
     core.end_all_sessions(cleanup_budget).await;
+    // Task channels in sandboxes that outlive this gateway end now rather than when idle.
+    let channels_budget = deadline
+        .saturating_duration_since(tokio::time::Instant::now())
+        .clamp(MIN_CHANNELS_BUDGET, CONNECTION_CLOSE_TIMEOUT);
+    core.tasks.close_channels(channels_budget).await;
     if store.is_some() {
         // The sessions live on in Redis (a rolling update): stop taking requests first (idle connections
         // close now, busy ones after their response, which says `Connection: close`), let the requests that

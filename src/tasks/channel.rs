@@ -16,6 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::transport::{ChannelIo, ExecOutput, SendInput, TransportError};
 
@@ -60,6 +62,10 @@ pub struct Channel {
 pub struct Channels {
     slots: Slots,
     generations: AtomicU64,
+    /// Cancelled at shutdown: every channel is given up (its transport ends its process).
+    stop: CancellationToken,
+    /// The channels' reading tasks (each awaits its transport's forwarder).
+    readers: TaskTracker,
 }
 
 impl std::fmt::Debug for Channels {
@@ -119,15 +125,35 @@ impl Channels {
         let slots = Arc::clone(&self.slots);
         let sandbox_id = sandbox_id.to_owned();
         let version = version.to_owned();
-        tokio::spawn(async move {
-            let failed = read_answers(&slots, &sandbox_id, &channel, io.output, &version).await;
+        let stop = self.stop.clone();
+        self.readers.spawn(async move {
+            // At shutdown the output is dropped unread: the channel is given up.
+            let failed = tokio::select! {
+                failed = read_answers(&slots, &sandbox_id, &channel, io.output, &version) => failed,
+                () = stop.cancelled() => false,
+            };
             forget(&slots, &sandbox_id, generation, failed);
             // Callers still waiting learn that no answer will come (uncertain); later ones send
             // nothing.
-            let mut pending = crate::sync::lock(&channel.pending);
-            channel.closed.store(true, Ordering::SeqCst);
-            pending.clear();
+            {
+                let mut pending = crate::sync::lock(&channel.pending);
+                channel.closed.store(true, Ordering::SeqCst);
+                pending.clear();
+            }
+            if let Some(forwarder) = io.forwarder {
+                let _ = forwarder.await;
+            }
         });
+    }
+
+    /// Gives every channel up (their transports end their processes, so none waits for its idle
+    /// exit in a sandbox that outlives this gateway) and waits for that, up to `within`.
+    pub async fn close_all(&self, within: Duration) {
+        self.stop.cancel();
+        self.readers.close();
+        if tokio::time::timeout(within, self.readers.wait()).await.is_err() {
+            tracing::debug!("task channels still closing at shutdown");
+        }
     }
 
     /// Forgets a channel that could not take a request (the next start opens another).
@@ -297,7 +323,7 @@ mod tests {
             let in_tx = in_tx.clone();
             Box::pin(async move { in_tx.send(data).map_err(|_| TransportError::NotSent("closed".into())) })
         });
-        (ChannelIo { send, output: out_rx }, out_tx, in_rx)
+        (ChannelIo { send, output: out_rx, forwarder: None }, out_tx, in_rx)
     }
 
     /// Opens a channel for `sandbox` and has it greet with `version`; its output and input ends.

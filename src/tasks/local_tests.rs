@@ -158,7 +158,7 @@ impl SupervisorTransport for LocalPython {
                 stdin.lock().await.write_all(&data).await.map_err(|e| TransportError::NotSent(e.to_string()))
             })
         });
-        Ok(ChannelIo { send, output })
+        Ok(ChannelIo { send, output, forwarder: None })
     }
 
     async fn install(&self, path: &str, content: &'static [u8]) -> Result<(), TransportError> {

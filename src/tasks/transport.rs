@@ -87,5 +87,9 @@ pub type SendInput = Box<dyn Fn(Vec<u8>) -> SendFuture + Send + Sync>;
 pub struct ChannelIo {
     pub send: SendInput,
     /// The process's stdout, chunk by chunk; closed once it has ended or its stream broke.
+    /// Dropping it gives the channel up: the transport then ends the process.
     pub output: mpsc::Receiver<Vec<u8>>,
+    /// The transport's own task for the channel, if it has one: done once it has forwarded the
+    /// output's end or ended a given-up channel (awaited at shutdown).
+    pub forwarder: Option<tokio::task::JoinHandle<()>>,
 }

@@ -2,17 +2,21 @@
 //! provider` (the E2B code path): on SIGTERM readiness fails first, the
 //! in-flight call completes with its output, the process exits 0 within the
 //! grace period, the session's owned sandbox is killed and the sandbox it
-//! retained (a task runs there) survives. A restarted gateway then logs the
-//! surviving sandbox of its deployment at start-up.
+//! retained (a task runs there) survives, without the gateway's task channel. A
+//! restarted gateway then logs the surviving sandbox of its deployment at start-up.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 use crate::common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use sandbox_mcp::e2b::{CallOptions, OutputLimits, wire};
 use serde_json::json;
 
 const GRACE_SECS: u64 = 15;
+/// Pids of the supervisor's task channel processes in a sandbox (the channel and its spare).
+const CHANNEL_PIDS: &str =
+    "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q ' channel $' && echo ${p#/proc/}; done";
 
 async fn status_of(url: String) -> u16 {
     match reqwest::Client::new().get(url).timeout(Duration::from_secs(2)).send().await {
@@ -35,6 +39,11 @@ async fn sigterm_drains_calls_kills_owned_keeps_retained() {
     let s2 = ok(&client, "create_sandbox", json!({})).await["sandbox_id"].as_str().unwrap().to_string();
     let task = ok(&client, "start_task", json!({"command": "sleep 120", "sandbox_id": s2})).await;
     assert!(task["task_id"].is_string(), "{task}");
+    // The first start opened the sandbox's task channel beside it.
+    let channels =
+        format!("for i in $(seq 100); do c=$({CHANNEL_PIDS}); test -n \"$c\" && break; sleep 0.05; done; echo $c");
+    let opened = ok(&client, "run_command", json!({"command": channels, "sandbox_id": s2})).await;
+    assert!(!opened["stdout"].as_str().unwrap().trim().is_empty(), "no task channel in {s2}: {opened}");
 
     let slow = {
         let client = client.clone();
@@ -87,6 +96,17 @@ async fn sigterm_drains_calls_kills_owned_keeps_retained() {
 
     assert!(!sandbox_exists(&provider_client, &s1).await, "owned sandbox {s1} survived the shutdown");
     assert!(sandbox_exists(&provider_client, &s2).await, "retained sandbox {s2} was killed by the shutdown");
+    // The gateway ended its task channel there (rather than leave it to its 5-minute idle exit).
+    let sandbox = provider_client.connect_sandbox(&s2, None).await.unwrap();
+    let left =
+        format!("for i in $(seq 60); do c=$({CHANNEL_PIDS}); test -z \"$c\" && break; sleep 0.05; done; echo left: $c");
+    let options = CallOptions::user("user").with_timeout(Duration::from_secs(30));
+    let out = provider_client
+        .envd(&sandbox)
+        .run(&wire::StartRequest::login_shell(left), &options, OutputLimits::default())
+        .await
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "left:\n", "the gateway's task channel outlived it in {s2}");
 
     // A new gateway of the same deployment counts the survivor at start-up.
     let restarted = Gateway::start_e2b(&provider, &extra, &[]);

@@ -97,7 +97,7 @@ impl SupervisorTransport for EnvdTransport<'_> {
         let pid = stream.pid();
         let (forward, output) = tokio::sync::mpsc::channel(64);
         let closer = self.sandbox.envd.clone();
-        tokio::spawn(async move {
+        let forwarder = tokio::spawn(async move {
             let ended = loop {
                 let event = tokio::select! {
                     event = stream.next_event() => event,
@@ -135,7 +135,7 @@ impl SupervisorTransport for EnvdTransport<'_> {
                 })
             })
         });
-        Ok(ChannelIo { send, output })
+        Ok(ChannelIo { send, output, forwarder: Some(forwarder) })
     }
 
     async fn install(&self, path: &str, content: &'static [u8]) -> Result<(), TransportError> {
