@@ -29,7 +29,11 @@ pub fn init(format: LogFormat) {
         LogFormat::Text => false,
         LogFormat::Auto => !std::io::stderr().is_terminal(),
     };
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // A log line that cannot be written (stderr a pipe whose reader is gone) is dropped: by default
+    // the subscriber reports it with `eprintln!`, which panics on the same broken stderr and took
+    // down the task that logged (the one waiting for SIGTERM among them).
+    let builder =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).log_internal_errors(false);
     let _ = if json { builder.json().flatten_event(true).try_init() } else { builder.try_init() };
 }
 

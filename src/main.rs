@@ -5,6 +5,7 @@
 
 #![deny(unsafe_code)]
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -49,7 +50,8 @@ fn report(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("sandbox-mcp: {err:#}");
+            // Not `eprintln!`, which panics when stderr is a broken pipe.
+            let _ = writeln!(std::io::stderr(), "sandbox-mcp: {err:#}");
             ExitCode::FAILURE
         }
     }

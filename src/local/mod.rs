@@ -352,7 +352,11 @@ pub fn run_provider(args: ProviderArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot listen on {} (--listen)", args.listen))?;
         let running = start_provider(cfg, listener).await?;
-        println!("sandbox-mcp provider listening on http://{}", running.addr);
+        // Not `println!`, which panics when stdout is a broken pipe.
+        use std::io::Write;
+        let mut stdout = std::io::stdout();
+        let _ =
+            writeln!(stdout, "sandbox-mcp provider listening on http://{}", running.addr).and_then(|()| stdout.flush());
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}

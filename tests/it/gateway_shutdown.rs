@@ -179,3 +179,48 @@ async fn sigterm_with_overlong_call_still_exits_within_grace() {
     assert!(!sandbox_exists(&provider_client, &s1).await, "owned sandbox {s1} survived the shutdown; log:\n{log}");
     drop(client);
 }
+
+/// A gateway whose log pipe breaks (its reader gone, as when a log collector dies) goes on
+/// serving tool calls, which log, and still stops on SIGTERM: a log line that cannot be written is
+/// dropped, where it used to panic the task that logged, the one waiting for SIGTERM among them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_log_pipe_neither_fails_calls_nor_stops_sigterm() {
+    require_root!();
+    let tmp = tempfile::tempdir().unwrap();
+    let (log_reader, log_writer) = std::io::pipe().unwrap();
+    let mut command = std::process::Command::new(binary());
+    command
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("SANDBOX_MCP_SERVER__LOG_FORMAT", "json")
+        .env("SANDBOX_MCP_SERVER__SHUTDOWN_GRACE_SECS", GRACE_SECS.to_string())
+        .env("SANDBOX_MCP_LOCAL__STATE_DIR", tmp.path().join("state"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log_writer);
+    let mut gateway = ProcessGuard::spawn(&mut command, Duration::from_secs(5)).unwrap();
+    // Its address from the log, which is then no longer read: the pipe breaks.
+    let (found, address) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(log_reader).lines().map_while(Result::ok) {
+            if line.contains("gateway listening") {
+                let entry: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+                let _ = found.send(entry["addr"].as_str().unwrap_or_default().to_string());
+                return;
+            }
+        }
+    });
+    let addr = address.recv_timeout(Duration::from_secs(60)).expect("the gateway's listening line");
+    let client = connect(&format!("http://{addr}/mcp"), None).await;
+    for _ in 0..3 {
+        let created = ok(&client, "create_sandbox", json!({})).await;
+        let sandbox_id = created["sandbox_id"].as_str().unwrap().to_string();
+        let run = ok(&client, "run_command", json!({"command": "echo logged", "sandbox_id": sandbox_id})).await;
+        assert_eq!(run["stdout"], "logged\n", "{run}");
+        ok(&client, "kill_sandbox", json!({"sandbox_id": sandbox_id})).await;
+    }
+    drop(client);
+    gateway.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = gateway.wait_timeout(Duration::from_secs(GRACE_SECS + 5));
+    assert!(status.is_some_and(|s| s.success()), "serve did not stop on SIGTERM after its log pipe broke: {status:?}");
+}
