@@ -6,7 +6,8 @@
 //!
 //! [`Channels`] owns the channels of one gateway: it opens at most one per sandbox (beside a
 //! start that takes the bash path, never in its way), routes answers to their callers by request
-//! id, and forgets a channel whose process ended, whose stream broke or that misbehaved. Every
+//! id, forgets a channel whose process ended, whose stream broke or that misbehaved (the transport
+//! then ends a process that may live on), and gives them all up at shutdown. Every
 //! failure before a request's line was sent lets the caller take the bash path; after it, the
 //! outcome is uncertain, as with the bash client.
 

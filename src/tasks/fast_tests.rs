@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use super::TaskState;
 use super::id::TaskId;
 use super::local_tests::{LocalPython, a_stopped_answerer_runs_a_start_once, page, signal, spec, start, wait_terminal};
+use super::service::TaskService;
 
 /// Waits until the fork server's pid file names a live process; returns its pid.
 async fn server_up(t: &LocalPython) -> i32 {
@@ -21,6 +22,15 @@ async fn server_up(t: &LocalPython) -> i32 {
         assert!(Instant::now() < deadline, "no task server came up");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A service whose sandbox (this host) has a task server, forked by a first start; its pid.
+async fn with_a_server() -> (LocalPython, TaskService, i32) {
+    let t = LocalPython::new();
+    let svc = t.service(&[]);
+    start(&svc, &t, "true").await;
+    let server = server_up(&t).await;
+    (t, svc, server)
 }
 
 #[tokio::test]
@@ -88,10 +98,7 @@ async fn a_dead_or_stale_server_is_replaced_and_running_tasks_go_on() {
 
 #[tokio::test]
 async fn a_silent_server_makes_a_start_unknown_and_it_never_runs_twice() {
-    let t = LocalPython::new();
-    let svc = t.service(&[]);
-    start(&svc, &t, "true").await;
-    let server = server_up(&t).await;
+    let (t, svc, server) = with_a_server().await;
     a_stopped_answerer_runs_a_start_once(&svc, &t, server).await;
     let queue = t.server_pid_file().with_file_name("queue");
     let left: Vec<_> = std::fs::read_dir(&queue).unwrap().map(|e| e.unwrap().file_name()).collect();
@@ -140,10 +147,7 @@ async fn a_running_tasks_known_daemon_answers_get_task_in_one_round_of_reads() {
 
 #[tokio::test]
 async fn a_server_that_ends_without_answering_makes_a_start_unknown_at_once() {
-    let t = LocalPython::new();
-    let svc = t.service(&[]);
-    start(&svc, &t, "true").await;
-    let server = server_up(&t).await;
+    let (t, svc, server) = with_a_server().await;
     // Stopped, the server takes no request; killed once the client waits, it never answers.
     signal(server, nix::sys::signal::Signal::SIGSTOP);
     let id = TaskId::generate();

@@ -368,14 +368,14 @@ impl TaskService {
         self.channels.ready(sandbox_id).and_then(|c| i32::try_from(c.pid()).ok())
     }
 
-    /// Opens the sandbox's channel (claimed as `generation`); a failure leaves starts on the bash
-    /// client's path for a while.
     /// Gives up every task channel of this gateway (their processes end), waiting up to `within`:
     /// at shutdown, so none lingers in a sandbox that outlives the gateway.
     pub async fn close_channels(&self, within: Duration) {
         self.channels.close_all(within).await;
     }
 
+    /// Opens the sandbox's channel (claimed as `generation`); a failure leaves starts on the bash
+    /// client's path for a while.
     async fn open_channel<T: SupervisorTransport>(&self, t: &T, sandbox_id: &str, generation: u64) {
         match t.open_channel(self.argv(&["channel".to_owned()])).await {
             Ok(io) => self.channels.attach(sandbox_id, generation, io, supervisor_version()),

@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 use crate::common;
+use crate::tasks_support::CHANNEL_PIDS;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -14,9 +15,6 @@ use sandbox_mcp::e2b::{CallOptions, OutputLimits, wire};
 use serde_json::json;
 
 const GRACE_SECS: u64 = 15;
-/// Pids of the supervisor's task channel processes in a sandbox (the channel and its spare).
-const CHANNEL_PIDS: &str =
-    "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q ' channel $' && echo ${p#/proc/}; done";
 
 async fn status_of(url: String) -> u16 {
     match reqwest::Client::new().get(url).timeout(Duration::from_secs(2)).send().await {

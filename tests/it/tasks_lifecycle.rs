@@ -204,7 +204,7 @@ async fn a_channel_the_gateway_gives_up_on_exits_with_its_spare() {
     );
     let forged = run(&mcp, &sandbox_id, &forge).await;
     assert_eq!(forged["exit_code"], 0, "{forged}");
-    let channels = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q ' channel $' && echo ${p#/proc/}; done";
+    let channels = tasks_support::CHANNEL_PIDS;
     let killed = run(
         &mcp,
         &sandbox_id,
@@ -253,11 +253,13 @@ async fn later_starts_go_through_the_channel_or_else_the_task_server_and_its_spa
     // The channel process (`... channel` as its last argument: the lowest such pid, since its
     // spare is a fork of it with the same command line) and its spare, forked before it greets
     // the gateway.
-    let find_channel = "for i in $(seq 100); do c=$(for p in /proc/[0-9]*; do \
-        tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q ' channel $' && echo ${p#/proc/}; done | sort -n | head -1); \
+    let find_channel = format!(
+        "for i in $(seq 100); do c=$({} | head -1); \
         test -n \"$c\" && s=$(cat /proc/$c/task/$c/children) && test -n \"$s\" && break; sleep 0.05; done; \
-        sleep 0.2; echo $c $s";
-    let found = run(&mcp, &sandbox_id, find_channel).await;
+        sleep 0.2; echo $c $s",
+        tasks_support::CHANNEL_PIDS
+    );
+    let found = run(&mcp, &sandbox_id, &find_channel).await;
     let pids: Vec<u64> = found["stdout"].as_str().unwrap().split_whitespace().filter_map(|p| p.parse().ok()).collect();
     let [channel, channel_spare] = pids[..] else { panic!("no channel with a spare: {found}") };
 

@@ -14,6 +14,11 @@ use crate::common::mcp::{McpClient, call, connect_latest, text};
 use crate::common::provider::reap_sandboxes;
 use crate::common::{API_KEY, Gateway, GatewayBuilder, Provider};
 
+/// Shell: the pids of the sandbox's task channel processes (the supervisor's `channel`, and its
+/// spare, a fork with the same command line), lowest first, one per line.
+pub const CHANNEL_PIDS: &str = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | \
+    grep -q ' channel $' && echo ${p#/proc/}; done | sort -n";
+
 /// A temporary directory with the serve config and the embedded provider's state. A test that
 /// fails part-way leaves its sandboxes behind (the provider keeps them across its own exit, by
 /// design): they are killed on drop, before the state dir goes.

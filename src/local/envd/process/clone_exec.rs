@@ -13,8 +13,9 @@
 //! trace envd's memory or descriptors through the child's `/proc` entries.
 
 use std::ffi::{CStr, CString};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::os::raw::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicI32, Ordering};
 
 /// `oom_score_adj` of every command envd starts.
 pub const COMMAND_OOM_SCORE_ADJ: &[u8] = b"500";
@@ -59,7 +60,9 @@ struct ChildArgs<'a> {
     argv: Vec<*const c_char>,
     envp: Vec<*const c_char>,
     stdio: [RawFd; 3],
-    report: RawFd,
+    /// Set by the child to the `errno` of the step that failed before its exec (0: none). The
+    /// child shares this memory, and the clone returns only once it has exec'd or exited.
+    error: AtomicI32,
 }
 
 /// Starts the plan's program with `stdio`, in its own process group; its pid. An error is the
@@ -70,16 +73,16 @@ pub fn spawn(plan: &ExecPlan, stdio: &Stdio) -> std::io::Result<u32> {
         pointers.push(std::ptr::null());
         pointers
     };
-    let (report_r, report_w) = pipe_cloexec()?;
     let args = ChildArgs {
         plan,
         candidates: nul_terminated(&plan.candidates),
         argv: nul_terminated(&plan.argv),
         envp: nul_terminated(&plan.envp),
         stdio: [stdio.stdin, stdio.stdout, stdio.stderr],
-        report: report_w.as_raw_fd(),
+        error: AtomicI32::new(0),
     };
-    let mut stack = vec![0u8; CHILD_STACK];
+    // Never read before the child writes it: left uninitialised (no 64 KiB memset per command).
+    let mut stack: Vec<std::mem::MaybeUninit<u8>> = Vec::with_capacity(CHILD_STACK);
     // The stack grows down from its (16-byte aligned) end.
     let top = (stack.as_mut_ptr() as usize + CHILD_STACK) & !15;
     // SAFETY: every signal is blocked across the clone (restored right after); the child runs
@@ -104,23 +107,15 @@ pub fn spawn(plan: &ExecPlan, stdio: &Stdio) -> std::io::Result<u32> {
         pid
     };
     drop(stack);
-    drop(report_w);
-    let mut errno = [0u8; 4];
-    // SAFETY: read into a local buffer; the write end is closed (ours above, the child's at its
-    // exec or exit).
-    let n = unsafe { libc::read(report_r.as_raw_fd(), errno.as_mut_ptr().cast(), errno.len()) };
-    if n == 4 {
+    let errno = args.error.load(Ordering::Acquire);
+    if errno != 0 {
         let mut status = 0;
         // SAFETY: reaps the child that failed before its exec (the caller holds the reaper's
         // registration lock, so nobody else waits for it).
         unsafe { libc::waitpid(pid, &mut status, 0) };
-        return Err(std::io::Error::from_raw_os_error(i32::from_ne_bytes(errno)));
+        return Err(std::io::Error::from_raw_os_error(errno));
     }
     Ok(pid as u32)
-}
-
-fn pipe_cloexec() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)
 }
 
 /// The child: async-signal-safe system calls only, then `execve`. Never returns.
@@ -150,11 +145,11 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
             let moved =
                 if source == target { libc::fcntl(target, libc::F_SETFD, 0) } else { libc::dup2(source, target) };
             if moved < 0 {
-                report_and_exit(args.report);
+                report_and_exit(args);
             }
         }
         if libc::setpgid(0, 0) != 0 {
-            report_and_exit(args.report);
+            report_and_exit(args);
         }
         // Only stdin, stdout and stderr cross into the command, whatever envd inherited or opened.
         crate::local::fds::mark_inherited_fds_cloexec(3);
@@ -179,12 +174,12 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
                 || libc::syscall(libc::SYS_setresgid, *gid, *gid, *gid) != 0
                 || libc::syscall(libc::SYS_setresuid, *uid, *uid, *uid) != 0
             {
-                report_and_exit(args.report);
+                report_and_exit(args);
             }
         }
         // After the user switch, so the user must be able to enter the directory.
         if libc::chdir(plan.cwd.as_ptr()) != 0 {
-            report_and_exit(args.report);
+            report_and_exit(args);
         }
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
@@ -200,25 +195,26 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
             match *libc::__errno_location() {
                 libc::EACCES => refused = true,
                 libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::ENAMETOOLONG | libc::ESTALE => {}
-                _ => report_and_exit(args.report),
+                _ => report_and_exit(args),
             }
         }
         if refused {
             *libc::__errno_location() = libc::EACCES;
         }
-        report_and_exit(args.report)
+        report_and_exit(args)
     }
 }
 
-/// Writes `errno` to the parent's report pipe and ends the child.
+/// Hands `errno` to the parent (through their shared memory) and ends the child.
 ///
 /// # Safety
 /// Only in the child, before its exec.
-unsafe fn report_and_exit(report: RawFd) -> ! {
-    // SAFETY: a write of a local buffer and _exit.
+unsafe fn report_and_exit(args: &ChildArgs<'_>) -> ! {
+    // SAFETY: reads errno, stores into memory the suspended parent reads after the child exits, _exit.
     unsafe {
         let errno = *libc::__errno_location();
-        libc::write(report, errno.to_ne_bytes().as_ptr().cast(), 4);
+        // A failure always has an errno; EIO stands in should one not.
+        args.error.store(if errno == 0 { libc::EIO } else { errno }, Ordering::Release);
         libc::_exit(127)
     }
 }
@@ -226,10 +222,11 @@ unsafe fn report_and_exit(report: RawFd) -> ! {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsRawFd;
 
     /// Runs `argv` through [`spawn`] in `cwd` with `env`; its exit status and stdout.
     fn run(argv: &[&str], env: &[&str], cwd: &str) -> std::io::Result<(i32, String)> {
-        let (out_r, out_w) = pipe_cloexec()?;
+        let (out_r, out_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
         let null = std::fs::File::open("/dev/null")?;
         let path = env.iter().find_map(|e| e.strip_prefix("PATH=")).unwrap_or("/usr/bin:/bin");
         let plan = ExecPlan {
