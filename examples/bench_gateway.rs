@@ -724,9 +724,6 @@ async fn start_floor(
     Ok(())
 }
 
-/// Part 2: `run_command "true"` calls per second with 32 concurrent sessions sharing one sandbox, through
-/// rmcp's client (legacy sessions, the figure) and through raw 2026-07-28 requests (each task its
-/// own keep-alive connection, the cheapest client), with where the CPU of the bench's process tree went.
 /// A legacy session through rmcp's client given a reqwest client with its default connection pool:
 /// rmcp's own default turns pooling off (`pool_max_idle_per_host(0)`, against stalls when a previous
 /// answer was not read to its end), so every call of the plain rmcp client opens a connection.
@@ -742,6 +739,10 @@ async fn pooled_mcp_client(url: &str) -> anyhow::Result<McpClient> {
     Ok(info.serve(transport).await?)
 }
 
+/// Part 2: `run_command "true"` calls per second with 32 concurrent sessions sharing one sandbox, through
+/// rmcp's client (legacy sessions, the figure), through rmcp's client with a pooled reqwest client,
+/// and through raw 2026-07-28 requests (each task its own keep-alive connection, the cheapest client), with
+/// where the CPU of the bench's process tree went.
 async fn throughput(url: &str, sandbox_id: &str) -> anyhow::Result<()> {
     let (mut sessions, mut pooled) = (Vec::new(), Vec::new());
     for _ in 0..CONCURRENT_SESSIONS {
@@ -833,7 +834,7 @@ async fn throughput(url: &str, sandbox_id: &str) -> anyhow::Result<()> {
             std::thread::available_parallelism().map_or(0, |n| n.get()),
         );
     }
-    for mut session in sessions {
+    for mut session in sessions.into_iter().chain(pooled) {
         let _ = session.close_with_timeout(Duration::from_secs(5)).await;
     }
     Ok(())
