@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use super::TaskState;
 use super::id::TaskId;
-use super::local_tests::{LocalPython, a_stopped_answerer_runs_a_start_once, signal, spec, start, wait_terminal};
+use super::local_tests::{
+    LocalPython, a_stopped_answerer_runs_a_start_once, after_a_first_start, signal, spec, start, wait_terminal,
+};
 use super::service::TaskService;
 
 /// Waits until sandbox "sbx" has a greeted channel; returns its process's pid.
@@ -66,9 +68,7 @@ async fn later_starts_go_through_the_channel_with_no_process_started() {
 
 /// A transport with channels, its service, and the channel the first start opened.
 async fn with_channel() -> (LocalPython, TaskService, i32) {
-    let t = LocalPython::new().with_channels();
-    let svc = t.service(&[]);
-    start(&svc, &t, "true").await;
+    let (t, svc) = after_a_first_start(LocalPython::new().with_channels()).await;
     let channel = channel_up(&svc).await;
     (t, svc, channel)
 }

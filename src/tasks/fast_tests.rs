@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use super::TaskState;
 use super::id::TaskId;
-use super::local_tests::{LocalPython, a_stopped_answerer_runs_a_start_once, page, signal, spec, start, wait_terminal};
+use super::local_tests::{
+    LocalPython, a_stopped_answerer_runs_a_start_once, after_a_first_start, page, signal, spec, start, wait_terminal,
+};
 use super::service::TaskService;
 
 /// Waits until the fork server's pid file names a live process; returns its pid.
@@ -26,9 +28,7 @@ async fn server_up(t: &LocalPython) -> i32 {
 
 /// A service whose sandbox (this host) has a task server, forked by a first start; its pid.
 async fn with_a_server() -> (LocalPython, TaskService, i32) {
-    let t = LocalPython::new();
-    let svc = t.service(&[]);
-    start(&svc, &t, "true").await;
+    let (t, svc) = after_a_first_start(LocalPython::new()).await;
     let server = server_up(&t).await;
     (t, svc, server)
 }

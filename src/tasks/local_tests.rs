@@ -211,6 +211,14 @@ pub(super) async fn wait_terminal(svc: &TaskService, t: &LocalPython, id: &TaskI
     }
 }
 
+/// The service of `t` after a first start (`true`), which forks the task server and opens the
+/// channel when `t` has channels.
+pub(super) async fn after_a_first_start(t: LocalPython) -> (LocalPython, TaskService) {
+    let svc = t.service(&[]);
+    start(&svc, &t, "true").await;
+    (t, svc)
+}
+
 /// Sends `sig` to `pid`.
 pub(super) fn signal(pid: i32, sig: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).unwrap();
