@@ -30,13 +30,17 @@
 //!    and the official `e2b` SDK on the same provider and sandbox, a stand-in only, never a test
 //!    dependency): p50 of `run_command "true"` through ours and through the peer, timed call by call
 //!    interleaved by one official Python client (mcp 1.30), and their ratio (target ours / peer
-//!    <= 0.5), with each server's CPU per call and the load. Needs `$SANDBOX_MCP_BENCH_PEER_PYTHON`, a
-//!    python with mcp==1.30.0 and e2b==2.63.0 (`.venv-test/bin/python`, made by `scripts/test.sh`);
-//!    skipped without it. It runs right after part 1; `BENCH_GATEWAY_ONLY=peer` runs only this part.
+//!    <= 0.5), with each server's CPU per call and the load, and the client's own floor: the same
+//!    client against an endpoint replaying our gateway's answers at once (`examples/support/replay.rs`),
+//!    which with the shell's CPU (part 2's floor line, taken first) bounds ours from below. Needs
+//!    `$SANDBOX_MCP_BENCH_PEER_PYTHON`, a python with mcp==1.30.0 and e2b==2.63.0
+//!    (`.venv-test/bin/python`, made by `scripts/test.sh`); skipped without it. It runs right after part 1; `BENCH_GATEWAY_ONLY=peer` runs only this part.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 #[path = "../tests/it/common/mod.rs"]
 mod common;
+#[path = "support/replay.rs"]
+mod replay;
 
 use std::process::Command;
 use std::sync::Arc;
@@ -300,33 +304,34 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 def check(name, result):
-    ok = result.structuredContent.get("exit_code") == 0 if name == "ours" else \
-        result.content[0].text.startswith("exit_code: 0\n")
+    ok = result.content[0].text.startswith("exit_code: 0\n") if name == "peer" else \
+        result.structuredContent.get("exit_code") == 0
     if result.isError or not ok:
         raise SystemExit(f"{name}: run_command failed: {result}")
 
-async def main(ours_url, peer_url, sandbox_id, rounds):
+async def main(ours_url, peer_url, replay_url, sandbox_id, rounds):
     async with streamable_http_client(ours_url) as (r1, w1, _), ClientSession(r1, w1) as ours, \
-            streamable_http_client(peer_url) as (r2, w2, _), ClientSession(r2, w2) as peer:
-        await ours.initialize()
-        await peer.initialize()
+            streamable_http_client(peer_url) as (r2, w2, _), ClientSession(r2, w2) as peer, \
+            streamable_http_client(replay_url) as (r3, w3, _), ClientSession(r3, w3) as replay:
+        servers = [("ours", ours), ("peer", peer), ("replay", replay)]
+        for _, session in servers:
+            await session.initialize()
         args = {"sandbox_id": sandbox_id, "command": "true"}
-        servers = [("ours", ours), ("peer", peer)]
         for _ in range(20):
             for name, session in servers:
                 check(name, await session.call_tool("run_command", args))
         print("warm", flush=True)
         await asyncio.to_thread(sys.stdin.readline)
-        samples = {"ours": [], "peer": []}
+        samples = {name: [] for name, _ in servers}
         for i in range(rounds):
-            for name, session in servers if i % 2 == 0 else servers[::-1]:
+            for name, session in servers[i % 3:] + servers[:i % 3]:
                 started = time.perf_counter()
                 result = await session.call_tool("run_command", args)
                 samples[name].append((time.perf_counter() - started) * 1000)
                 check(name, result)
         print(json.dumps(samples), flush=True)
 
-asyncio.run(main(*sys.argv[1:4], int(sys.argv[4])))
+asyncio.run(main(*sys.argv[1:5], int(sys.argv[5])))
 "#;
 
 /// The peer's address in its "peer listening on http://ADDR/mcp" line.
@@ -345,10 +350,11 @@ fn load_1min() -> String {
 /// Side by side with a peer: `run_command "true"` through our gateway and through a Python MCP
 /// server doing the same job on the same provider and sandbox (`bench/peer/peer_server.py`: the
 /// official `mcp` SDK's FastMCP and the official `e2b` SDK), timed by one official Python client,
-/// call by call interleaved (target: ours / peer <= 0.5). The peer is a stand-in for the
+/// call by call interleaved with a third endpoint that replays our gateway's answers at once (the
+/// client's own floor on our answers; target: ours / peer <= 0.5). The peer is a stand-in for the
 /// comparison only, never a test dependency; both processes this starts are stopped on every path
 /// (their guards kill their process groups on drop).
-fn peer_comparison(provider: &Provider, gateway: &Gateway, sandbox_id: &str) -> anyhow::Result<()> {
+fn peer_comparison(provider: &Provider, gateway: &Gateway, sandbox_id: &str, shell_ms: f64) -> anyhow::Result<()> {
     let Some(python) = std::env::var_os("SANDBOX_MCP_BENCH_PEER_PYTHON") else {
         report!(
             "side by side with the Python peer: skipped (set SANDBOX_MCP_BENCH_PEER_PYTHON to a python with \
@@ -378,9 +384,10 @@ fn peer_comparison(provider: &Provider, gateway: &Gateway, sandbox_id: &str) -> 
     .map_err(anyhow::Error::msg)
     .context("start the peer server")?;
 
+    let replay = replay::Replay::start(&gateway.mcp_url(), sandbox_id).context("start the replay endpoint")?;
     let mut command = Command::new(&python);
     command
-        .args(["-c", PEER_CLIENT, &gateway.mcp_url(), &peer_url, sandbox_id, &PEER_ROUNDS.to_string()])
+        .args(["-c", PEER_CLIENT, &gateway.mcp_url(), &peer_url, &replay.url, sandbox_id, &PEER_ROUNDS.to_string()])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
@@ -426,19 +433,22 @@ fn peer_comparison(provider: &Provider, gateway: &Gateway, sandbox_id: &str) -> 
         let values = samples[name].as_array().with_context(|| format!("no {name} samples"))?;
         values.iter().map(|v| v.as_f64().context("a sample is not a number")).collect()
     };
-    let (mut ours, mut theirs) = (series("ours")?, series("peer")?);
-    let (ours, theirs) = (Summary::of(&mut ours), Summary::of(&mut theirs));
+    let (mut ours, mut theirs, mut replayed) = (series("ours")?, series("peer")?, series("replay")?);
+    let (ours, theirs, replayed) = (Summary::of(&mut ours), Summary::of(&mut theirs), Summary::of(&mut replayed));
     let ratio = ours.median / theirs.median;
+    let floor_ratio = replayed.median / theirs.median;
     print_header();
     print_row("Python client -> ours, run_command", "ms", &ours, None);
     print_row("Python client -> peer, run_command", "ms", &theirs, None);
+    print_row("Python client -> replay of ours", "ms", &replayed, None);
     print_row("ours / peer, p50 ratio", "x", &Summary::of(&mut [ratio]), Some(0.5));
+    print_row("replay of ours / peer, p50 ratio", "x", &Summary::of(&mut [floor_ratio]), None);
     let per_call = |ns: u64| ns as f64 / 1e6 / PEER_ROUNDS as f64;
     report!(
         "side by side with the Python peer (official mcp 1.30 client, {PEER_ROUNDS} interleaved calls each): \
          run_command \"true\" p50 ours {:.3} ms, peer {:.3} ms: ours / peer {ratio:.3} (target <= 0.5: {}); \
-         server CPU per call: gateway {:.3} ms, peer {:.3} ms; per pair of calls (one each): the Python \
-         client {:.3} ms, the provider {:.3} ms; load {load_before} -> {load_after}",
+         server CPU per call: gateway {:.3} ms, peer {:.3} ms; per round (one call to ours, the peer and the \
+         replay): the Python client {:.3} ms, the provider {:.3} ms; load {load_before} -> {load_after}",
         ours.median,
         theirs.median,
         if ratio <= 0.5 { "met" } else { "NOT met" },
@@ -446,6 +456,19 @@ fn peer_comparison(provider: &Provider, gateway: &Gateway, sandbox_id: &str) -> 
         per_call(peer_cpu),
         per_call(client_cpu),
         per_call(provider_cpu),
+    );
+    // The client waits while the server works: a call to ours takes at least the client's own time on
+    // our answers plus the shell's CPU in the sandbox.
+    let bound = (replayed.median + shell_ms) / theirs.median;
+    report!(
+        "the client's own floor: our answers replayed at once by a server that does nothing else \
+         (examples/support/replay.rs) take the same client {:.3} ms p50, {floor_ratio:.3} of the peer's p50 in \
+         the same rounds; with the CPU of the call's `bash -l -c true` in the sandbox ({shell_ms:.3} ms, the floor \
+         line), no server giving our answers is timed below {:.3} ms, {bound:.3} of the peer's p50 (ours / peer \
+         <= 0.5 {} with this client)",
+        replayed.median,
+        replayed.median + shell_ms,
+        if bound <= 0.5 { "is within reach" } else { "is out of reach" },
     );
     drop(client);
     drop(peer);
@@ -493,7 +516,10 @@ async fn run() -> anyhow::Result<()> {
     let options = CallOptions::user("user").with_timeout(Duration::from_secs(60));
     let limits = OutputLimits { max_stdout: 65536, max_stderr: 65536 };
     if std::env::var("BENCH_GATEWAY_ONLY").is_ok_and(|only| only == "peer") {
-        let outcome = peer_comparison(&provider, &gateway, &sandbox_id);
+        let outcome = match start_floor(&envd, &options, limits).await {
+            Ok(shell_ms) => peer_comparison(&provider, &gateway, &sandbox_id, shell_ms),
+            Err(err) => Err(err),
+        };
         let _ = client.cancel().await;
         let _ = direct.kill_sandbox(&sandbox_id).await;
         return outcome;
@@ -574,13 +600,15 @@ async fn run() -> anyhow::Result<()> {
         return Ok(());
     }
 
+    // The CPU floor of a call's shell, for parts 6 and 2.
+    let shell_ms = start_floor(&envd, &options, limits).await?;
+
     // 6. Side by side with the Python peer, right after part 1 (a stand-in; skipped unless its python is named).
-    if !only_throughput && let Err(err) = peer_comparison(&provider, &gateway, &sandbox_id) {
+    if !only_throughput && let Err(err) = peer_comparison(&provider, &gateway, &sandbox_id, shell_ms) {
         report!("side by side with the Python peer failed: {err:#}");
     }
 
-    // 2. Throughput with 32 concurrent sessions sharing the sandbox, after the floor of a call's CPU.
-    start_floor(&envd, &options, limits).await?;
+    // 2. Throughput with 32 concurrent sessions sharing the sandbox.
     throughput(&url, &sandbox_id).await?;
     if std::env::var("BENCH_GATEWAY_ONLY").is_ok_and(|only| only == "throughput") {
         let _ = client.cancel().await;
@@ -687,7 +715,7 @@ async fn start_floor(
     envd: &sandbox_mcp::e2b::EnvdClient,
     options: &CallOptions,
     limits: OutputLimits,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<f64> {
     envd.write_file("/tmp/bench-exit0", exit0_program().into(), options).await?;
     let mut per_start = Vec::new();
     for program in ["bash -l -c true", "/bin/true", "/tmp/bench-exit0"] {
@@ -721,7 +749,7 @@ async fn start_floor(
         per_start[1] - per_start[2],
         cores as f64 * 1000.0 / per_start[0],
     );
-    Ok(())
+    Ok(per_start[0])
 }
 
 /// A legacy session through rmcp's client given a reqwest client with its default connection pool:
