@@ -265,6 +265,51 @@ async fn stdin_cwd_env_and_users() {
     provider.shutdown().await;
 }
 
+/// envd keeps the accounts it resolved while `/etc/passwd` and `/etc/group` are unchanged: an account
+/// added, rewritten in place (same size, at once) or removed by root in the sandbox applies to the very
+/// next command and file call, cached or not.
+#[tokio::test]
+async fn accounts_changed_in_the_sandbox_apply_to_the_next_call() {
+    let Some(provider) = provider() else { return };
+    let client = provider.client();
+    let (_sandbox, envd) = create(&client).await;
+    let (root, bob) = (CallOptions::user("root"), CallOptions::user("bob"));
+    let unknown = |err: E2bError| err.to_string().contains("'bob' does not exist in the sandbox");
+
+    let err = envd.run(&bash("true"), &bob, OutputLimits::default()).await.unwrap_err();
+    assert!(unknown(err), "no bob yet");
+    run_ok(&envd, "echo 'bob:x:1234:1234::/tmp:/bin/bash' >> /etc/passwd && echo 'bob:x:1234:' >> /etc/group", &root)
+        .await;
+    assert_eq!(run_ok(&envd, "id -u; echo $HOME", &bob).await, "1234\n/tmp\n");
+
+    // Once the files have settled, bob's account is kept (and used) ...
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    for _ in 0..3 {
+        assert_eq!(run_ok(&envd, "id -u; echo $HOME", &bob).await, "1234\n/tmp\n");
+    }
+    envd.write_file("/tmp/by-bob", Bytes::from_static(b"x"), &bob).await.unwrap();
+    assert_eq!(envd.stat("/tmp/by-bob", &bob).await.unwrap().owner, "bob");
+    // ... until root rewrites the file in place, same size: the next call sees the new uid and home.
+    let rewrite =
+        r#"p=$(cat /etc/passwd) && printf '%s\n' "${p/bob:x:1234:1234::\/tmp/bob:x:4321:1234::\/usr}" > /etc/passwd"#;
+    run_ok(&envd, rewrite, &root).await;
+    assert_eq!(run_ok(&envd, "id -u; echo $HOME", &bob).await, "4321\n/usr\n");
+    assert_eq!(envd.stat("/tmp/by-bob", &root).await.unwrap().owner, "1234", "uid 1234 has no name any more");
+
+    // Kept again once settled; rewritten in place and settled before bob's next call: still seen.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(run_ok(&envd, "id -u", &bob).await, "4321\n");
+    run_ok(&envd, r#"p=$(cat /etc/passwd) && printf '%s\n' "${p/bob:x:4321:/bob:x:4322:}" > /etc/passwd"#, &root).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(run_ok(&envd, "id -u", &bob).await, "4322\n");
+
+    // Removed by a rename (as `sed -i` and `userdel` do): unknown at once.
+    run_ok(&envd, "sed -i '/^bob:/d' /etc/passwd", &root).await;
+    let err = envd.run(&bash("true"), &bob, OutputLimits::default()).await.unwrap_err();
+    assert!(unknown(err), "bob removed");
+    provider.shutdown().await;
+}
+
 #[tokio::test]
 async fn files_round_trip_list_and_manage() {
     let Some(provider) = provider() else { return };

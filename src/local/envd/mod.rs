@@ -17,7 +17,7 @@
 //! children (no `tokio::process`). Files (`files/`): operations run with the
 //! requesting user's filesystem identity (`setfsuid`, see `files/fsops.rs`).
 //! Shared by both: the Connect plumbing (`rpc.rs`) and who a request runs as
-//! (`users.rs`).
+//! (`users.rs`, with the accounts it resolved kept in `account_cache.rs`).
 //!
 //! Compression: gzip-encoded uploads (`Content-Encoding: gzip`, raw and
 //! multipart bodies alike) are decoded, and downloads are gzipped when
@@ -26,6 +26,7 @@
 //! Not implemented: PTY, `StreamInput`, `Update`, `WatchDir` and the watcher
 //! RPCs (all answer `unimplemented`).
 
+mod account_cache;
 mod files;
 mod process;
 mod rpc;

@@ -1,12 +1,26 @@
 //! Sandbox user accounts: who a request runs as (HTTP Basic user, `username=`
-//! query, or the default user), resolved through /etc/passwd and /etc/group.
+//! query, or the default user), resolved through /etc/passwd and /etc/group
+//! and kept while those files are unchanged (`account_cache`).
 
 use std::ffi::CString;
+use std::sync::LazyLock;
 
 use base64::Engine;
 use http::HeaderMap;
 
+use super::account_cache::AccountCache;
 use crate::connect_rpc::{Code, ConnectError};
+
+/// The files the C library's user and group lookups read in a sandbox.
+fn account_files() -> Vec<std::path::PathBuf> {
+    ["/etc/passwd", "/etc/group", "/etc/nsswitch.conf"].map(std::path::PathBuf::from).to_vec()
+}
+
+/// Accounts by name.
+static ACCOUNTS: LazyLock<AccountCache<UserAccount>> = LazyLock::new(|| AccountCache::new(account_files()));
+
+/// User and group names by id (`u1000`, `g1000`), for the owners of listed files.
+static NAMES: LazyLock<AccountCache<String>> = LazyLock::new(|| AccountCache::new(account_files()));
 
 /// A resolved account: everything needed to run a process or a file operation as it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,11 +35,19 @@ pub struct UserAccount {
 
 /// Looks up `name` in the user database.
 pub fn resolve_user(name: &str) -> Result<UserAccount, ConnectError> {
-    let unknown =
-        || ConnectError::new(Code::Unauthenticated, format!("invalid user: '{name}' does not exist in the sandbox"));
     if name.is_empty() || name.contains('\0') {
-        return Err(unknown());
+        return Err(unknown_user(name));
     }
+    ACCOUNTS.get(name, look_up_user)
+}
+
+fn unknown_user(name: &str) -> ConnectError {
+    ConnectError::new(Code::Unauthenticated, format!("invalid user: '{name}' does not exist in the sandbox"))
+}
+
+/// `name`'s account, from the C library's user database.
+fn look_up_user(name: &str) -> Result<UserAccount, ConnectError> {
+    let unknown = || unknown_user(name);
     let user = match nix::unistd::User::from_name(name) {
         Ok(Some(user)) => user,
         Ok(None) => return Err(unknown()),
@@ -74,18 +96,21 @@ pub fn request_user(headers: &HeaderMap, default_user: &str) -> Result<UserAccou
 
 /// Looks up the name of a uid, falling back to the number.
 pub fn user_name(uid: u32) -> String {
-    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
-        Ok(Some(user)) => user.name,
-        _ => uid.to_string(),
-    }
+    let named = NAMES.get(&format!("u{uid}"), |_| match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(user)) => Ok(user.name),
+        _ => Err(()),
+    });
+    named.unwrap_or_else(|()| uid.to_string())
 }
 
 /// Looks up the name of a gid, falling back to the number.
 pub fn group_name(gid: u32) -> String {
-    match nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid)) {
-        Ok(Some(group)) => group.name,
-        _ => gid.to_string(),
-    }
+    let named =
+        NAMES.get(&format!("g{gid}"), |_| match nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid)) {
+            Ok(Some(group)) => Ok(group.name),
+            _ => Err(()),
+        });
+    named.unwrap_or_else(|()| gid.to_string())
 }
 
 #[cfg(test)]
