@@ -135,15 +135,17 @@ async fn inbound(
     port: u16,
     req: Request,
 ) -> Response {
-    let rec = entry.snapshot();
-    let allow_public = rec.network.allow_public_traffic;
-    if let Err(why) = crate::local::net::inbound::check_traffic(&req, allow_public, rec.traffic_access_token.as_deref())
-    {
+    let (checked, running, auto_resume) = entry.read(|rec| {
+        let token = rec.traffic_access_token.as_deref();
+        let checked = crate::local::net::inbound::check_traffic(&req, rec.network.allow_public_traffic, token);
+        (checked, rec.state == SandboxState::Running, rec.lifecycle.auto_resume)
+    });
+    if let Err(why) = checked {
         tracing::debug!(sandbox = %id, port, ?why, "inbound request refused: traffic access token");
         return crate::local::net::inbound::refusal(id, why);
     }
-    if rec.state != SandboxState::Running {
-        if !rec.lifecycle.auto_resume {
+    if !running {
+        if !auto_resume {
             return ControlError::new(
                 StatusCode::BAD_GATEWAY,
                 format!("sandbox {id} is paused; connect to it to resume it"),

@@ -49,18 +49,18 @@ pub async fn forward(
     let Some(entry) = provider.get_public(sandbox_id) else {
         return not_found(sandbox_id, "");
     };
-    let rec = entry.snapshot();
-    if rec.state != SandboxState::Running && !rec.lifecycle.auto_resume {
+    let (running, auto_resume, token_ok) = entry.read(|rec| {
+        (rec.state == SandboxState::Running, rec.lifecycle.auto_resume, authorized(&req, &rec.envd_access_token))
+    });
+    if !running && !auto_resume {
         return not_found(sandbox_id, " (it is paused; connect to it to resume it)");
     }
-    if !authorized(&req, &rec.envd_access_token) {
+    if !token_ok {
         return ControlError::new(StatusCode::UNAUTHORIZED, "missing or invalid X-Access-Token for this sandbox")
             .into_response();
     }
     // `lifecycle.auto_resume`: an authorized request resumes the paused sandbox, as connect does.
-    if rec.state != SandboxState::Running
-        && let Err(err) = provider.connect(sandbox_id, None).await
-    {
+    if !running && let Err(err) = provider.connect(sandbox_id, None).await {
         tracing::warn!(sandbox = %sandbox_id, %err, "cannot resume the paused sandbox for a request");
         return ControlError::from(err).into_response();
     }

@@ -86,6 +86,11 @@ impl SandboxEntry {
     pub fn snapshot(&self) -> SandboxRecord {
         crate::sync::lock(&self.record).clone()
     }
+    /// What `read` takes from the current record, without copying the rest (the data plane
+    /// reads a few fields per request; a copy is dozens of allocations).
+    pub fn read<T>(&self, read: impl FnOnce(&SandboxRecord) -> T) -> T {
+        read(&crate::sync::lock(&self.record))
+    }
     pub fn socket(&self) -> PathBuf {
         self.dir.join(SOCKET_FILE)
     }
