@@ -128,8 +128,25 @@ async fn a_running_tasks_known_daemon_answers_get_task_in_one_round_of_reads() {
     let t = LocalPython::new();
     let svc = t.service(&[]);
     let id = start(&svc, &t, "echo started; sleep 30").await;
-    let first = svc.status(&t, "sbx", &id, &page(0, 0, 100), 0.0).await.unwrap();
-    assert_eq!(first.state, TaskState::Running);
+    // The daemon is known once a status confirmed it through `/proc/PID/cwd` with no process
+    // started, after the command started. Until then (the start answers before the daemon runs, and
+    // the daemon leaves its task's directory for the moment of the command's spawn) a status may
+    // find it out of its directory and leave the answer to the supervisor.
+    let by_path = format!("{id}/status.json");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        t.reads.lock().unwrap().clear();
+        let execs = t.execs.load(std::sync::atomic::Ordering::SeqCst);
+        let status = svc.status(&t, "sbx", &id, &page(0, 0, 100), 0.0).await.unwrap();
+        assert_eq!(status.state, TaskState::Running);
+        let through_daemon = t.reads.lock().unwrap().iter().any(|p| p.starts_with("/proc/"))
+            && t.execs.load(std::sync::atomic::Ordering::SeqCst) == execs;
+        if through_daemon && status.stdout == "started\n" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no status confirmed the running command's daemon: {status:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     t.reads.lock().unwrap().clear();
     let execs = t.execs.load(std::sync::atomic::Ordering::SeqCst);
     let second = svc.status(&t, "sbx", &id, &page(0, 0, 100), 0.0).await.unwrap();
@@ -137,7 +154,7 @@ async fn a_running_tasks_known_daemon_answers_get_task_in_one_round_of_reads() {
     let reads = t.reads.lock().unwrap().clone();
     assert_eq!(reads.len(), 3, "the daemon's record and both pages: {reads:?}");
     assert!(reads.iter().any(|p| p.starts_with("/proc/") && p.ends_with("/cwd/status.json")), "{reads:?}");
-    assert!(!reads.iter().any(|p| p.ends_with(&format!("{id}/status.json"))), "{reads:?}");
+    assert!(!reads.iter().any(|p| p.ends_with(&by_path)), "{reads:?}");
     assert_eq!(t.execs.load(std::sync::atomic::Ordering::SeqCst), execs, "no process");
     // Cancelled, the daemon is gone: the next read finds the record again by its path.
     svc.cancel(&t, "sbx", &id, &page(0, 0, 100)).await.unwrap();
