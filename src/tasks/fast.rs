@@ -49,8 +49,8 @@ pub const NO_ANSWER_SECONDS: u32 = 10;
 ///   (it may have been carried out).
 pub const CLIENT: &str = r#"d=$1 v=$2; shift 2
 s="$d/server-$v" q="$d/queue/$$" sent= r= rc= gone=
-if read -r pid start 2>/dev/null <"$s.pid" && read -r -a st 2>/dev/null <"/proc/$pid/stat" &&
-  [ "${st[21]}" = "$start" ] && [[ ${st[2]} != [ZXx] ]] && read -r -a me 2>/dev/null </proc/$$/stat &&
+alive() { read -r -a st 2>/dev/null <"/proc/$pid/stat" && [ "${st[21]}" = "$start" ] && [[ ${st[2]} != [ZXx] ]]; }
+if read -r pid start 2>/dev/null <"$s.pid" && alive && read -r -a me 2>/dev/null </proc/$$/stat &&
   { exec {h}<<<''; } 2>/dev/null && [[ -p /proc/$$/fd/$h ]] &&
   { exec {r}<>"/proc/$$/fd/$h" {h}<&-; } 2>/dev/null && read -r -u "$r" && : 2>/dev/null >"$q.out"; then
   line="$$ ${me[21]} $r ${*:6}${SANDBOX_MCP_TASK_SPEC+ -- $SANDBOX_MCP_TASK_SPEC}"
@@ -64,8 +64,7 @@ if read -r pid start 2>/dev/null <"$s.pid" && read -r -a st 2>/dev/null <"/proc/
     for ((w = 0; sent && w < 40; w++)); do
       IFS= read -r -t 0.25 -u "$r" rc && break
       rc=
-      read -r -a st 2>/dev/null <"/proc/$pid/stat" && [ "${st[21]}" = "$start" ] && [[ ${st[2]} != [ZXx] ]] ||
-        { IFS= read -r -t 0.05 -u "$r" rc || gone=1; break; }
+      alive || { IFS= read -r -t 0.05 -u "$r" rc || gone=1; break; }
     done
     if [ -n "$rc" ]; then
       IFS= read -r -d '' out <&5
