@@ -10,7 +10,9 @@
 //! a write in the same clock tick as the `stat` cannot go unseen on kernels with coarse
 //! timestamps, nothing is cached while a file changed less than [`SETTLE`] ago.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -29,37 +31,44 @@ struct Stamp {
     ctime_ns: i128,
 }
 
-/// Stamps of the watched files, in order (`None`: missing or unreadable).
-type Stamps = Vec<Option<Stamp>>;
-
-/// Values resolved from the watched files, by key, while their stamps hold.
-pub struct AccountCache<V> {
-    files: Vec<PathBuf>,
+/// Values resolved from `N` watched files, by key, while the files' stamps hold.
+pub struct AccountCache<K, V, const N: usize> {
+    files: [PathBuf; N],
     settle: Duration,
-    kept: Mutex<Option<(Stamps, HashMap<String, V>)>>,
+    kept: Mutex<Option<Kept<K, V, N>>>,
 }
 
-impl<V: Clone> AccountCache<V> {
+/// Values, and the stamps the files had when they were resolved (`None`: missing or unreadable).
+struct Kept<K, V, const N: usize> {
+    stamps: [Option<Stamp>; N],
+    values: HashMap<K, V>,
+}
+
+impl<K: Eq + Hash, V: Clone, const N: usize> AccountCache<K, V, N> {
     /// A cache of values that depend on `files` only.
-    pub fn new(files: Vec<PathBuf>) -> Self {
+    pub fn new(files: [PathBuf; N]) -> Self {
         Self::settling_for(files, SETTLE)
     }
 
     /// The same, with another settling time than [`SETTLE`].
-    fn settling_for(files: Vec<PathBuf>, settle: Duration) -> Self {
+    fn settling_for(files: [PathBuf; N], settle: Duration) -> Self {
         Self { files, settle, kept: Mutex::new(None) }
     }
 
     /// The value for `key`: the kept one while the files are unchanged and settled, else what
     /// `resolve` gives (kept when it succeeds and the files are settled; errors are never kept).
-    pub fn get<E>(&self, key: &str, resolve: impl FnOnce(&str) -> Result<V, E>) -> Result<V, E> {
-        let stamps: Stamps = self.files.iter().map(|path| stamp(path)).collect();
+    pub fn get<Q, E>(&self, key: &Q, resolve: impl FnOnce(&Q) -> Result<V, E>) -> Result<V, E>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let stamps = self.files.each_ref().map(|path| stamp(path));
         let settled = settled(&stamps, SystemTime::now(), self.settle);
         {
             let mut kept = crate::sync::lock(&self.kept);
             match kept.as_ref() {
-                Some((kept_stamps, values)) if settled && *kept_stamps == stamps => {
-                    if let Some(value) = values.get(key) {
+                Some(kept_now) if settled && kept_now.stamps == stamps => {
+                    if let Some(value) = kept_now.values.get(key) {
                         return Ok(value.clone());
                     }
                 }
@@ -70,10 +79,10 @@ impl<V: Clone> AccountCache<V> {
         let value = resolve(key)?;
         if settled {
             let mut kept = crate::sync::lock(&self.kept);
-            let (kept_stamps, values) = kept.get_or_insert_with(|| (stamps.clone(), HashMap::new()));
+            let kept = kept.get_or_insert_with(|| Kept { stamps, values: HashMap::new() });
             // Another request may have refilled it from other versions of the files meanwhile.
-            if *kept_stamps == stamps {
-                values.insert(key.to_owned(), value.clone());
+            if kept.stamps == stamps {
+                kept.values.insert(key.to_owned(), value.clone());
             }
         }
         Ok(value)
@@ -93,7 +102,7 @@ fn stamp(path: &std::path::Path) -> Option<Stamp> {
 }
 
 /// Whether every present file last changed at least `settle` before `now`.
-fn settled(stamps: &Stamps, now: SystemTime, settle: Duration) -> bool {
+fn settled(stamps: &[Option<Stamp>], now: SystemTime, settle: Duration) -> bool {
     let Ok(now) = now.duration_since(UNIX_EPOCH) else { return false };
     let limit = i128::try_from(now.saturating_sub(settle).as_nanos()).unwrap_or(i128::MAX);
     stamps.iter().flatten().all(|s| s.ctime_ns < limit)
@@ -118,7 +127,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (passwd, group) = (dir.path().join("passwd"), dir.path().join("group"));
         std::fs::write(&passwd, "bob:x:1234\n").unwrap();
-        let cache = AccountCache::settling_for(vec![passwd.clone(), group.clone()], TEST_SETTLE);
+        let cache = AccountCache::settling_for([passwd.clone(), group.clone()], TEST_SETTLE);
         let calls = Cell::new(0);
         let resolve = |key: &str| -> Result<String, ()> {
             calls.set(calls.get() + 1);
@@ -178,7 +187,7 @@ mod tests {
         let passwd = dir.path().join("passwd");
         std::fs::write(&passwd, "root:x:0\n").unwrap();
         let_settle();
-        let cache: AccountCache<u32> = AccountCache::settling_for(vec![passwd], TEST_SETTLE);
+        let cache: AccountCache<String, u32, 1> = AccountCache::settling_for([passwd], TEST_SETTLE);
         let calls = Cell::new(0);
         let missing = |_: &str| -> Result<u32, &str> {
             calls.set(calls.get() + 1);
@@ -196,12 +205,12 @@ mod tests {
         let changed_at = |ctime_ns: i128| Some(Stamp { dev: 1, ino: 2, size: 3, mtime_ns: 0, ctime_ns });
         let now = UNIX_EPOCH + Duration::from_secs(100);
         let second = 1_000_000_000;
-        assert!(settled(&vec![changed_at(98 * second), None], now, SETTLE));
-        assert!(!settled(&vec![changed_at(98 * second), changed_at(100 * second)], now, SETTLE));
-        assert!(!settled(&vec![changed_at(99 * second + second / 2)], now, SETTLE));
-        assert!(settled(&vec![None, None], now, SETTLE));
+        assert!(settled(&[changed_at(98 * second), None], now, SETTLE));
+        assert!(!settled(&[changed_at(98 * second), changed_at(100 * second)], now, SETTLE));
+        assert!(!settled(&[changed_at(99 * second + second / 2)], now, SETTLE));
+        assert!(settled(&[None, None], now, SETTLE));
         // A modification time set into the future (touch -d) does not matter: only the change time.
         let future_mtime = Some(Stamp { dev: 1, ino: 2, size: 3, mtime_ns: 500 * second, ctime_ns: 90 * second });
-        assert!(settled(&vec![future_mtime], now, SETTLE));
+        assert!(settled(&[future_mtime], now, SETTLE));
     }
 }

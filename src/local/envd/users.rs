@@ -12,15 +12,17 @@ use super::account_cache::AccountCache;
 use crate::connect_rpc::{Code, ConnectError};
 
 /// The files the C library's user and group lookups read in a sandbox.
-fn account_files() -> Vec<std::path::PathBuf> {
-    ["/etc/passwd", "/etc/group", "/etc/nsswitch.conf"].map(std::path::PathBuf::from).to_vec()
+fn account_files() -> [std::path::PathBuf; 3] {
+    ["/etc/passwd", "/etc/group", "/etc/nsswitch.conf"].map(std::path::PathBuf::from)
 }
 
-/// Accounts by name.
-static ACCOUNTS: LazyLock<AccountCache<UserAccount>> = LazyLock::new(|| AccountCache::new(account_files()));
+type Accounts<K, V> = LazyLock<AccountCache<K, V, 3>>;
 
-/// User and group names by id (`u1000`, `g1000`), for the owners of listed files.
-static NAMES: LazyLock<AccountCache<String>> = LazyLock::new(|| AccountCache::new(account_files()));
+/// Accounts by name.
+static ACCOUNTS: Accounts<String, UserAccount> = LazyLock::new(|| AccountCache::new(account_files()));
+/// User names by uid and group names by gid, for the owners of listed files.
+static USER_NAMES: Accounts<u32, String> = LazyLock::new(|| AccountCache::new(account_files()));
+static GROUP_NAMES: Accounts<u32, String> = LazyLock::new(|| AccountCache::new(account_files()));
 
 /// A resolved account: everything needed to run a process or a file operation as it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,7 +98,7 @@ pub fn request_user(headers: &HeaderMap, default_user: &str) -> Result<UserAccou
 
 /// Looks up the name of a uid, falling back to the number.
 pub fn user_name(uid: u32) -> String {
-    let named = NAMES.get(&format!("u{uid}"), |_| match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+    let named = USER_NAMES.get(&uid, |&uid| match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
         Ok(Some(user)) => Ok(user.name),
         _ => Err(()),
     });
@@ -105,11 +107,10 @@ pub fn user_name(uid: u32) -> String {
 
 /// Looks up the name of a gid, falling back to the number.
 pub fn group_name(gid: u32) -> String {
-    let named =
-        NAMES.get(&format!("g{gid}"), |_| match nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid)) {
-            Ok(Some(group)) => Ok(group.name),
-            _ => Err(()),
-        });
+    let named = GROUP_NAMES.get(&gid, |&gid| match nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid)) {
+        Ok(Some(group)) => Ok(group.name),
+        _ => Err(()),
+    });
     named.unwrap_or_else(|()| gid.to_string())
 }
 
