@@ -97,6 +97,8 @@ struct LegacyCaller {
     url: String,
     session: String,
     next_id: u64,
+    /// The gateway's `initialize` result.
+    initialized: serde_json::Value,
 }
 
 impl LegacyCaller {
@@ -113,8 +115,9 @@ impl LegacyCaller {
             .and_then(|v| v.to_str().ok())
             .context("no session id")?
             .to_string();
-        response.bytes().await?;
-        let mut caller = Self { http, url: url.to_string(), session, next_id: 1 };
+        let text = response.text().await?;
+        let initialized = answer_to(&text, 0).with_context(|| format!("no answer to initialize in {text:?}"))?;
+        let mut caller = Self { http, url: url.to_string(), session, next_id: 1, initialized };
         caller.post(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await?;
         let connect = json!({"name": "connect_sandbox", "arguments": {"sandbox_id": sandbox_id}});
         caller.request("tools/call", connect).await?;
@@ -141,22 +144,7 @@ impl LegacyCaller {
         self.next_id += 1;
         let body = self.post(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).await?;
         let text = std::str::from_utf8(&body)?;
-        // A quick answer comes as application/json (`server.legacy_json_window_ms`), a slow one as SSE.
-        if let Ok(message) = serde_json::from_str::<serde_json::Value>(text)
-            && message["id"] == id
-        {
-            return Ok(message["result"].clone());
-        }
-        for data in text.lines().filter_map(|l| l.strip_prefix("data:")) {
-            let message: serde_json::Value = match serde_json::from_str(data.trim()) {
-                Ok(message) => message,
-                Err(_) => continue,
-            };
-            if message["id"] == id {
-                return Ok(message["result"].clone());
-            }
-        }
-        bail!("no answer to {method} in {text:?}")
+        answer_to(text, id).with_context(|| format!("no answer to {method} in {text:?}"))
     }
 
     async fn call(&mut self) -> anyhow::Result<()> {
@@ -167,6 +155,17 @@ impl LegacyCaller {
         }
         Ok(())
     }
+}
+
+/// The result of request `id` in a legacy answer: a quick one comes as application/json
+/// (`server.legacy_json_window_ms`), a slow one as SSE.
+fn answer_to(text: &str, id: u64) -> Option<serde_json::Value> {
+    let data = text.lines().filter_map(|l| l.strip_prefix("data:"));
+    std::iter::once(text)
+        .chain(data)
+        .filter_map(|m| serde_json::from_str::<serde_json::Value>(m.trim()).ok())
+        .find(|message| message["id"] == id)
+        .map(|message| message["result"].clone())
 }
 
 /// A 2026-07-28 `tools/call` of `run_command "true"` (raw JSON-RPC over one keep-alive connection).
@@ -384,10 +383,10 @@ fn peer_comparison(provider: &Provider, gateway: &Gateway, sandbox_id: &str, she
     .map_err(anyhow::Error::msg)
     .context("start the peer server")?;
 
-    let replay = replay::Replay::start(&gateway.mcp_url(), sandbox_id).context("start the replay endpoint")?;
+    let replay_url = replay::start(&gateway.mcp_url(), sandbox_id).context("start the replay endpoint")?;
     let mut command = Command::new(&python);
     command
-        .args(["-c", PEER_CLIENT, &gateway.mcp_url(), &peer_url, &replay.url, sandbox_id, &PEER_ROUNDS.to_string()])
+        .args(["-c", PEER_CLIENT, &gateway.mcp_url(), &peer_url, &replay_url, sandbox_id, &PEER_ROUNDS.to_string()])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
@@ -516,10 +515,9 @@ async fn run() -> anyhow::Result<()> {
     let options = CallOptions::user("user").with_timeout(Duration::from_secs(60));
     let limits = OutputLimits { max_stdout: 65536, max_stderr: 65536 };
     if std::env::var("BENCH_GATEWAY_ONLY").is_ok_and(|only| only == "peer") {
-        let outcome = match start_floor(&envd, &options, limits).await {
-            Ok(shell_ms) => peer_comparison(&provider, &gateway, &sandbox_id, shell_ms),
-            Err(err) => Err(err),
-        };
+        let outcome = start_floor(&envd, &options, limits)
+            .await
+            .and_then(|shell_ms| peer_comparison(&provider, &gateway, &sandbox_id, shell_ms));
         let _ = client.cancel().await;
         let _ = direct.kill_sandbox(&sandbox_id).await;
         return outcome;

@@ -23,96 +23,48 @@ struct Answers {
     run_command: Value,
 }
 
-/// The replay endpoint, served on a thread and runtime of its own (the bench's runtime blocks on
-/// the Python client while it runs); it stops with the process.
-pub struct Replay {
-    pub url: String,
-}
-
-impl Replay {
-    /// Takes the answers from the gateway at `gateway_url` (a legacy session on `sandbox_id`), then
-    /// serves them on a free loopback port.
-    pub fn start(gateway_url: &str, sandbox_id: &str) -> anyhow::Result<Self> {
-        let (gateway_url, sandbox_id) = (gateway_url.to_owned(), sandbox_id.to_owned());
-        let (ready, url) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(runtime) => runtime,
-                Err(err) => return drop(ready.send(Err(anyhow::Error::from(err)))),
+/// Takes the answers from the gateway at `gateway_url` (a legacy session on `sandbox_id`), then
+/// serves them on a free loopback port; the endpoint's URL. It runs on a thread and runtime of its
+/// own (the bench's runtime blocks on the Python client while it runs) and stops with the process.
+pub fn start(gateway_url: &str, sandbox_id: &str) -> anyhow::Result<String> {
+    let (gateway_url, sandbox_id) = (gateway_url.to_owned(), sandbox_id.to_owned());
+    let (ready, url) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(runtime) => runtime,
+            Err(err) => return drop(ready.send(Err(anyhow::Error::from(err)))),
+        };
+        runtime.block_on(async move {
+            let bound = async {
+                let answers = Arc::new(capture(&gateway_url, &sandbox_id).await?);
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+                let url = format!("http://{}/mcp", listener.local_addr()?);
+                anyhow::Ok((answers, listener, url))
             };
-            runtime.block_on(async move {
-                let bound = async {
-                    let answers = Arc::new(capture(&gateway_url, &sandbox_id).await?);
-                    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-                    let url = format!("http://{}/mcp", listener.local_addr()?);
-                    anyhow::Ok((answers, listener, url))
-                };
-                match bound.await {
-                    Ok((answers, listener, url)) => {
-                        let _ = ready.send(Ok(url));
-                        let app =
-                            Router::new().route("/mcp", post(answer).get(no_stream).delete(end)).with_state(answers);
-                        let _ = axum::serve(listener, app).await;
-                    }
-                    Err(err) => drop(ready.send(Err(err))),
+            match bound.await {
+                Ok((answers, listener, url)) => {
+                    let _ = ready.send(Ok(url));
+                    let app = Router::new().route("/mcp", post(answer).get(no_stream).delete(end)).with_state(answers);
+                    let _ = axum::serve(listener, app).await;
                 }
-            });
+                Err(err) => drop(ready.send(Err(err))),
+            }
         });
-        let url = url.recv_timeout(Duration::from_secs(30)).context("the replay endpoint did not start")??;
-        Ok(Self { url })
-    }
+    });
+    url.recv_timeout(Duration::from_secs(30)).context("the replay endpoint did not start")?
 }
 
-/// One request to the gateway's legacy session; the result of its answer (JSON or SSE).
-async fn request(
-    http: &reqwest::Client,
-    url: &str,
-    session: Option<&str>,
-    body: Value,
-) -> anyhow::Result<(Value, Option<String>)> {
-    let mut builder = http
-        .post(url)
-        .header("Content-Type", "application/json")
-        .header("Accept", "application/json, text/event-stream")
-        .header("MCP-Protocol-Version", "2025-11-25");
-    if let Some(session) = session {
-        builder = builder.header("Mcp-Session-Id", session);
-    }
-    let response = builder.body(body.to_string()).send().await?;
-    let session = response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
-    let text = response.text().await?;
-    let id = &body["id"];
-    let messages = std::iter::once(text.as_str()).chain(text.lines().filter_map(|l| l.strip_prefix("data:")));
-    for message in messages.filter_map(|m| serde_json::from_str::<Value>(m.trim()).ok()) {
-        if !id.is_null() && message["id"] == *id {
-            return Ok((message["result"].clone(), session));
-        }
-    }
-    if id.is_null() {
-        return Ok((Value::Null, session));
-    }
-    bail!("no answer to {body} in {text:?}")
-}
-
-/// The gateway's answers to what the Python client will ask, in a session of its own.
+/// The gateway's answers to what the Python client will ask, in a legacy session of its own (the
+/// bench's raw caller, which makes `sandbox_id` the session's default sandbox).
 async fn capture(url: &str, sandbox_id: &str) -> anyhow::Result<Answers> {
-    let http = reqwest::Client::new();
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "replay", "version": "0"}}});
-    let (initialize, session) = request(&http, url, None, init).await?;
-    let session = session.context("no session id from the gateway")?;
-    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-    request(&http, url, Some(&session), initialized).await?;
-    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
-    let (tools_list, _) = request(&http, url, Some(&session), list).await?;
-    let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
-        "name": "run_command", "arguments": {"sandbox_id": sandbox_id, "command": "true"}}});
-    let (run_command, _) = request(&http, url, Some(&session), call).await?;
+    let mut session = crate::LegacyCaller::open(url, sandbox_id).await?;
+    let tools_list = session.request("tools/list", json!({})).await?;
+    let run_command =
+        session.request("tools/call", json!({"name": "run_command", "arguments": {"command": "true"}})).await?;
     if run_command["structuredContent"]["exit_code"] != 0 {
         bail!("the gateway's run_command answer to replay failed: {run_command}");
     }
-    let _ = http.delete(url).header("Mcp-Session-Id", &session).send().await;
-    Ok(Answers { initialize, tools_list, run_command })
+    Ok(Answers { initialize: session.initialized, tools_list, run_command })
 }
 
 /// Answers one JSON-RPC message at once, as the gateway answers a quick one (`application/json`).
