@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code fails loudly
 
 use crate::common;
-use crate::tasks_support::CHANNEL_PIDS;
+use crate::tasks_support::{CHANNEL_PIDS, await_channel_pids};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -38,8 +38,7 @@ async fn sigterm_drains_calls_kills_owned_keeps_retained() {
     let task = ok(&client, "start_task", json!({"command": "sleep 120", "sandbox_id": s2})).await;
     assert!(task["task_id"].is_string(), "{task}");
     // The first start opened the sandbox's task channel beside it.
-    let channels =
-        format!("for i in $(seq 100); do c=$({CHANNEL_PIDS}); test -n \"$c\" && break; sleep 0.05; done; echo $c");
+    let channels = format!("{}; echo $c", await_channel_pids());
     let opened = ok(&client, "run_command", json!({"command": channels, "sandbox_id": s2})).await;
     assert!(!opened["stdout"].as_str().unwrap().trim().is_empty(), "no task channel in {s2}: {opened}");
 

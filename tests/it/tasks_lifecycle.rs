@@ -179,6 +179,13 @@ async fn bad_arguments_are_refused_before_any_connection() {
     mcp.close().await;
 }
 
+/// A new sandbox after a first start (`true`), which opens its task channel beside it.
+async fn sandbox_after_a_first_task(mcp: &Mcp) -> String {
+    let sandbox_id = mcp.create_sandbox().await;
+    mcp.start_task(&sandbox_id, "true", json!({})).await;
+    sandbox_id
+}
+
 /// A task channel the gateway gives up on does not linger in the sandbox: one whose supervisor
 /// greets with another version is dropped and its stdin closed, so it and its spare exit at once
 /// rather than after their idle time (5 minutes).
@@ -186,8 +193,7 @@ async fn bad_arguments_are_refused_before_any_connection() {
 async fn a_channel_the_gateway_gives_up_on_exits_with_its_spare() {
     require_root!();
     let (_env, serve, mcp) = Env::local("").await;
-    let sandbox_id = mcp.create_sandbox().await;
-    mcp.start_task(&sandbox_id, "true", json!({})).await;
+    let sandbox_id = sandbox_after_a_first_task(&mcp).await;
     // The installed supervisor made to greet with another version (and to leave a mark when its
     // channel starts), then the channel it already runs killed: the next start opens another.
     let script = sandbox_mcp::tasks::SUPERVISOR_PATH;
@@ -209,8 +215,8 @@ async fn a_channel_the_gateway_gives_up_on_exits_with_its_spare() {
         &mcp,
         &sandbox_id,
         &format!(
-            "for i in $(seq 100); do c=$({channels}); test -n \"$c\" && break; sleep 0.05; done; kill -9 $c; \
-             while test -n \"$({channels})\"; do sleep 0.05; done; echo killed $c"
+            "{}; kill -9 $c; while test -n \"$({channels})\"; do sleep 0.05; done; echo killed $c",
+            tasks_support::await_channel_pids()
         ),
     )
     .await;
@@ -248,8 +254,7 @@ async fn task_record(mcp: &Mcp, sandbox_id: &str, task_id: &str) -> Value {
 async fn later_starts_go_through_the_channel_or_else_the_task_server_and_its_spare() {
     require_root!();
     let (_env, serve, mcp) = Env::local("").await;
-    let sandbox_id = mcp.create_sandbox().await;
-    mcp.start_task(&sandbox_id, "true", json!({})).await;
+    let sandbox_id = sandbox_after_a_first_task(&mcp).await;
     // The channel process (`... channel` as its last argument: the lowest such pid, since its
     // spare is a fork of it with the same command line) and its spare, forked before it greets
     // the gateway.

@@ -19,6 +19,11 @@ use crate::common::{API_KEY, Gateway, GatewayBuilder, Provider};
 pub const CHANNEL_PIDS: &str = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | \
     grep -q ' channel $' && echo ${p#/proc/}; done | sort -n";
 
+/// Shell: waits up to 5 s for the sandbox's task channel; `$c` then holds its pids (empty if none).
+pub fn await_channel_pids() -> String {
+    format!("for i in $(seq 100); do c=$({CHANNEL_PIDS}); test -n \"$c\" && break; sleep 0.05; done")
+}
+
 /// A temporary directory with the serve config and the embedded provider's state. A test that
 /// fails part-way leaves its sandboxes behind (the provider keeps them across its own exit, by
 /// design): they are killed on drop, before the state dir goes.
